@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import os
 import struct
 import time
 from pathlib import Path
@@ -27,7 +28,7 @@ from lcfed.data import (
     split_train_test,
     to_float,
 )
-from lcfed.data.sources import _from_cifar
+from lcfed.data.sources import CACHE_DIR, _from_cifar
 
 DEBIAN_FASHION = Path("/usr/share/datasets/fashion-mnist")
 
@@ -314,6 +315,36 @@ def test_import_idx_then_load_mnist(tmp_path: Path, no_default_idx_dirs: None) -
     ds2 = load_dataset("mnist", data_dir)
     np.testing.assert_array_equal(ds2.y, np.concatenate([arrays2["train_y"], arrays2["test_y"]]))
     assert not [p for p in (data_dir / "MNIST" / "raw").iterdir() if p.name.endswith(".tmp")]
+
+
+def test_decoded_dataset_is_cached_and_memory_mapped(tmp_path: Path, no_default_idx_dirs: None) -> None:
+    src, data_dir = tmp_path / "mirror", tmp_path / "data"
+    arrays = write_mnist_dir(src)
+    import_idx(data_dir, [src])
+    first = load_dataset("mnist", data_dir)
+    cache = data_dir / CACHE_DIR / "mnist"
+    assert sorted(p.name for p in cache.iterdir()) == ["stamp.json", "x.npy", "y.npy"]
+    assert not isinstance(first.x, np.memmap)  # decoded by torchvision
+
+    again = load_dataset("mnist", data_dir)
+    assert isinstance(again.x, np.memmap) and not again.x.flags.writeable
+    np.testing.assert_array_equal(again.x, first.x)
+    np.testing.assert_array_equal(again.y, first.y)
+    np.testing.assert_array_equal(again.x[:20, 0], arrays["train_x"])
+
+    # a changed source file (same size, new content and mtime) is decoded again, not served stale
+    raw = data_dir / "MNIST" / "raw" / "t10k-labels-idx1-ubyte"
+    new_labels = (arrays["test_y"] + 1) % 10
+    write_idx(raw, new_labels.astype(np.uint8))
+    os.utime(raw, ns=(time.time_ns(), time.time_ns() + 10**9))
+    fresh = load_dataset("mnist", data_dir)
+    np.testing.assert_array_equal(fresh.y[20:], new_labels)
+    np.testing.assert_array_equal(load_dataset("mnist", data_dir).y[20:], new_labels)
+
+    # a damaged cache is ignored and rewritten
+    (cache / "x.npy").write_bytes(b"not an array")
+    np.testing.assert_array_equal(load_dataset("mnist", data_dir).x, first.x)
+    assert isinstance(load_dataset("mnist", data_dir).x, np.memmap)
 
 
 def test_import_idx_kinds_by_path_tuple_and_env(

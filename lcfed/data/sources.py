@@ -2,10 +2,17 @@
 
 Every dataset is the union of its train and test pools (train first): the partitioner later
 splits each device's samples into local train/test sets, so the original split carries no meaning.
+
+Decoding a torchvision dataset takes seconds (importing torchvision alone ~1.5 s), and every
+process that hosts devices loads it, so the decoded arrays are cached next to the files
+(``DATA_DIR/.lcfed-cache/<name>/``) and memory-mapped afterwards: a host then reads only the pages
+of its own devices' samples. The cache is keyed by the source files' names, sizes and mtimes.
 """
 
 from __future__ import annotations
 
+import json
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
@@ -15,7 +22,10 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["SOURCES", "DataError", "Dataset", "load_dataset", "to_float"]
+__all__ = ["CACHE_DIR", "SOURCES", "DataError", "Dataset", "load_dataset", "to_float"]
+
+#: folder under the data dir that holds the decoded arrays
+CACHE_DIR = ".lcfed-cache"
 
 
 class DataError(Exception):
@@ -117,21 +127,85 @@ def _torchvision(
     return Dataset(name, x, y, num_classes)
 
 
+def _stamp(folder: Path) -> list[list[object]] | None:
+    """(relative path, size, mtime) of every file under ``folder``; None if it does not exist."""
+    if not folder.is_dir():
+        return None
+    out: list[list[object]] = []
+    for path in sorted(folder.rglob("*")):
+        if path.is_file():
+            st = path.stat()
+            out.append([str(path.relative_to(folder)), st.st_size, st.st_mtime_ns])
+    return out
+
+
+def _read_cache(cache: Path, stamp: list[list[object]]) -> tuple[np.ndarray, np.ndarray] | None:
+    try:
+        if json.loads((cache / "stamp.json").read_text()) != stamp:
+            return None
+        x = np.load(cache / "x.npy", mmap_mode="r")
+        y = np.load(cache / "y.npy")
+    except (OSError, ValueError):
+        return None
+    return (x, y) if len(x) == len(y) else None
+
+
+def _write_cache(cache: Path, stamp: list[list[object]], ds: Dataset) -> None:
+    """Best effort (a read-only data dir just means no cache); each file replaced atomically,
+    the stamp last, so a reader never pairs a stamp with other arrays."""
+    try:
+        cache.mkdir(parents=True, exist_ok=True)
+        (cache / "stamp.json").unlink(missing_ok=True)
+        for fname, arr in (("x.npy", ds.x), ("y.npy", ds.y)):
+            tmp = cache / f"{fname}.{os.getpid()}.tmp"  # hosts may fill the cache at the same time
+            with tmp.open("wb") as f:
+                np.save(f, arr)
+            os.replace(tmp, cache / fname)
+        tmp = cache / f"stamp.json.{os.getpid()}.tmp"
+        tmp.write_text(json.dumps(stamp))
+        os.replace(tmp, cache / "stamp.json")
+    except OSError:
+        pass
+
+
+def _cached(name: str, folder: str, num_classes: int, data_dir: Path, decode: Callable[[], Dataset]) -> Dataset:
+    """``decode()``'s dataset, from the cache when the files under ``data_dir/folder`` are unchanged."""
+    src, cache = data_dir / folder, data_dir / CACHE_DIR / name
+    stamp = _stamp(src)
+    if stamp:
+        hit = _read_cache(cache, stamp)
+        if hit is not None:
+            return Dataset(name, hit[0], hit[1], num_classes)
+    ds = decode()
+    after = _stamp(src)  # a download has just created the files
+    if after:
+        _write_cache(cache, after, ds)
+    return ds
+
+
 def _mnist_loader(name: str, cls_name: str) -> Callable[[Path, bool], Dataset]:
     def load(data_dir: Path, download: bool) -> Dataset:
         fix = _IMPORT_FIX.format(dir=data_dir)
-        return _torchvision(name, cls_name, _from_mnist, 10, fix, data_dir, download)
+        return _cached(
+            name, cls_name, 10, data_dir, lambda: _torchvision(name, cls_name, _from_mnist, 10, fix, data_dir, download)
+        )
 
     load.__doc__ = f"{name}: torchvision {cls_name}, 60,000 + 10,000 samples of 1x28x28."
     return load
 
 
 def _cifar_loader(name: str, cls_name: str, num_classes: int) -> Callable[[Path, bool], Dataset]:
-    def load(data_dir: Path, download: bool) -> Dataset:
-        from torchvision import datasets
+    folder = {"CIFAR10": "cifar-10-batches-py", "CIFAR100": "cifar-100-python"}[cls_name]  # torchvision's base_folder
 
-        fix = _CIFAR_FIX.format(folder=getattr(datasets, cls_name).base_folder, dir=data_dir)
-        return _torchvision(name, cls_name, _from_cifar, num_classes, fix, data_dir, download)
+    def load(data_dir: Path, download: bool) -> Dataset:
+        fix = _CIFAR_FIX.format(folder=folder, dir=data_dir)
+        return _cached(
+            name,
+            folder,
+            num_classes,
+            data_dir,
+            lambda: _torchvision(name, cls_name, _from_cifar, num_classes, fix, data_dir, download),
+        )
 
     load.__doc__ = f"{name}: torchvision {cls_name}, 50,000 + 10,000 samples of 3x32x32."
     return load
