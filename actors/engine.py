@@ -19,10 +19,10 @@ import ray
 from lcfed.checkpoint import Snapshot
 from lcfed.config import EngineConfig, ExperimentConfig
 from lcfed.engine import HostFailure, Observer, RunResult, run_rounds
-from lcfed.federation import Setup, make_strategy, prepare
+from lcfed.federation import Setup, make_strategy, prepare, resolve_device
 from lcfed.local import EvalResult
 from lcfed.methods.base import Message, RoundPlan, RoundStats
-from lcfed.runner import HostedDevices, LocalServer
+from lcfed.runner import HostedDevices, LocalServer, auto_workers
 
 
 @ray.remote
@@ -30,14 +30,16 @@ class DeviceActor:
     """Hosts a block of virtual devices: their data (loaded here, on the GPU if one is assigned)
     and their personal states, which never leave the actor."""
 
-    def __init__(self, cfg: ExperimentConfig, setup: Setup, devices: Sequence[int]) -> None:
+    def __init__(self, cfg: ExperimentConfig, setup: Setup, devices: Sequence[int], cpus: float = 1.0) -> None:
         self.devices = tuple(devices)
-        self.hosted = HostedDevices(cfg, setup, self.devices)
+        workers = auto_workers(cfg, cpus, resolve_device(cfg.engine.device))
+        self.hosted = HostedDevices(cfg, setup, self.devices, workers=workers)
 
     def info(self) -> dict[str, Any]:
         return {
             "devices": len(self.devices),
             "torch_device": str(self.hosted.where),
+            "workers": self.hosted.workers,
             "gpu_ids": ray.get_gpu_ids(),
             "pid": os.getpid(),
         }
@@ -147,7 +149,7 @@ class Hosts:
 
     def _new_device(self, block: Sequence[int]) -> Any:
         opts = {"num_cpus": self.layout.cpus_per_actor, "num_gpus": self.layout.gpus_per_actor}
-        return DeviceActor.options(**opts).remote(self.cfg, self.setup_ref, block)
+        return DeviceActor.options(**opts).remote(self.cfg, self.setup_ref, block, self.layout.cpus_per_actor)
 
     @staticmethod
     def _alive(actor: Any) -> bool:

@@ -35,6 +35,7 @@ def w1(args: argparse.Namespace, engine: str) -> object:
         "method.name=fedavg", f"train.rounds={args.rounds}", "train.participation=0.25", "train.local_steps=5",
         "train.batch_size=32", "train.lr=0.01", f"train.eval_every={args.rounds}", "engine.torch_threads=1",
         f"engine.kind={engine}", f"engine.num_actors={args.actors}", "tracking.enabled=false",
+        *getattr(args, "set", []),
     ])
 
 
@@ -98,6 +99,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=30)
     ap.add_argument("--actors", type=int, default=2)
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override for both engines")
     args = ap.parse_args()
     rows = [measure(args, "local"), measure(args, "ray")]
     base = rows[0]

@@ -147,6 +147,7 @@ class EngineConfig:
     cpus_per_actor: float = 1.0
     gpus_per_actor: float = -1.0
     torch_threads: int = 1
+    workers: int = 0
     device: str = "auto"
     address: str | None = None
     num_cpus: int = 0
@@ -170,6 +171,12 @@ class EngineConfig:
             "must be in [0, 1], or -1 for auto (1 / actors when GPUs exist, else 0)",
         )
         require(self.torch_threads >= 1, f"{prefix}.torch_threads", self.torch_threads, "must be >= 1")
+        require(
+            self.workers >= 0,
+            f"{prefix}.workers",
+            self.workers,
+            "must be >= 0 (threads training devices per host; 0 = one per CPU the host has, 1 on a GPU)",
+        )
         require(self.device in ("auto", "cpu", "cuda"), f"{prefix}.device", self.device, "one of ['auto', 'cpu', 'cuda']")
         require(self.num_cpus >= 0, f"{prefix}.num_cpus", self.num_cpus, "must be >= 0 (0 = all)")
         require(self.object_store_mb >= 64, f"{prefix}.object_store_mb", self.object_store_mb, "must be >= 64")

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+import os
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -66,15 +69,34 @@ class LocalServer:
         self.state = self.strategy.init() if state is None else state
 
 
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+def auto_workers(cfg: ExperimentConfig, cpus: float, where: torch.device) -> int:
+    """Training threads for a host with ``cpus`` CPUs: ``engine.workers``, else one per CPU
+    (each running ``torch_threads`` intra-op threads); one on a GPU, where kernels queue anyway."""
+    if cfg.engine.workers:
+        return cfg.engine.workers
+    if where.type != "cpu":
+        return 1
+    return max(1, int(cpus) // cfg.engine.torch_threads)
+
+
 class HostedDevices:
     """A set of virtual devices living in one process: their data and persistent states.
 
-    Used directly in-process, and inside each Ray device actor.
+    Used directly in-process, and inside each Ray device actor. Devices train on ``workers``
+    threads (torch releases the GIL inside its kernels), each with its own model skeleton since a
+    functional call swaps the skeleton's parameters; a device's numbers do not depend on the thread.
     """
 
-    def __init__(self, cfg: ExperimentConfig, setup: Setup, devices: Sequence[int], dataset: Any = None) -> None:
+    def __init__(
+        self, cfg: ExperimentConfig, setup: Setup, devices: Sequence[int], dataset: Any = None, workers: int = 1
+    ) -> None:
         torch.set_num_threads(cfg.engine.torch_threads)
         self.cfg = cfg
+        self.setup = setup
         self.where = resolve_device(cfg.engine.device)
         ds = dataset if dataset is not None else load(cfg)
         self.data = device_data(ds, setup.partition, devices, self.where)
@@ -83,16 +105,37 @@ class HostedDevices:
         self.init = setup.federation.init
         self.states = {d: self.strategy.init_device(d, self.init) for d in devices}
         self.work = local_work(cfg)
+        self.workers = max(1, min(workers, len(self.states)))
+        self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="lcfed-device") if self.workers > 1 else None
+        self._local = threading.local()
+        self._build = threading.Lock()  # building a skeleton forks torch's global RNG
+
+    def _net(self) -> Any:
+        if self._pool is None:
+            return self.net
+        net = getattr(self._local, "net", None)
+        if net is None:
+            with self._build:
+                net = make_network(self.cfg, self.setup.input_shape, self.setup.federation.num_classes, self.where)
+            self._local.net = net
+        return net
+
+    def _map(self, fn: Callable[[T], R], items: Iterable[T]) -> list[R]:
+        if self._pool is None:
+            return [fn(x) for x in items]
+        return list(self._pool.map(fn, items))
 
     def context(self, device: int, rnd: int) -> DeviceContext:
-        return DeviceContext(device, rnd, self.data[device], self.net, self.work, self.cfg.seed)
+        return DeviceContext(device, rnd, self.data[device], self._net(), self.work, self.cfg.seed)
 
     def train(self, rnd: int, devices: Sequence[int], payload: Any, instructions: dict[int, Any]) -> list[Message]:
+        todo = [d for d in devices if d in self.states]
+
+        def one(dev: int) -> tuple[Any, Message]:
+            return self.strategy.local(self.context(dev, rnd), self.states[dev], payload, instructions.get(dev))
+
         msgs = []
-        for dev in devices:
-            if dev not in self.states:
-                continue
-            state, msg = self.strategy.local(self.context(dev, rnd), self.states[dev], payload, instructions.get(dev))
+        for dev, (state, msg) in zip(todo, self._map(one, todo), strict=True):
             self.states[dev] = state
             msgs.append(msg)
         return msgs
@@ -108,12 +151,17 @@ class HostedDevices:
         self.states = {d: self.strategy.init_device(d, self.init) for d in self.states}
 
     def evaluate(self, payload: Any) -> dict[int, EvalResult]:
-        out = {}
-        for dev, data in self.data.items():
+        def one(dev: int) -> EvalResult:
             ctx = self.context(dev, -1)
             w = self.strategy.personalized(ctx, self.states[dev], payload).to(self.where)
-            out[dev] = evaluate(self.net, w, data.x_test, data.y_test)
-        return out
+            return evaluate(ctx.net, w, self.data[dev].x_test, self.data[dev].y_test)
+
+        devices = list(self.data)
+        return dict(zip(devices, self._map(one, devices), strict=True))
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown()
 
 
 class LocalPool:
@@ -144,6 +192,11 @@ def run_local(cfg: ExperimentConfig, observers: Sequence[Observer] = (), resume:
     """Run the whole federation in this process (continuing from ``resume`` if given)."""
     ds = load(cfg)
     setup = prepare(cfg, ds)
-    hosted = HostedDevices(cfg, setup, range(setup.federation.num_devices), ds)
+    cpus = cfg.engine.num_cpus or len(os.sched_getaffinity(0))
+    workers = auto_workers(cfg, cpus, resolve_device(cfg.engine.device))
+    hosted = HostedDevices(cfg, setup, range(setup.federation.num_devices), ds, workers)
     server = LocalServer(make_strategy(cfg, setup.federation))
-    return run_rounds(cfg, setup.federation, server, LocalPool(hosted), observers, resume)
+    try:
+        return run_rounds(cfg, setup.federation, server, LocalPool(hosted), observers, resume)
+    finally:
+        hosted.close()

@@ -53,6 +53,7 @@ BAD = [
     ("method.refit_every=-1", "method.refit_every", ">= 0"),
     ("engine.num_actors=-2", "engine.num_actors", ">= 0"),
     ("engine.cpus_per_actor=0", "engine.cpus_per_actor", "> 0"),
+    ("engine.workers=-1", "engine.workers", ">= 0"),
     ("engine.device=tpu", "engine.device", "one of"),
     ("engine.max_failures=-1", "engine.max_failures", ">= 0"),
     ("engine.object_store_mb=10", "engine.object_store_mb", ">= 64"),

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import math
+import threading
 
 import pytest
 import ray
 
 from actors.engine import RayFederation, pool_layout
 from lcfed.config import EngineConfig
-from lcfed.runner import run_local
+from lcfed.federation import prepare
+from lcfed.runner import HostedDevices, run_local
 from tests.conftest import tiny_config
 
 
@@ -38,6 +40,37 @@ def test_in_process_run_is_deterministic():
     assert a.assignment is not None and a.assignment.min() >= 0
 
 
+@pytest.mark.parametrize("method", ["lcfed", "ifca", "perfedavg", "fedper", "dcpfl"])
+def test_worker_threads_do_not_change_the_numbers(method):
+    extra = ["train.rounds=7", "method.t_start=2"] if method == "dcpfl" else []
+    one = run_local(tiny_config(f"method.name={method}", "engine.workers=1", *extra))
+    three = run_local(tiny_config(f"method.name={method}", "engine.workers=3", *extra))
+    _same(one.history, three.history)
+
+
+def test_hosted_devices_train_on_several_threads():
+    cfg = tiny_config("method.name=fedavg")
+    setup = prepare(cfg)
+    hosted = HostedDevices(cfg, setup, range(8), workers=3)
+    try:
+        seen = []
+        plain = hosted.strategy.local
+
+        def local(ctx, *args):
+            seen.append((threading.current_thread().name, id(ctx.net)))
+            return plain(ctx, *args)
+
+        hosted.strategy.local = local
+        msgs = hosted.train(0, range(8), setup.federation.init, {})
+    finally:
+        hosted.close()
+    assert [m.device for m in msgs] == list(range(8))
+    threads = {t for t, _ in seen}
+    assert len(threads) >= 2 and all(t.startswith("lcfed-device") for t in threads)
+    # one model skeleton per thread, never shared between two threads
+    assert len({n for _, n in seen}) == len(threads)
+
+
 def test_seed_changes_results():
     a = run_local(tiny_config())
     b = run_local(tiny_config("seed=1"))
@@ -50,6 +83,7 @@ def test_seed_changes_results():
         ("lcfed", ["engine.devices_per_actor=3", "train.participation=0.75"]),
         ("fedavg", []),
         ("standalone", ["engine.num_actors=1"]),
+        ("ifca", ["engine.num_actors=1", "engine.cpus_per_actor=2"]),  # one actor training on 2 threads
     ],
 )
 def test_ray_engine_matches_in_process(ray_cluster, method, extra):
@@ -66,6 +100,7 @@ def test_ray_engine_matches_in_process(ray_cluster, method, extra):
     # fractional logical GPUs were handed out; torch sees no CUDA here so training ran on the CPU
     assert all(i["gpu_ids"] == [0] and i["torch_device"] == "cpu" for i in info)
     assert len({i["pid"] for i in info}) == len(info)
+    assert all(i["workers"] == max(1, min(int(fed.layout.cpus_per_actor), i["devices"])) for i in info)
 
 
 def test_pool_layout():

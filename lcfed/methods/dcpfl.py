@@ -65,8 +65,6 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
-from scipy.cluster.hierarchy import fcluster, linkage
-from scipy.spatial.distance import squareform
 
 from lcfed.clustering import cluster_means, weighted_mean
 from lcfed.config import ExperimentConfig, require
@@ -151,6 +149,10 @@ def due_layers(intervals: np.ndarray, since: int) -> np.ndarray:
 def average_linkage(disc: torch.Tensor | np.ndarray) -> np.ndarray:
     """The hierarchical group graph: agglomerative clustering of a distance matrix, group distance =
     mean pairwise distance (scipy's linkage matrix, (n-1, 4))."""
+    # imported here: scipy.cluster costs 0.4 s, paid by every host process that imports the methods
+    from scipy.cluster.hierarchy import linkage
+    from scipy.spatial.distance import squareform
+
     d = np.asarray(disc, dtype=np.float64)
     if d.shape[0] < 2:
         return np.zeros((0, 4))
@@ -164,6 +166,8 @@ def threshold_groups(tree: np.ndarray, gamma_tilde: float) -> np.ndarray:
     top = float(tree[:, 2].max()) if tree.shape[0] else 0.0
     if n == 1 or top <= 0:
         return np.zeros(n, dtype=np.int64)
+    from scipy.cluster.hierarchy import fcluster
+
     raw = fcluster(tree, gamma_tilde * top, criterion="distance")
     _, first, inverse = np.unique(raw, return_index=True, return_inverse=True)
     rank = np.argsort(np.argsort(first))
