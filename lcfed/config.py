@@ -148,6 +148,8 @@ class EngineConfig:
     gpus_per_actor: float = -1.0
     torch_threads: int = 1
     workers: int = 0
+    vectorize: str = "auto"
+    vectorize_max: int = 256
     device: str = "auto"
     address: str | None = None
     num_cpus: int = 0
@@ -177,6 +179,13 @@ class EngineConfig:
             self.workers,
             "must be >= 0 (threads training devices per host; 0 = one per CPU the host has, 1 on a GPU)",
         )
+        require(
+            self.vectorize in ("auto", "always", "never"),
+            f"{prefix}.vectorize",
+            self.vectorize,
+            "one of ['auto', 'always', 'never'] (auto = vmap devices' steps when they train on a GPU)",
+        )
+        require(self.vectorize_max >= 1, f"{prefix}.vectorize_max", self.vectorize_max, "must be >= 1 (devices per vmapped call)")
         require(self.device in ("auto", "cpu", "cuda"), f"{prefix}.device", self.device, "one of ['auto', 'cpu', 'cuda']")
         require(self.num_cpus >= 0, f"{prefix}.num_cpus", self.num_cpus, "must be >= 0 (0 = all)")
         require(self.object_store_mb >= 64, f"{prefix}.object_store_mb", self.object_store_mb, "must be >= 64")

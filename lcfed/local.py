@@ -15,7 +15,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from lcfed.models import Network
+from lcfed.models import Model
 
 
 @dataclass(frozen=True)
@@ -89,8 +89,14 @@ def minibatches(n: int, work: LocalWork, rng: np.random.Generator) -> Iterator[n
         pos += bs
 
 
-def loss_and_grad(net: Network, w: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> tuple[float, torch.Tensor]:
-    """Mean cross-entropy of ``net`` at ``w`` on ``(x, y)`` and its gradient with respect to ``w``."""
+def loss_and_grad(net: Model, w: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> tuple[float, torch.Tensor]:
+    """Mean cross-entropy of ``net`` at ``w`` on ``(x, y)`` and its gradient with respect to ``w``.
+
+    A ``net`` with its own ``loss_and_grad`` (:class:`lcfed.vectorized.BatchedNet`) computes it
+    together with other devices'."""
+    batched = getattr(net, "loss_and_grad", None)
+    if batched is not None:
+        return batched(w, x, y)
     w = w.detach().requires_grad_(True)
     loss = F.cross_entropy(net(w, x), y)
     (grad,) = torch.autograd.grad(loss, w)
@@ -98,7 +104,7 @@ def loss_and_grad(net: Network, w: torch.Tensor, x: torch.Tensor, y: torch.Tenso
 
 
 def local_update(
-    net: Network,
+    net: Model,
     w0: torch.Tensor,
     data: DeviceData,
     work: LocalWork,
@@ -129,7 +135,7 @@ class EvalResult:
 
 
 @torch.no_grad()
-def evaluate(net: Network, w: torch.Tensor, x: torch.Tensor, y: torch.Tensor, batch_size: int = 2048) -> EvalResult:
+def evaluate(net: Model, w: torch.Tensor, x: torch.Tensor, y: torch.Tensor, batch_size: int = 2048) -> EvalResult:
     """Accuracy counts and summed cross-entropy of ``net`` at ``w`` on ``(x, y)``."""
     correct, loss_sum = 0, 0.0
     for start in range(0, int(y.shape[0]), batch_size):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 from torch import nn
@@ -156,6 +157,13 @@ def flatten_params(model: nn.Module, spec: ParamSpec) -> torch.Tensor:
     """The model's parameters as one flat float32 vector in ``spec`` order."""
     params = dict(model.named_parameters())
     return torch.cat([params[n].detach().reshape(-1) for n in spec.names]).float().clone()
+
+
+class Model(Protocol):
+    """What device-side code calls: logits of a model at flat weights ``flat`` on inputs ``x``
+    (a :class:`Network`, or :class:`lcfed.vectorized.BatchedNet`, which batches gradients)."""
+
+    def __call__(self, flat: torch.Tensor, x: torch.Tensor) -> torch.Tensor: ...
 
 
 @dataclass

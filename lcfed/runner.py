@@ -26,6 +26,7 @@ from lcfed.methods.base import (
     downlink_traffic,
     layer_traffic,
 )
+from lcfed.vectorized import BatchedNet, StepBatcher
 
 
 class LocalServer:
@@ -108,11 +109,16 @@ class HostedDevices:
         self.workers = max(1, min(workers, len(self.states)))
         self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="lcfed-device") if self.workers > 1 else None
         self._local = threading.local()
+        self._local.net = self.net
         self._build = threading.Lock()  # building a skeleton forks torch's global RNG
+        vec = cfg.engine.vectorize
+        self.vectorize = vec == "always" or (vec == "auto" and self.where.type == "cuda")
+        self.vectorize_max = max(1, min(cfg.engine.vectorize_max, len(self.states)))
+        self._vpool: ThreadPoolExecutor | None = None
+        self._batch_net = make_network(cfg, setup.input_shape, setup.federation.num_classes, self.where) if self.vectorize else None
 
     def _net(self) -> Any:
-        if self._pool is None:
-            return self.net
+        """The calling thread's model skeleton (a functional call swaps a skeleton's parameters)."""
         net = getattr(self._local, "net", None)
         if net is None:
             with self._build:
@@ -130,15 +136,43 @@ class HostedDevices:
 
     def train(self, rnd: int, devices: Sequence[int], payload: Any, instructions: dict[int, Any]) -> list[Message]:
         todo = [d for d in devices if d in self.states]
+        if self.vectorize:
+            results = self._train_vectorized(rnd, todo, payload, instructions)
+        else:
 
-        def one(dev: int) -> tuple[Any, Message]:
-            return self.strategy.local(self.context(dev, rnd), self.states[dev], payload, instructions.get(dev))
+            def one(dev: int) -> tuple[Any, Message]:
+                return self.strategy.local(self.context(dev, rnd), self.states[dev], payload, instructions.get(dev))
 
+            results = self._map(one, todo)
         msgs = []
-        for dev, (state, msg) in zip(todo, self._map(one, todo), strict=True):
+        for dev, (state, msg) in zip(todo, results, strict=True):
             self.states[dev] = state
             msgs.append(msg)
         return msgs
+
+    def _train_vectorized(
+        self, rnd: int, todo: list[int], payload: Any, instructions: dict[int, Any]
+    ) -> list[tuple[Any, Message]]:
+        """Every device in a thread of its own, their gradients batched by a :class:`StepBatcher`;
+        at most ``vectorize_max`` devices at a time, in device order, so batches are reproducible."""
+        if self._vpool is None:
+            self._vpool = ThreadPoolExecutor(self.vectorize_max, thread_name_prefix="lcfed-vdevice")
+        out: list[tuple[Any, Message]] = []
+        for start in range(0, len(todo), self.vectorize_max):
+            chunk = sorted(todo[start : start + self.vectorize_max])
+            assert self._batch_net is not None
+            batcher = StepBatcher(self._batch_net, chunk)
+
+            def one(dev: int, batcher: StepBatcher = batcher) -> tuple[Any, Message]:
+                try:
+                    ctx = replace(self.context(dev, rnd), net=BatchedNet(self._net, batcher, dev))
+                    return self.strategy.local(ctx, self.states[dev], payload, instructions.get(dev))
+                finally:
+                    batcher.leave(dev)
+
+            done = dict(zip(chunk, self._vpool.map(one, chunk), strict=True))
+            out.extend(done[d] for d in todo[start : start + self.vectorize_max])
+        return out
 
     def get_states(self) -> dict[int, Any]:
         return dict(self.states)
@@ -160,8 +194,9 @@ class HostedDevices:
         return dict(zip(devices, self._map(one, devices), strict=True))
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown()
+        for pool in (self._pool, self._vpool):
+            if pool is not None:
+                pool.shutdown()
 
 
 class LocalPool:

@@ -17,7 +17,7 @@ import torch
 
 from lcfed.config import ExperimentConfig
 from lcfed.local import DeviceData, LocalWork
-from lcfed.models import Network, ParamSpec
+from lcfed.models import Model, ParamSpec
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,7 @@ class DeviceContext:
     device: int
     rnd: int
     data: DeviceData
-    net: Network
+    net: Model
     work: LocalWork
     seed: int
 

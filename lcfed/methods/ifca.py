@@ -31,7 +31,7 @@ from lcfed.clustering import cluster_means
 from lcfed.config import ExperimentConfig, require
 from lcfed.local import DeviceData, batch_rng, evaluate, local_update
 from lcfed.methods.base import DeviceContext, Message, RoundPlan, RoundStats, Strategy
-from lcfed.models import Network, ParamSpec
+from lcfed.models import Model, ParamSpec
 
 _INIT_TAG = 0x1FCA
 
@@ -73,7 +73,7 @@ def distinct_inits(init: torch.Tensor, spec: ParamSpec, k: int, rng: np.random.G
     return torch.stack(out)
 
 
-def cluster_losses(net: Network, centers: torch.Tensor, data: DeviceData) -> torch.Tensor:
+def cluster_losses(net: Model, centers: torch.Tensor, data: DeviceData) -> torch.Tensor:
     """Mean training loss of every cluster model on one device's training set (K values)."""
     where = data.x_train.device
     out = []

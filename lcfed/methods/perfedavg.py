@@ -36,7 +36,7 @@ from lcfed.config import ExperimentConfig, require
 from lcfed.local import LocalWork, batch_rng, loss_and_grad, minibatches
 from lcfed.methods.base import DeviceContext, Message, RoundPlan, RoundStats, Strategy
 from lcfed.methods.fedavg import ModelMessage
-from lcfed.models import Network
+from lcfed.models import Model
 
 VARIANTS = ("fo", "hf")
 # independent batch streams per (device, round); stream 0 is every other method's local_update
@@ -69,7 +69,7 @@ class Batch:
     y: torch.Tensor
 
 
-def hessian_vector_product(net: Network, w: torch.Tensor, batch: Batch, v: torch.Tensor) -> torch.Tensor:
+def hessian_vector_product(net: Model, w: torch.Tensor, batch: Batch, v: torch.Tensor) -> torch.Tensor:
     """∇²f(w; batch) v for the mean cross-entropy, by double backpropagation."""
     w = w.detach().requires_grad_(True)
     loss = F.cross_entropy(net(w, batch.x), batch.y)
@@ -79,7 +79,7 @@ def hessian_vector_product(net: Network, w: torch.Tensor, batch: Batch, v: torch
 
 
 def maml_step(
-    net: Network, w: torch.Tensor, inner: Batch, outer: Batch, alpha: float, beta: float, hessian: Batch | None = None
+    net: Model, w: torch.Tensor, inner: Batch, outer: Batch, alpha: float, beta: float, hessian: Batch | None = None
 ) -> tuple[torch.Tensor, float]:
     """One Per-FedAvg meta-step from ``w`` (not modified); returns the new weights and f(w; inner).
 
@@ -93,7 +93,7 @@ def maml_step(
     return w - beta * g_outer, loss
 
 
-def adapt(net: Network, w: torch.Tensor, batch: Batch, alpha: float) -> torch.Tensor:
+def adapt(net: Model, w: torch.Tensor, batch: Batch, alpha: float) -> torch.Tensor:
     """The personalized model: one gradient step of size α from the meta-model on a local batch."""
     _, grad = loss_and_grad(net, w, batch.x, batch.y)
     return w - alpha * grad
