@@ -66,6 +66,17 @@ def test_digits_loads_offline(tmp_path: Path) -> None:
     assert not np.all(load_dataset("digits", tmp_path).x[0] == 7)
 
 
+def test_synthetic_needs_no_files_and_is_fixed(tmp_path: Path) -> None:
+    ds = load_dataset("synthetic", tmp_path / "nothing-here")
+    assert ds.x.shape == (60_000, 1, 28, 28) and ds.x.dtype == np.uint8 and ds.num_classes == 10
+    assert set(np.unique(ds.y)) == set(range(10))
+    again = load_dataset("synthetic", tmp_path)
+    np.testing.assert_array_equal(ds.x[:100], again.x[:100])
+    # the class carries signal: per-class mean images differ far more than their noise
+    means = np.stack([ds.x[ds.y == c].mean(0) for c in range(10)])
+    assert np.abs(means[0] - means[1]).mean() > 20
+
+
 def test_to_float_scales_to_unit_interval() -> None:
     x = np.array([[[[0, 51, 255]]]], dtype=np.uint8)
     t = to_float(x)

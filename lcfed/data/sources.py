@@ -81,6 +81,26 @@ def _load_digits(data_dir: Path, download: bool) -> Dataset:
     return Dataset("digits", x.copy(), y.copy(), 10)
 
 
+@lru_cache(maxsize=1)
+def _synthetic_arrays() -> tuple[np.ndarray, np.ndarray]:
+    """60,000 MNIST-shaped samples, 10 classes: a fixed random template per class plus noise.
+    Learnable, needs no files and no scikit-learn: for benchmarks on machines without data."""
+    rng = np.random.default_rng(0x5E7)
+    # smooth shapes, as in digits: a random 7x7 pattern per class, blown up into 4x4 blocks
+    coarse = rng.integers(0, 156, (10, 1, 7, 7), dtype=np.uint8)
+    templates = coarse.repeat(4, axis=2).repeat(4, axis=3)
+    y = rng.integers(0, 10, 60_000).astype(np.int64)
+    x = rng.integers(0, 100, (60_000, 1, 28, 28), dtype=np.uint8)  # noise; templates + noise <= 255
+    x += templates[y]
+    return x, y
+
+
+def _load_synthetic(data_dir: Path, download: bool) -> Dataset:
+    """60,000 generated samples of 1x28x28 in 10 classes (``data_dir``/``download`` are ignored)."""
+    x, y = _synthetic_arrays()
+    return Dataset("synthetic", x.copy(), y.copy(), 10)
+
+
 def _from_mnist(ds: Any) -> tuple[np.ndarray, np.ndarray]:
     """A torchvision MNIST-style dataset (``data`` (N, H, W) uint8 tensor) -> (N, 1, H, W), labels."""
     x = np.ascontiguousarray(ds.data.numpy(), dtype=np.uint8)[:, None]
@@ -213,6 +233,7 @@ def _cifar_loader(name: str, cls_name: str, num_classes: int) -> Callable[[Path,
 
 SOURCES: dict[str, Callable[[Path, bool], Dataset]] = {
     "digits": _load_digits,
+    "synthetic": _load_synthetic,
     "mnist": _mnist_loader("mnist", "MNIST"),
     "fashion_mnist": _mnist_loader("fashion_mnist", "FashionMNIST"),
     "cifar10": _cifar_loader("cifar10", "CIFAR10", 10),
