@@ -1,7 +1,9 @@
 """Engine overhead on workload W1: in-process runner vs the Ray engine, same federation, same run.
 
 W1: 100 devices from a 5,000-sample subset of MNIST, Dirichlet(0.1), LeNet-5, FedAvg with 25
-devices per round x 5 local steps x batch 32, 30 rounds, 1 torch thread per worker. Prints a
+devices per round x 5 local steps x batch 32, 30 rounds, 1 torch thread per worker. Engines:
+``local-1`` = the in-process runner on one thread (the plain loop), ``local`` = in-process with
+its default worker threads (one per CPU), ``ray`` = ``--actors`` device actors. Prints a
 table (round time = mean over rounds after the first; total wall includes start-up) and writes
 JSON. Needs MNIST in ``--data-dir`` (see README, `lcfed data import`); ``--dataset digits`` runs
 the same shape of workload without files.
@@ -34,8 +36,8 @@ def w1(args: argparse.Namespace, engine: str) -> object:
         "data.alpha=0.1", "data.num_devices=100", f"data.subset={args.subset}", "data.min_samples=10",
         "method.name=fedavg", f"train.rounds={args.rounds}", "train.participation=0.25", "train.local_steps=5",
         "train.batch_size=32", "train.lr=0.01", f"train.eval_every={args.rounds}", "engine.torch_threads=1",
-        f"engine.kind={engine}", f"engine.num_actors={args.actors}", "tracking.enabled=false",
-        *getattr(args, "set", []),
+        f"engine.kind={'local' if engine.startswith('local') else engine}", f"engine.num_actors={args.actors}",
+        "tracking.enabled=false", *(["engine.workers=1"] if engine == "local-1" else []), *getattr(args, "set", []),
     ])
 
 
@@ -69,7 +71,7 @@ def measure(args: argparse.Namespace, engine: str) -> dict:
     me = psutil.Process(os.getpid())
     rss = PeakRSS(me)
     t0 = time.perf_counter()
-    if engine == "local":
+    if engine.startswith("local"):
         from lcfed.runner import run_local
 
         res = run_local(cfg, [rss])
@@ -101,7 +103,7 @@ def main() -> None:
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override for both engines")
     args = ap.parse_args()
-    rows = [measure(args, "local"), measure(args, "ray")]
+    rows = [measure(args, "local-1"), measure(args, "local"), measure(args, "ray")]
     base = rows[0]
     print(f"W1 ({args.dataset}, 100 devices, 25/round x 5 steps, {args.rounds} rounds, {args.actors} actors)")
     print(f"{'engine':<8} {'s/round':>9} {'ratio':>7} {'wall s':>8} {'ratio':>7} {'peak RSS MB':>12} {'acc':>7}")
