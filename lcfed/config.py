@@ -352,7 +352,8 @@ def build_dataclass(cls: type, values: Mapping[str, Any], prefix: str) -> Any:
     for key, value in values.items():
         require(key in names, f"{prefix}.{key}", value, f"unknown field; allowed: {', '.join(names)}")
         ok, coerced = _type_ok(value, hints[key])
-        require(ok, f"{prefix}.{key}", value, f"must be of type {_type_name(hints[key])}")
+        hint = " (YAML reads on/off/yes/no as booleans: quote the word)" if isinstance(value, bool) and hints[key] is str else ""
+        require(ok, f"{prefix}.{key}", value, f"must be of type {_type_name(hints[key])}{hint}")
         kwargs[key] = coerced
     return cls(**kwargs)
 

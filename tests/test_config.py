@@ -54,6 +54,9 @@ BAD = [
     ("engine.num_actors=-2", "engine.num_actors", ">= 0"),
     ("engine.cpus_per_actor=0", "engine.cpus_per_actor", "> 0"),
     ("engine.workers=-1", "engine.workers", ">= 0"),
+    ("engine.vectorize=sometimes", "engine.vectorize", "'always'"),
+    ("engine.vectorize=on", "engine.vectorize", "quote the word"),  # YAML reads `on` as true
+    ("engine.vectorize_max=0", "engine.vectorize_max", ">= 1"),
     ("engine.device=tpu", "engine.device", "one of"),
     ("engine.max_failures=-1", "engine.max_failures", ">= 0"),
     ("engine.object_store_mb=10", "engine.object_store_mb", ">= 64"),
