@@ -5,10 +5,12 @@ from __future__ import annotations
 import math
 import threading
 
+import numpy as np
 import pytest
 import ray
+import torch
 
-from actors.engine import RayFederation, pool_layout
+from actors.engine import RayFederation, _tensor_to_wire, fast_tensor_transfer, pool_layout
 from lcfed.config import EngineConfig
 from lcfed.federation import prepare
 from lcfed.runner import HostedDevices, run_local
@@ -102,6 +104,40 @@ def test_ray_engine_matches_in_process(ray_cluster, method, extra):
     assert all(i["gpu_ids"] == [0] and i["torch_device"] == "cpu" for i in info)
     assert len({i["pid"] for i in info}) == len(info)
     assert all(i["workers"] == max(1, min(int(fed.layout.cpus_per_actor), i["devices"])) for i in info)
+
+
+@ray.remote
+def _bump(tensors: dict) -> dict:
+    out = {}
+    for key, t in tensors.items():
+        if t.dtype == torch.bool:
+            out[key] = t.logical_not_()  # in place: what arrived must be writable
+        elif t.requires_grad:
+            out[key] = t.detach() + 1
+        else:
+            out[key] = t.add_(1)
+    return out
+
+
+def test_tensors_cross_ray_as_numpy_buffers(ray_cluster):
+    base = torch.arange(12, dtype=torch.float32)
+    sent = {
+        "view": base[2:8],
+        "int": torch.arange(5),
+        "bool": torch.tensor([True, False]),
+        "scalar": torch.tensor(3.5, dtype=torch.float64),
+        "bf16": torch.ones(3, dtype=torch.bfloat16),
+        "grad": torch.ones(2, requires_grad=True),
+    }
+    wire = {k: _tensor_to_wire(t) for k, t in sent.items()}
+    assert {k for k, w in wire.items() if isinstance(w, np.ndarray)} == {"view", "int", "bool", "scalar"}
+    assert wire["view"].shape == (6,)  # the view's elements only, not its whole storage
+    fast_tensor_transfer()
+    back = ray.get(_bump.remote(sent))
+    for key, t in sent.items():
+        expect = t.logical_not() if t.dtype == torch.bool else t.detach() + 1
+        assert back[key].dtype == t.dtype and torch.equal(back[key], expect), key
+    assert torch.equal(base, torch.arange(12, dtype=torch.float32))  # the sender's tensors are untouched
 
 
 def test_pool_layout():
