@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
@@ -177,11 +178,11 @@ def _write_cache(cache: Path, stamp: list[list[object]], ds: Dataset) -> None:
         cache.mkdir(parents=True, exist_ok=True)
         (cache / "stamp.json").unlink(missing_ok=True)
         for fname, arr in (("x.npy", ds.x), ("y.npy", ds.y)):
-            tmp = cache / f"{fname}.{os.getpid()}.tmp"  # hosts may fill the cache at the same time
+            tmp = cache / f"{fname}.{uuid.uuid4().hex}.tmp"  # processes, even on other nodes, may fill it at once
             with tmp.open("wb") as f:
                 np.save(f, arr)
             os.replace(tmp, cache / fname)
-        tmp = cache / f"stamp.json.{os.getpid()}.tmp"
+        tmp = cache / f"stamp.json.{uuid.uuid4().hex}.tmp"
         tmp.write_text(json.dumps(stamp))
         os.replace(tmp, cache / "stamp.json")
     except OSError:
