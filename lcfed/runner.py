@@ -101,7 +101,7 @@ class HostedDevices:
         self.where = resolve_device(cfg.engine.device)
         ds = dataset if dataset is not None else load(cfg)
         self.data = device_data(ds, setup.partition, devices, self.where)
-        self.net = make_network(cfg, setup.input_shape, setup.federation.num_classes, self.where)
+        self.net = self._new_net()
         self.strategy = make_strategy(cfg, setup.federation)
         self.init = setup.federation.init
         self.states = {d: self.strategy.init_device(d, self.init) for d in devices}
@@ -115,14 +115,17 @@ class HostedDevices:
         self.vectorize = vec == "always" or (vec == "auto" and self.where.type == "cuda")
         self.vectorize_max = max(1, min(cfg.engine.vectorize_max, len(self.states)))
         self._vpool: ThreadPoolExecutor | None = None
-        self._batch_net = make_network(cfg, setup.input_shape, setup.federation.num_classes, self.where) if self.vectorize else None
+        self._batch_net = self._new_net() if self.vectorize else None
+
+    def _new_net(self) -> Any:
+        return make_network(self.cfg, self.setup.input_shape, self.setup.federation.num_classes, self.where)
 
     def _net(self) -> Any:
         """The calling thread's model skeleton (a functional call swaps a skeleton's parameters)."""
         net = getattr(self._local, "net", None)
         if net is None:
             with self._build:
-                net = make_network(self.cfg, self.setup.input_shape, self.setup.federation.num_classes, self.where)
+                net = self._new_net()
             self._local.net = net
         return net
 
@@ -131,8 +134,9 @@ class HostedDevices:
             return [fn(x) for x in items]
         return list(self._pool.map(fn, items))
 
-    def context(self, device: int, rnd: int) -> DeviceContext:
-        return DeviceContext(device, rnd, self.data[device], self._net(), self.work, self.cfg.seed)
+    def context(self, device: int, rnd: int, net: Any = None) -> DeviceContext:
+        """``net`` defaults to the calling thread's model skeleton."""
+        return DeviceContext(device, rnd, self.data[device], self._net() if net is None else net, self.work, self.cfg.seed)
 
     def train(self, rnd: int, devices: Sequence[int], payload: Any, instructions: dict[int, Any]) -> list[Message]:
         todo = [d for d in devices if d in self.states]
@@ -153,25 +157,26 @@ class HostedDevices:
     def _train_vectorized(
         self, rnd: int, todo: list[int], payload: Any, instructions: dict[int, Any]
     ) -> list[tuple[Any, Message]]:
-        """Every device in a thread of its own, their gradients batched by a :class:`StepBatcher`;
-        at most ``vectorize_max`` devices at a time, in device order, so batches are reproducible."""
+        """Every device in a thread of its own, their gradients batched by a :class:`StepBatcher`
+        (which orders each batch by device id, so batches are reproducible); at most
+        ``vectorize_max`` devices at a time."""
+        assert self._batch_net is not None
         if self._vpool is None:
             self._vpool = ThreadPoolExecutor(self.vectorize_max, thread_name_prefix="lcfed-vdevice")
         out: list[tuple[Any, Message]] = []
         for start in range(0, len(todo), self.vectorize_max):
-            chunk = sorted(todo[start : start + self.vectorize_max])
-            assert self._batch_net is not None
+            chunk = todo[start : start + self.vectorize_max]
             batcher = StepBatcher(self._batch_net, chunk)
 
             def one(dev: int, batcher: StepBatcher = batcher) -> tuple[Any, Message]:
                 try:
-                    ctx = replace(self.context(dev, rnd), net=BatchedNet(self._net, batcher, dev))
+                    # a thread builds its own skeleton only if the strategy calls the model directly
+                    ctx = self.context(dev, rnd, BatchedNet(self._net, batcher, dev))
                     return self.strategy.local(ctx, self.states[dev], payload, instructions.get(dev))
                 finally:
                     batcher.leave(dev)
 
-            done = dict(zip(chunk, self._vpool.map(one, chunk), strict=True))
-            out.extend(done[d] for d in todo[start : start + self.vectorize_max])
+            out.extend(self._vpool.map(one, chunk))
         return out
 
     def get_states(self) -> dict[int, Any]:

@@ -27,7 +27,6 @@ class StepBatcher:
     """Gathers the gradient requests of a fixed set of members and serves them batched."""
 
     def __init__(self, net: Network, members: Iterable[int]) -> None:
-        self.net = net  # used only inside a tick, under the lock
         self.active = set(members)
         self.pending: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
         self.results: dict[int, tuple[float, torch.Tensor]] = {}
@@ -37,7 +36,7 @@ class StepBatcher:
         self.calls = 0
 
         def loss(w: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-            return F.cross_entropy(net(w, x), y)
+            return F.cross_entropy(net(w, x), y)  # ``net`` runs only inside a tick, under the lock
 
         self._batched = vmap(grad_and_value(loss))
 
