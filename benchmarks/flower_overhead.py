@@ -170,17 +170,12 @@ def ours(args: argparse.Namespace, engine: str) -> dict[str, Any]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--data-dir", default="~/.cache/lcfed")
-    ap.add_argument("--dataset", default="mnist")
-    ap.add_argument("--subset", type=int, default=5000)
-    ap.add_argument("--rounds", type=int, default=30)
-    ap.add_argument("--actors", type=int, default=2)
+    overhead.add_w1_arguments(ap)
     ap.add_argument("--venv", default=str(HERE / ".flower-venv"), help="Flower's own venv (created on first use)")
     ap.add_argument("--flwr-version", default="1.42.0")
     ap.add_argument("--flwr-fallback", default="1.41.0", help="tried when --flwr-version does not install ('' = none)")
     ap.add_argument("--python", default=getattr(sys, "_base_executable", sys.executable), help="interpreter for the venv")
     ap.add_argument("--quick", action="store_true", help="2 rounds (smoke run; start-ups dominate)")
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     args = ap.parse_args()
     if args.quick:
         args.rounds = 2

@@ -93,14 +93,19 @@ def measure(args: argparse.Namespace, engine: str) -> dict:
             "wall_s": wall, "peak_rss_mb": rss.peak, "acc_mean": res.final.get("acc_mean")}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_w1_arguments(ap: argparse.ArgumentParser) -> None:
+    """The options that shape workload W1 (shared with ``flower_overhead.py``)."""
     ap.add_argument("--data-dir", default="~/.cache/lcfed")
     ap.add_argument("--dataset", default="mnist")
     ap.add_argument("--subset", type=int, default=5000)
     ap.add_argument("--rounds", type=int, default=30)
     ap.add_argument("--actors", type=int, default=2)
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_w1_arguments(ap)
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override for both engines")
     args = ap.parse_args()
     rows = [measure(args, "local-1"), measure(args, "local"), measure(args, "ray")]
