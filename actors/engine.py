@@ -20,8 +20,9 @@ import torch
 
 from lcfed.checkpoint import Snapshot
 from lcfed.config import EngineConfig, ExperimentConfig
+from lcfed.data import Dataset, Partition
 from lcfed.engine import HostFailure, Observer, RunResult, run_rounds
-from lcfed.federation import Setup, make_strategy, prepare, resolve_device
+from lcfed.federation import Setup, load, make_strategy, prepare, resolve_device, shard
 from lcfed.local import EvalResult
 from lcfed.methods.base import Message, RoundPlan, RoundStats
 from lcfed.runner import HostedDevices, LocalServer, auto_workers
@@ -57,11 +58,15 @@ class DeviceActor:
     """Hosts a block of virtual devices: their data (loaded here, on the GPU if one is assigned)
     and their personal states, which never leave the actor."""
 
-    def __init__(self, cfg: ExperimentConfig, setup: Setup, devices: Sequence[int], cpus: float = 1.0) -> None:
+    def __init__(
+        self, cfg: ExperimentConfig, setup: Setup, devices: Sequence[int], shard: tuple[Dataset, Partition],
+        cpus: float = 1.0,
+    ) -> None:
         fast_tensor_transfer()
         self.devices = tuple(devices)
         workers = auto_workers(cfg, cpus, resolve_device(cfg.engine.device))
-        self.hosted = HostedDevices(cfg, setup, self.devices, workers=workers)
+        ds, part = shard  # this actor's devices' samples, from the process that loaded the dataset
+        self.hosted = HostedDevices(cfg, replace(setup, partition=part), self.devices, ds, workers=workers)
 
     def info(self) -> dict[str, Any]:
         return {
@@ -69,6 +74,7 @@ class DeviceActor:
             "torch_device": str(self.hosted.where),
             "workers": self.hosted.workers,
             "gpu_ids": ray.get_gpu_ids(),
+            "node_id": ray.get_runtime_context().get_node_id(),
             "pid": os.getpid(),
         }
 
@@ -129,30 +135,89 @@ class PoolLayout:
     cpus_per_actor: float
     gpus_per_actor: float
 
+    def bundles(self) -> list[dict[str, float]]:
+        """One placement-group bundle per device actor."""
+        one = {"CPU": self.cpus_per_actor, **({"GPU": self.gpus_per_actor} if self.gpus_per_actor > 0 else {})}
+        return [dict(one) for _ in self.blocks]
+
+
+@dataclass(frozen=True)
+class NodeResources:
+    """What one alive Ray node has in all (CPUs, GPUs)."""
+
+    cpus: float
+    gpus: float
+
+
+def _floor4(x: float) -> float:
+    return math.floor(x * 1e4) / 1e4  # Ray takes resource fractions with at most 4 decimals
+
 
 def pool_layout(engine: EngineConfig, num_devices: int, cpus: float, gpus: float) -> PoolLayout:
-    """Size the actor pool from the config and the resources Ray reports.
+    """Size the actor pool for a budget of ``cpus`` and ``gpus`` (e.g. a Tune trial's bundles).
 
     ``devices_per_actor`` wins over ``num_actors``; with neither, one actor per CPU. Actors ask for
     at most their share of the CPUs so the whole pool always fits; with GPUs each actor takes a
     fraction ``gpus / actors`` (at most 1) unless ``gpus_per_actor`` says otherwise.
     """
-    if engine.devices_per_actor:
-        n_actors = math.ceil(num_devices / engine.devices_per_actor)
-    elif engine.num_actors:
-        n_actors = min(engine.num_actors, num_devices)
-    else:
-        n_actors = max(1, min(num_devices, int(cpus // engine.cpus_per_actor) or 1))
-    per = math.ceil(num_devices / n_actors)
-    blocks = tuple(tuple(range(s, min(s + per, num_devices))) for s in range(0, num_devices, per))
+    n_actors = _explicit_actors(engine, num_devices) or max(1, min(num_devices, int(cpus // engine.cpus_per_actor) or 1))
+    blocks = _blocks(num_devices, n_actors)
     n_actors = len(blocks)
     cpu = min(engine.cpus_per_actor, cpus / n_actors) if cpus > 0 else engine.cpus_per_actor
     if engine.gpus_per_actor >= 0:
         gpu = engine.gpus_per_actor
     else:
         gpu = min(1.0, gpus / n_actors) if gpus > 0 else 0.0
-    # Ray accepts resource fractions with at most 4 decimals
-    return PoolLayout(blocks, math.floor(cpu * 1e4) / 1e4, math.floor(gpu * 1e4) / 1e4)
+    return PoolLayout(blocks, _floor4(cpu), _floor4(gpu))
+
+
+def cluster_layout(engine: EngineConfig, num_devices: int, nodes: Sequence[NodeResources]) -> PoolLayout:
+    """Size the actor pool for a cluster whose nodes may differ (e.g. a CPU head and GPU workers).
+
+    With GPUs (``engine.gpus``, or auto: every GPU the nodes have), device actors go on GPU nodes
+    only, ``actors_per_gpu`` to a GPU, spread over the GPU nodes in proportion to their GPUs, each
+    asking for the CPUs and GPU fraction that let the tightest node hold its share; CPU-only nodes
+    are left to drivers and the server. ``engine.gpus`` stated while no GPU node is up yet still
+    plans GPU actors: the pending placement is what makes an autoscaler start GPU workers.
+    Without GPUs, actors fill the nodes' CPUs.
+    """
+    cpa = engine.cpus_per_actor
+    gpu_nodes = [n for n in nodes if n.gpus > 0]
+    want = 0.0 if engine.gpus_per_actor == 0 else engine.gpus if engine.gpus >= 0 else sum(n.gpus for n in gpu_nodes)
+    if want <= 0:
+        slots = sum(int(n.cpus // cpa) for n in nodes)
+        blocks = _blocks(num_devices, _explicit_actors(engine, num_devices) or max(1, min(num_devices, slots)))
+        cpu = cpa if slots >= len(blocks) else cpa * max(slots, 1) / len(blocks)
+        return PoolLayout(blocks, _floor4(cpu), 0.0)
+    if gpu_nodes:
+        planned = sum(max(1, round(n.gpus * engine.actors_per_gpu)) for n in gpu_nodes)
+        if engine.gpus >= 0:
+            planned = min(planned, max(1, math.ceil(want * engine.actors_per_gpu)))
+        blocks = _blocks(num_devices, _explicit_actors(engine, num_devices) or min(num_devices, planned))
+        total = sum(n.gpus for n in gpu_nodes)
+        share = [max(1, math.ceil(len(blocks) * n.gpus / total)) for n in gpu_nodes]  # actors per node, rounded up
+        cpu = min(cpa, *(n.cpus / k for n, k in zip(gpu_nodes, share, strict=True)))
+        gpu = min(1.0, want / len(blocks), *(n.gpus / k for n, k in zip(gpu_nodes, share, strict=True)))
+    else:  # no GPU node up yet: the ask itself is what scales the cluster
+        planned = max(1, math.ceil(want * engine.actors_per_gpu))
+        blocks = _blocks(num_devices, _explicit_actors(engine, num_devices) or min(num_devices, planned))
+        cpu, gpu = cpa, min(1.0, want / len(blocks))
+    if engine.gpus_per_actor > 0:
+        gpu = engine.gpus_per_actor
+    return PoolLayout(blocks, _floor4(cpu), _floor4(gpu))
+
+
+def _explicit_actors(engine: EngineConfig, num_devices: int) -> int:
+    if engine.devices_per_actor:
+        return math.ceil(num_devices / engine.devices_per_actor)
+    if engine.num_actors:
+        return min(engine.num_actors, num_devices)
+    return 0
+
+
+def _blocks(num_devices: int, n_actors: int) -> tuple[tuple[int, ...], ...]:
+    per = math.ceil(num_devices / n_actors)
+    return tuple(tuple(range(s, min(s + per, num_devices))) for s in range(0, num_devices, per))
 
 
 @dataclass(frozen=True)
@@ -162,21 +227,43 @@ class RayPlan:
 
 
 class Hosts:
-    """The federation's actors, with the means to notice lost ones and start them again."""
+    """The federation's actors, with the means to notice lost ones and start them again.
 
-    def __init__(self, cfg: ExperimentConfig, setup_ref: Any, layout: PoolLayout) -> None:
+    Device actors live in the bundles of one placement group (``placement``; None inside a Tune
+    trial, whose own group captures them); each receives its devices' samples as an object ref.
+    The ServerActor asks for no CPU and, outside a trial, prefers the driver's node.
+    """
+
+    def __init__(
+        self, cfg: ExperimentConfig, setup_ref: Any, layout: PoolLayout, shard_refs: Sequence[Any],
+        placement: Any = None,
+    ) -> None:
         self.cfg = cfg
         self.setup_ref = setup_ref
         self.layout = layout
+        self.shard_refs = list(shard_refs)
+        self.placement = placement
         self.server = self._new_server()
-        self.devices = [self._new_device(block) for block in layout.blocks]
+        self.devices = [self._new_device(i) for i in range(len(layout.blocks))]
 
     def _new_server(self) -> Any:
-        return ServerActor.options(num_cpus=0).remote(self.cfg, self.setup_ref)
+        opts: dict[str, Any] = {"num_cpus": 0}
+        if self.placement is not None:
+            from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    def _new_device(self, block: Sequence[int]) -> Any:
-        opts = {"num_cpus": self.layout.cpus_per_actor, "num_gpus": self.layout.gpus_per_actor}
-        return DeviceActor.options(**opts).remote(self.cfg, self.setup_ref, block, self.layout.cpus_per_actor)
+            node = ray.get_runtime_context().get_node_id()
+            opts["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node, soft=True)
+        return ServerActor.options(**opts).remote(self.cfg, self.setup_ref)
+
+    def _new_device(self, i: int) -> Any:
+        opts: dict[str, Any] = {"num_cpus": self.layout.cpus_per_actor, "num_gpus": self.layout.gpus_per_actor}
+        if self.placement is not None:
+            from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+            opts["scheduling_strategy"] = PlacementGroupSchedulingStrategy(self.placement, placement_group_bundle_index=i)
+        block = self.layout.blocks[i]
+        return DeviceActor.options(**opts).remote(self.cfg, self.setup_ref, block, self.shard_refs[i],
+                                                  self.layout.cpus_per_actor)
 
     @staticmethod
     def _alive(actor: Any) -> bool:
@@ -203,7 +290,7 @@ class Hosts:
             self.server = self._new_server()
         for i, actor in enumerate(self.devices):
             if not self._alive(actor):
-                self.devices[i] = self._new_device(self.layout.blocks[i])
+                self.devices[i] = self._new_device(i)
 
 
 class RayServer:
@@ -296,34 +383,128 @@ def ensure_ray(engine: EngineConfig) -> bool:
     return True
 
 
+class PlacementError(RuntimeError):
+    """The cluster cannot place the federation's actors: what was asked, what the cluster has."""
+
+
+def alive_nodes() -> list[NodeResources]:
+    return [NodeResources(n["Resources"].get("CPU", 0.0), n["Resources"].get("GPU", 0.0))
+            for n in ray.nodes() if n.get("Alive")]
+
+
+def _describe_cluster() -> str:
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    avail = ray.available_resources()
+    per_node = "; ".join(
+        f"node {n['NodeManagerAddress']} {n['NodeID'][:8]}: CPU {n['Resources'].get('CPU', 0):g}, GPU {n['Resources'].get('GPU', 0):g}"
+        for n in nodes
+    )
+    return (f"{len(nodes)} alive node(s) [{per_node}]; available now: CPU {avail.get('CPU', 0):g}, "
+            f"GPU {avail.get('GPU', 0):g}")
+
+
+def fits(layout: PoolLayout, nodes: Sequence[NodeResources]) -> bool:
+    """Whether the nodes' totals can hold every actor's bundle (identical bundles: count per node)."""
+    eps = 1e-9
+
+    def holds(n: NodeResources) -> int:
+        by_cpu = math.floor(n.cpus / layout.cpus_per_actor + eps) if layout.cpus_per_actor > 0 else len(layout.blocks)
+        by_gpu = math.floor(n.gpus / layout.gpus_per_actor + eps) if layout.gpus_per_actor > 0 else by_cpu
+        return min(by_cpu, by_gpu)
+
+    return sum(holds(n) for n in nodes) >= len(layout.blocks)
+
+
+def place_pool(layout: PoolLayout, timeout_s: float, can_grow: bool) -> Any:
+    """Reserve every device actor's bundle at once (all or nothing), or raise :class:`PlacementError`.
+
+    A cluster that cannot grow (a private local Ray) fails at once when a bundle fits no node; one
+    that may (an autoscaler starting workers for the pending demand) gets ``timeout_s``.
+    """
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    bundles = layout.bundles()
+    ask = (f"{len(bundles)} device actor(s) x {{CPU: {layout.cpus_per_actor:g}"
+           + (f", GPU: {layout.gpus_per_actor:g}" if layout.gpus_per_actor > 0 else "") + "}")
+    fix = ("set engine.cpus_per_actor / engine.actors_per_gpu / engine.num_actors / engine.gpus to fit, "
+           "or add nodes")
+    if not can_grow and not fits(layout, alive_nodes()):
+        raise PlacementError(f"cannot place the federation: asked for {ask}, more than the nodes hold; "
+                             f"the cluster has {_describe_cluster()}; {fix}")
+    pg = placement_group(bundles, strategy="PACK")
+    try:
+        ray.get(pg.ready(), timeout=timeout_s)
+    except ray.exceptions.GetTimeoutError:
+        remove_placement_group(pg)
+        raise PlacementError(
+            f"cannot place the federation within {timeout_s:g} s (engine.placement_timeout_s): asked for {ask}; "
+            f"the cluster has {_describe_cluster()}; {fix}"
+        ) from None
+    return pg
+
+
 class RayFederation:
-    """A federation deployed on Ray: the actors exist until :meth:`close`."""
+    """A federation deployed on Ray: the actors exist until :meth:`close`.
+
+    This process loads the dataset (``dataset``, or from ``data.data_dir`` here) and ships each
+    device actor its devices' samples; no other node reads data files.
+    """
 
     def __init__(
-        self, cfg: ExperimentConfig, setup: Setup | None = None, resources: tuple[float, float] | None = None
+        self,
+        cfg: ExperimentConfig,
+        setup: Setup | None = None,
+        resources: tuple[float, float] | None = None,
+        dataset: Dataset | None = None,
     ) -> None:
-        """``resources`` = (CPUs, GPUs) the pool may use, e.g. a Tune trial's placement group;
-        default: what the Ray cluster has available."""
+        """``resources`` = (CPUs, GPUs) the pool may use inside an enclosing placement group (a Tune
+        trial's): the actors join that group. Default: a placement group of our own on the cluster."""
         self.cfg = cfg
+        self.placement = None
+        self.hosts: Hosts | None = None
         self.started_ray = ensure_ray(cfg.engine)
-        fast_tensor_transfer()
-        self.setup = setup if setup is not None else prepare(cfg)
-        if resources is None:
-            res = ray.available_resources()
-            resources = (res.get("CPU", 0.0), res.get("GPU", 0.0))
-        self.layout = pool_layout(cfg.engine, self.setup.federation.num_devices, *resources)
-        self.hosts = Hosts(cfg, ray.put(self.setup), self.layout)
-        self.actor_info = ray.get([a.info.remote() for a in self.hosts.devices])
+        try:
+            fast_tensor_transfer()
+            ds = dataset if dataset is not None else load(cfg)
+            self.setup = setup if setup is not None else prepare(cfg, ds)
+            n = self.setup.federation.num_devices
+            if resources is not None:
+                self.layout = pool_layout(cfg.engine, n, *resources)
+            else:
+                self.layout = cluster_layout(cfg.engine, n, alive_nodes())
+                self.placement = place_pool(self.layout, cfg.engine.placement_timeout_s, can_grow=not self.started_ray)
+            shards = [ray.put(shard(ds, self.setup.partition, block)) for block in self.layout.blocks]
+            self.hosts = Hosts(cfg, ray.put(self.setup), self.layout, shards, self.placement)
+            self.actor_info = ray.get([a.info.remote() for a in self.hosts.devices])
+        except BaseException:
+            self.close()
+            raise
+
+    def placement_summary(self) -> list[dict[str, Any]]:
+        """Where each device actor runs: node, GPU ids, what it asked for, how many devices."""
+        return [{"actor": i, "node_id": info["node_id"], "gpu_ids": info["gpu_ids"], "devices": info["devices"],
+                 "cpus": self.layout.cpus_per_actor, "gpus": self.layout.gpus_per_actor,
+                 "torch_device": info["torch_device"]}
+                for i, info in enumerate(self.actor_info)]
 
     def run(self, observers: Sequence[Observer] = (), resume: Snapshot | None = None) -> RunResult:
+        assert self.hosts is not None
         server, pool = RayServer(self.hosts), RayPool(self.hosts)
         return run_rounds(self.cfg, self.setup.federation, server, pool, observers, resume)
 
     def close(self) -> None:
-        for actor in [*self.hosts.devices, self.hosts.server]:
-            ray.kill(actor)
+        if self.hosts is not None:
+            for actor in [*self.hosts.devices, self.hosts.server]:
+                ray.kill(actor)
+            self.hosts = None
+        if self.placement is not None:
+            from ray.util.placement_group import remove_placement_group
+
+            remove_placement_group(self.placement)
+            self.placement = None
         if self.started_ray:
             ray.shutdown()
+            self.started_ray = False
 
 
 def run_ray(cfg: ExperimentConfig, observers: Sequence[Observer] = (), resume: Snapshot | None = None) -> RunResult:

@@ -7,6 +7,7 @@ field (dotted path), the value and what is allowed.
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from collections.abc import Iterable, Mapping
@@ -146,6 +147,9 @@ class EngineConfig:
     devices_per_actor: int = 0
     cpus_per_actor: float = 1.0
     gpus_per_actor: float = -1.0
+    gpus: float = -1.0
+    actors_per_gpu: int = 2
+    placement_timeout_s: float = 300.0
     torch_threads: int = 1
     workers: int = 0
     vectorize: str = "auto"
@@ -171,6 +175,21 @@ class EngineConfig:
             f"{prefix}.gpus_per_actor",
             self.gpus_per_actor,
             "must be in [0, 1], or -1 for auto (1 / actors when GPUs exist, else 0)",
+        )
+        require(
+            self.gpus == -1 or 0 <= self.gpus < math.inf,
+            f"{prefix}.gpus",
+            self.gpus,
+            "must be >= 0 (GPUs the device actors ask for in all; state it so an autoscaler starts GPU workers), "
+            "or -1 for auto (every GPU the cluster has now)",
+        )
+        require(self.actors_per_gpu >= 1, f"{prefix}.actors_per_gpu", self.actors_per_gpu,
+                "must be >= 1 (device actors sharing one GPU)")
+        require(
+            0 < self.placement_timeout_s < math.inf,
+            f"{prefix}.placement_timeout_s",
+            self.placement_timeout_s,
+            "must be > 0 seconds (how long to wait for the cluster to place the federation's actors)",
         )
         require(self.torch_threads >= 1, f"{prefix}.torch_threads", self.torch_threads, "must be >= 1")
         require(

@@ -35,9 +35,20 @@ def data_dir(cfg: ExperimentConfig) -> Path:
     return Path(cfg.data.data_dir).expanduser()
 
 
-def load(cfg: ExperimentConfig) -> Dataset:
-    """The configured dataset, reduced to a seeded random ``data.subset`` of samples if set."""
-    ds = load_dataset(cfg.data.dataset, data_dir(cfg), cfg.data.download)
+def source_key(cfg: ExperimentConfig) -> tuple[str, str, bool]:
+    """What decides which files are read: configs with equal keys share one loaded dataset."""
+    return cfg.data.dataset, str(data_dir(cfg)), cfg.data.download
+
+
+def load_source(cfg: ExperimentConfig) -> Dataset:
+    """The configured dataset's every sample, read from ``data.data_dir`` (or embedded)."""
+    return load_dataset(cfg.data.dataset, data_dir(cfg), cfg.data.download)
+
+
+def load(cfg: ExperimentConfig, source: Dataset | None = None) -> Dataset:
+    """The configured dataset (``source`` if already loaded), reduced to a seeded random
+    ``data.subset`` of samples if set."""
+    ds = source if source is not None else load_source(cfg)
     if 0 < cfg.data.subset < len(ds.y):
         keep = np.sort(np.random.default_rng([cfg.seed, 0x5B5]).choice(len(ds.y), cfg.data.subset, replace=False))
         ds = Dataset(ds.name, ds.x[keep], ds.y[keep], ds.num_classes)
@@ -120,6 +131,25 @@ def forward_flops(net: Network, weights: torch.Tensor, input_shape: tuple[int, .
         for h in hooks:
             h.remove()
     return total
+
+
+def shard(ds: Dataset, part: Partition, devices: Iterable[int]) -> tuple[Dataset, Partition]:
+    """The samples of ``devices`` only, with the partition's indices remapped into them.
+
+    What a host needs, cut out by the process that loaded the dataset and shipped to the host (on
+    Ray through the object store), so hosts read no files: a worker node needs the code only.
+    Other devices keep empty index arrays.
+    """
+    devs = sorted(set(devices))
+    rows = np.unique(np.concatenate([part.train[d] for d in devs] + [part.test[d] for d in devs] + [np.zeros(0, np.int64)]))
+    empty = np.zeros(0, dtype=np.int64)
+    hosted = set(devs)
+
+    def remap(idx: tuple[np.ndarray, ...]) -> tuple[np.ndarray, ...]:
+        return tuple(np.searchsorted(rows, a).astype(np.int64) if d in hosted else empty for d, a in enumerate(idx))
+
+    sub = Dataset(ds.name, np.ascontiguousarray(ds.x[rows]), np.ascontiguousarray(ds.y[rows]), ds.num_classes)
+    return sub, Partition(remap(part.train), remap(part.test), part.groups)
 
 
 def resolve_device(kind: str) -> torch.device:

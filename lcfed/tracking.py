@@ -80,6 +80,15 @@ def ui_hint(uri: str) -> str:
     return f"mlflow ui --backend-store-uri {uri} --host 127.0.0.1 --port 5000   # then open http://127.0.0.1:5000"
 
 
+def federation_facts(fed: Federation) -> dict[str, str]:
+    """What the config alone does not say about a federation, logged as ``federation.*`` params."""
+    return {
+        "num_params": str(fed.spec.size),
+        "embedding_params": str(fed.spec.embedding_size),
+        "train_samples": str(int(fed.train_sizes.sum())),
+    }
+
+
 class MLflowObserver:
     """Logs one federation run to MLflow.
 
@@ -124,6 +133,10 @@ class MLflowObserver:
         self.client.search_experiments(max_results=1)
 
     def on_start(self, cfg: ExperimentConfig, fed: Federation) -> None:
+        self.start(cfg, federation_facts(fed))
+
+    def start(self, cfg: ExperimentConfig, facts: dict[str, str]) -> None:
+        """Create (or reopen, when resuming) the run; ``facts`` are logged as ``federation.*`` params."""
         from mlflow.entities import Param
 
         self.cfg = cfg
@@ -138,23 +151,25 @@ class MLflowObserver:
         run = self.client.create_run(self.experiment_id, run_name=cfg.tracking.run_name or cfg.name, tags=tags)
         self.run_id = run.info.run_id
         params = {k: str(v) for k, v in flatten(cfg).items()}
-        params["federation.num_params"] = str(fed.spec.size)
-        params["federation.embedding_params"] = str(fed.spec.embedding_size)
-        params["federation.train_samples"] = str(int(fed.train_sizes.sum()))
+        params.update({f"federation.{k}": str(v) for k, v in facts.items()})
         items = [Param(k, v[:6000]) for k, v in sorted(params.items())]
         for start in range(0, len(items), 100):
             self.client.log_batch(self.run_id, params=items[start : start + 100])
 
     def on_round(self, rnd: int, metrics: dict[str, float], stats: RoundStats) -> None:
+        self.log_round(rnd, metrics, stats.assignment)
+
+    def log_round(self, rnd: int, metrics: dict[str, float], assignment: np.ndarray | None) -> None:
+        """One round's metrics (step = round) and, for clustered methods, its assignment."""
         from mlflow.entities import Metric
 
         assert self.run_id is not None
         ts = int(time.time() * 1000)
         values = {k: v for k, v in metrics.items() if k != "round"}
-        if stats.assignment is not None:
-            self.assignments.append(stats.assignment.copy())
-            k = getattr(self.cfg.method.params, "num_clusters", int(stats.assignment.max()) + 1)
-            for c, size in enumerate(cluster_sizes(stats.assignment, max(k, int(stats.assignment.max()) + 1))):
+        if assignment is not None:
+            self.assignments.append(np.asarray(assignment).copy())
+            k = getattr(self.cfg.method.params, "num_clusters", int(assignment.max()) + 1)
+            for c, size in enumerate(cluster_sizes(assignment, max(k, int(assignment.max()) + 1))):
                 values[f"cluster_size_{c}"] = float(size)
         self.pending.extend(Metric(k, float(v), ts, rnd) for k, v in values.items() if np.isfinite(v))
         self._flush(final=False)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -85,25 +86,40 @@ def trial_resources(cfg: ExperimentConfig, gpus_per_trial: float) -> Any:
     return tune.PlacementGroupFactory([{"CPU": 0.5}] + [dict(bundle) for _ in range(n)])
 
 
+#: the key of a Tune report holding what the driver logs to MLflow (nested: Tune's tables skip it)
+REPORT_KEY = "lcfed"
+
+
 class TuneReporter:
     """Reports every round to Tune, attaching the engine's checkpoint on rounds that wrote one.
 
-    The last round is reported from ``on_end``, after the other observers have finished: Tune
-    ends a trial that reached its last iteration from inside ``report`` (``SystemExit``), which
-    would otherwise cut MLflow's final artifacts off.
+    Besides the scheduler's metric at the top level, each report carries under ``lcfed`` the round's
+    metrics, the cluster assignment and (first report) the federation's facts: the driver's
+    :class:`TrialTracker` logs them to MLflow, so trial processes never talk to a tracking server.
+    The last round is reported from ``on_end``: Tune ends a trial that reached its last iteration
+    from inside ``report`` (``SystemExit``).
     """
 
     def __init__(self, cfg: ExperimentConfig) -> None:
         self.cfg = cfg
         self.acc = float("nan")
-        self.pending: tuple[dict[str, float], bool] | None = None
+        self.facts: dict[str, str] | None = None
+        self.pending: tuple[dict[str, Any], bool] | None = None
 
-    def on_start(self, cfg: ExperimentConfig, fed: Any) -> None: ...
+    def on_start(self, cfg: ExperimentConfig, fed: Any) -> None:
+        from lcfed.tracking import federation_facts
+
+        self.facts = federation_facts(fed)
 
     def on_round(self, rnd: int, metrics: dict[str, float], stats: Any) -> None:
         self.acc = metrics.get(METRIC, self.acc)
-        report = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))}
-        report[METRIC] = self.acc
+        scalars = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))}
+        data: dict[str, Any] = {"metrics": scalars}
+        if stats.assignment is not None:
+            data["assignment"] = [int(c) for c in stats.assignment]
+        if self.facts is not None:
+            data["federation"], self.facts = self.facts, None
+        report = {METRIC: self.acc, "round": rnd, REPORT_KEY: data}
         ck = self.cfg.checkpoint
         saved = bool(ck.dir) and ((rnd + 1) % ck.every == 0 or rnd == self.cfg.train.rounds - 1)
         if rnd == self.cfg.train.rounds - 1:
@@ -115,7 +131,7 @@ class TuneReporter:
         if self.pending is not None:
             self._report(*self.pending)
 
-    def _report(self, metrics: dict[str, float], saved: bool) -> None:
+    def _report(self, metrics: dict[str, Any], saved: bool) -> None:
         from ray import tune
 
         if saved:
@@ -124,55 +140,161 @@ class TuneReporter:
             tune.report(metrics)
 
 
-def run_trial(config: dict[str, Any]) -> None:
-    """The Tune trainable: one federation with the trial's overrides of the base config."""
+def trial_config(config: dict[str, Any], trial_id: str) -> ExperimentConfig:
+    """The experiment config of one trial: the base config with the trial's sampled values."""
+    base, meta = config["__base__"], config["__sweep__"]
+    overrides = {k: v for k, v in config.items() if not k.startswith("__")}
+    n, _, gpu = trial_layout(from_dict(base), meta["gpus_per_trial"])
+    return from_dict(apply_overrides(base, {**overrides, "engine.num_actors": n, "engine.gpus_per_actor": gpu,
+                                            "engine.kind": "ray", "tracking.run_name": f"{meta['name']}-{trial_id}"}))
+
+
+def run_trial(config: dict[str, Any], sources: dict[Any, Any] | None = None) -> None:
+    """The Tune trainable: one federation with the trial's overrides of the base config.
+
+    ``sources`` are the datasets the sweep's driver loaded (through ``tune.with_parameters``, so the
+    object store carries them): the node running the trial reads no data files.
+    """
     from ray import tune
 
     from actors.engine import RayFederation
     from lcfed import checkpoint
-    from lcfed.tracking import MLflowObserver
+    from lcfed.federation import load, source_key
 
-    base, meta = config["__base__"], config["__sweep__"]
-    overrides = {k: v for k, v in config.items() if not k.startswith("__")}
-    work = tempfile.mkdtemp(prefix="lcfed-trial-")
-    n, _, gpu = trial_layout(from_dict(base), meta["gpus_per_trial"])
     ctx = tune.get_context()
-    cfg = from_dict(apply_overrides(base, {**overrides, "checkpoint.dir": work, "engine.num_actors": n,
-                                           "engine.gpus_per_actor": gpu, "engine.kind": "ray",
-                                           "tracking.run_name": f"{meta['name']}-{ctx.get_trial_id()}"}))
+    work = tempfile.mkdtemp(prefix="lcfed-trial-")
+    cfg = trial_config(config, ctx.get_trial_id()).replace(**{"checkpoint.dir": work})
+    source = (sources or {}).get(source_key(cfg))
     resume = None
     prior = tune.get_checkpoint()
     if prior is not None:
         with prior.as_directory() as d:
             resume = checkpoint.load(Path(d) / "latest.pt")
-    tags = {"tune_trial_id": ctx.get_trial_id(), "sweep": meta["name"],
-            **{f"space.{k}": str(v) for k, v in overrides.items()}}
-    tracker = MLflowObserver(cfg.tracking.uri, parent_run_id=meta["parent_run_id"], tags=tags,
-                             resume_run_id=resume.tracking.get("run_id") if resume else None)
-    cpus = n * cfg.engine.cpus_per_actor
-    fed = RayFederation(cfg, resources=(cpus, n * gpu))
+    n, gpu = cfg.engine.num_actors, cfg.engine.gpus_per_actor
+    fed = RayFederation(cfg, resources=(n * cfg.engine.cpus_per_actor, n * gpu), dataset=load(cfg, source))
     try:
-        fed.run([tracker, TuneReporter(cfg)], resume)  # tracker first: it finishes before the last report
+        fed.run([TuneReporter(cfg)], resume)
     finally:
         fed.close()
 
 
-def _trial_callback(uri: str) -> Any:
+def _trial_tracker(uri: str, exp_id: str, parent_id: str, sweep_name: str, rounds: int) -> Any:
     from ray.tune import Callback
 
-    class MarkStopped(Callback):
-        """Marks the MLflow run of a trial the scheduler stopped early (its process is gone)."""
+    from lcfed.engine import RunResult
+    from lcfed.tracking import MLflowObserver
+
+    class TrialTracker(Callback):
+        """Logs every trial to MLflow from the sweep's driver, out of the trials' Tune reports: a
+        child run per trial (params, per-round metrics, assignments, plots, status)."""
+
+        def __init__(self) -> None:
+            self.runs: dict[str, MLflowObserver] = {}
+            self.history: dict[str, list[dict[str, float]]] = {}
+            self.assignment: dict[str, np.ndarray] = {}
+            self.last_round: dict[str, int] = {}
+
+        def _run(self, trial: Any, facts: dict[str, str]) -> MLflowObserver:
+            tid = trial.trial_id
+            if tid not in self.runs:
+                import mlflow
+
+                client = mlflow.MlflowClient(tracking_uri=uri)
+                query = f"tags.tune_trial_id = '{tid}' and tags.sweep = '{sweep_name}'"
+                earlier = client.search_runs([exp_id], query)  # a resumed sweep continues the trial's run
+                overrides = {k: v for k, v in trial.config.items() if not k.startswith("__")}
+                tags = {"tune_trial_id": tid, "sweep": sweep_name, **{f"space.{k}": str(v) for k, v in overrides.items()}}
+                obs = MLflowObserver(uri, parent_run_id=parent_id, tags=tags,
+                                     resume_run_id=earlier[0].info.run_id if earlier else None)
+                obs.start(trial_config(trial.config, tid), facts)
+                self.runs[tid] = obs
+                self.history[tid] = []
+            return self.runs[tid]
+
+        def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
+            data = result.get(REPORT_KEY)
+            if not isinstance(data, dict):
+                return
+            obs = self._run(trial, data.get("federation") or {})
+            rnd = int(result.get("round", 0))
+            metrics = dict(data.get("metrics", {}))
+            assignment = np.asarray(data["assignment"], dtype=np.int64) if "assignment" in data else None
+            obs.log_round(rnd, metrics, assignment)
+            self.history[trial.trial_id].append({**metrics, "round": rnd})
+            self.last_round[trial.trial_id] = rnd
+            if assignment is not None:
+                self.assignment[trial.trial_id] = assignment
 
         def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-            import mlflow
+            tid = trial.trial_id
+            if tid not in self.runs:
+                return
+            obs, hist = self.runs[tid], self.history[tid]
+            evals = [h for h in hist if METRIC in h]
+            final = dict(evals[-1] if evals else hist[-1] if hist else {})
+            obs.on_end(RunResult(final=final, history=hist, assignment=self.assignment.get(tid)))
+            if self.last_round.get(tid, -1) < rounds - 1:  # the scheduler stopped it: not a failure
+                obs.client.set_tag(obs.run_id, "stopped_early", "true")
 
-            client = mlflow.MlflowClient(tracking_uri=uri)
-            exps = [e.experiment_id for e in client.search_experiments()]
-            for run in client.search_runs(exps, f"tags.tune_trial_id = '{trial.trial_id}' and attributes.status = 'RUNNING'"):
-                client.set_tag(run.info.run_id, "stopped_early", "true")
-                client.set_terminated(run.info.run_id, "KILLED")
+        def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+            obs = self._run(trial, {})
+            obs.client.set_tag(obs.run_id, "failure_reason", _trial_error(trial)[-5000:])
+            obs.client.set_terminated(obs.run_id, "FAILED")
+            obs.finished = True
 
-    return MarkStopped()
+    return TrialTracker()
+
+
+def _trial_error(trial: Any) -> str:
+    """The trial's exception as ``module.Error: message`` (the last one its traceback names)."""
+    text = ""
+    if trial.error_file and Path(trial.error_file).is_file():
+        text = Path(trial.error_file).read_text(errors="replace")
+    lines = [ln.strip() for ln in text.splitlines()]
+    named = [ln for ln in lines if re.match(r"^[\w.]+(Error|Exception|Exit)(\(\w+\))?: ", ln)]
+    return named[-1] if named else (text.strip().splitlines() or ["trial failed"])[-1]
+
+
+def _join(storage: str, name: str) -> str:
+    """``storage``/``name`` for a path or a URI (a query string stays at the end)."""
+    head, sep, query = storage.partition("?")
+    return f"{head.rstrip('/')}/{name}{sep}{query}"
+
+
+def storage_location(storage: str | Path) -> str:
+    """A URI (``s3://``, ``gs://``, ``file://``, ...) goes to Tune as it is; a path is made absolute."""
+    text = str(storage)
+    if "://" in text:
+        return text
+    return str(Path(text).expanduser().resolve())
+
+
+def load_sources(base: ExperimentConfig, space: dict[str, Any]) -> dict[Any, Any]:
+    """Every dataset the sweep's trials may use, loaded once here (the driver) for all of them."""
+    from lcfed.federation import load_source, source_key
+
+    keys = ("data.dataset", "data.data_dir", "data.download")
+    choices: list[dict[str, Any]] = [{}]
+    for key in keys:
+        if key not in space:
+            continue
+        dom = space[key]
+        if isinstance(dom, dict) and "grid_search" in dom:
+            values = list(dom["grid_search"])
+        elif hasattr(dom, "categories"):
+            values = list(dom.categories)
+        elif isinstance(dom, (str, bool)):
+            values = [dom]
+        else:
+            raise ConfigError(f"space.{key}", str(dom), "must be a value, a choice or a grid (the driver loads each dataset)")
+        choices = [{**c, key: v} for c in choices for v in values]
+    sources = {}
+    for c in choices:
+        cfg = base.replace(**c) if c else base
+        key = source_key(cfg)
+        if key not in sources:
+            sources[key] = load_source(cfg)
+    return sources
 
 
 def run_sweep(
@@ -199,7 +321,8 @@ def run_sweep(
     uri = resolve_tracking_uri(base.tracking.uri)
     base = base.replace(**{"tracking.uri": uri, "tracking.enabled": True})
     name = name or f"{base.name}-sweep"
-    storage_path = Path(storage).expanduser().resolve()
+    storage_uri = storage_location(storage)
+    sources = load_sources(base, space)  # a missing dataset fails here, before any run or trial exists
     client = mlflow.MlflowClient(tracking_uri=uri)
     exp_id = get_or_create_experiment(client, base.tracking.experiment, uri)  # once, before any trial
     parent_tag = f"tags.sweep_name = '{name}' and tags.sweep_parent = 'true'"
@@ -216,15 +339,16 @@ def run_sweep(
     try:
         param_space = {**space, "__base__": to_dict(base),
                        "__sweep__": {"parent_run_id": parent_id, "name": name, "gpus_per_trial": gpus_per_trial}}
-        trainable = tune.with_resources(run_trial, trial_resources(base, gpus_per_trial))
+        trainable = tune.with_resources(tune.with_parameters(run_trial, sources=sources),
+                                        trial_resources(base, gpus_per_trial))
         rounds = base.train.rounds
         sched = (ASHAScheduler(time_attr="training_iteration", max_t=rounds, grace_period=max(1, rounds // 4))
                  if scheduler == "asha" else FIFOScheduler())
-        run_config = tune.RunConfig(name=name, storage_path=str(storage_path), callbacks=[_trial_callback(uri)],
-                                    verbose=1)
-        exp_path = storage_path / name
-        if resume and tune.Tuner.can_restore(str(exp_path)):
-            tuner = tune.Tuner.restore(str(exp_path), trainable, param_space=param_space, resume_errored=True)
+        tracker = _trial_tracker(uri, exp_id, parent_id, name, rounds)
+        run_config = tune.RunConfig(name=name, storage_path=storage_uri, callbacks=[tracker], verbose=1)
+        exp_path = _join(storage_uri, name)
+        if resume and tune.Tuner.can_restore(exp_path):
+            tuner = tune.Tuner.restore(exp_path, trainable, param_space=param_space, resume_errored=True)
         else:
             tuner = tune.Tuner(
                 trainable,
@@ -238,7 +362,7 @@ def run_sweep(
         best_cfg = {k: v for k, v in best.config.items() if not k.startswith("__")}
         summary = {"best_config": best_cfg, "best_" + METRIC: best.metrics.get(METRIC), "parent_run_id": parent_id,
                    "experiment_id": exp_id, "tracking_uri": uri, "trials": len(results),
-                   "errors": sum(1 for r in results if r.error is not None), "storage": str(exp_path)}
+                   "errors": sum(1 for r in results if r.error is not None), "storage": exp_path}
         _log_parent(client, parent_id, exp_id, results, best, best_cfg, space)
         client.set_terminated(parent_id, "FINISHED")
         return summary
