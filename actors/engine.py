@@ -18,6 +18,7 @@ from typing import Any
 import ray
 import torch
 
+from actors.connect import ClusterError, ensure_ray
 from lcfed.checkpoint import Snapshot
 from lcfed.config import EngineConfig, ExperimentConfig
 from lcfed.data import Dataset, Partition
@@ -116,6 +117,9 @@ class ServerActor:
 
     def eval_payload(self) -> list[Any]:
         return [ray.put(self.server.eval_payload())]
+
+    def node_id(self) -> str:
+        return ray.get_runtime_context().get_node_id()
 
     def get_state(self) -> Any:
         return self.server.get_state()
@@ -231,7 +235,8 @@ class Hosts:
 
     Device actors live in the bundles of one placement group (``placement``; None inside a Tune
     trial, whose own group captures them); each receives its devices' samples as an object ref.
-    The ServerActor asks for no CPU and, outside a trial, prefers the driver's node.
+    The ServerActor asks for no CPU and, outside a trial, prefers the head node (where drivers run
+    on a cluster; GPU workers are left to device actors).
     """
 
     def __init__(
@@ -251,7 +256,7 @@ class Hosts:
         if self.placement is not None:
             from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-            node = ray.get_runtime_context().get_node_id()
+            node = head_node_id() or ray.get_runtime_context().get_node_id()
             opts["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node, soft=True)
         return ServerActor.options(**opts).remote(self.cfg, self.setup_ref)
 
@@ -366,24 +371,15 @@ class RayPool:
         ray.get([a.recover.remote(self._split(states, b)) for a, b in zip(self.hosts.devices, self.blocks, strict=True)])
 
 
-def ensure_ray(engine: EngineConfig) -> bool:
-    """Connect to (or start) Ray; return True if this call started it and should shut it down."""
-    if ray.is_initialized():
-        return False
-    if engine.address or os.environ.get("RAY_ADDRESS"):
-        # an existing cluster (e.g. inside a submitted job, which sets RAY_ADDRESS): it owns the resources
-        ray.init(address=engine.address or None, log_to_driver=False)
-    else:
-        ray.init(
-            num_cpus=engine.num_cpus or os.cpu_count(),
-            include_dashboard=False,
-            object_store_memory=engine.object_store_mb * 1024 * 1024,
-            log_to_driver=False,
-        )
-    return True
+def head_node_id() -> str | None:
+    """The head node's id (Ray gives the head the resource ``node:__internal_head__``)."""
+    for n in ray.nodes():
+        if n.get("Alive") and "node:__internal_head__" in n.get("Resources", {}):
+            return str(n["NodeID"])
+    return None
 
 
-class PlacementError(RuntimeError):
+class PlacementError(ClusterError):
     """The cluster cannot place the federation's actors: what was asked, what the cluster has."""
 
 
@@ -460,7 +456,7 @@ class RayFederation:
         """``resources`` = (CPUs, GPUs) the pool may use inside an enclosing placement group (a Tune
         trial's): the actors join that group. Default: a placement group of our own on the cluster."""
         self.cfg = cfg
-        self.placement = None
+        self.group = None
         self.hosts: Hosts | None = None
         self.started_ray = ensure_ray(cfg.engine)
         try:
@@ -472,36 +468,48 @@ class RayFederation:
                 self.layout = pool_layout(cfg.engine, n, *resources)
             else:
                 self.layout = cluster_layout(cfg.engine, n, alive_nodes())
-                self.placement = place_pool(self.layout, cfg.engine.placement_timeout_s, can_grow=not self.started_ray)
+                self.group = place_pool(self.layout, cfg.engine.placement_timeout_s, can_grow=not self.started_ray)
             shards = [ray.put(shard(ds, self.setup.partition, block)) for block in self.layout.blocks]
-            self.hosts = Hosts(cfg, ray.put(self.setup), self.layout, shards, self.placement)
+            self.hosts = Hosts(cfg, ray.put(self.setup), self.layout, shards, self.group)
             self.actor_info = ray.get([a.info.remote() for a in self.hosts.devices])
         except BaseException:
             self.close()
             raise
 
-    def placement_summary(self) -> list[dict[str, Any]]:
-        """Where each device actor runs: node, GPU ids, what it asked for, how many devices."""
-        return [{"actor": i, "node_id": info["node_id"], "gpu_ids": info["gpu_ids"], "devices": info["devices"],
-                 "cpus": self.layout.cpus_per_actor, "gpus": self.layout.gpus_per_actor,
-                 "torch_device": info["torch_device"]}
-                for i, info in enumerate(self.actor_info)]
+    def placement(self) -> dict[str, Any]:
+        """Where the federation runs: each device actor's node (with that node's resources), GPU ids,
+        ask and device count, and the server's node."""
+        assert self.hosts is not None
+        nodes = {n["NodeID"]: n for n in ray.nodes() if n.get("Alive")}
+
+        def node(node_id: str) -> dict[str, Any]:
+            res = nodes.get(node_id, {}).get("Resources", {})
+            return {"node_id": node_id, "node_cpus": res.get("CPU", 0.0), "node_gpus": res.get("GPU", 0.0)}
+
+        server_node = ray.get(self.hosts.server.node_id.remote())
+        actors = [{"actor": i, **node(info["node_id"]), "gpu_ids": info["gpu_ids"], "devices": info["devices"],
+                   "cpus": self.layout.cpus_per_actor, "gpus": self.layout.gpus_per_actor,
+                   "torch_device": info["torch_device"]}
+                  for i, info in enumerate(self.actor_info)]
+        return {"device_actors": actors, "server": node(server_node)}
 
     def run(self, observers: Sequence[Observer] = (), resume: Snapshot | None = None) -> RunResult:
         assert self.hosts is not None
         server, pool = RayServer(self.hosts), RayPool(self.hosts)
-        return run_rounds(self.cfg, self.setup.federation, server, pool, observers, resume)
+        result = run_rounds(self.cfg, self.setup.federation, server, pool, observers, resume)
+        result.placement = self.placement()
+        return result
 
     def close(self) -> None:
         if self.hosts is not None:
             for actor in [*self.hosts.devices, self.hosts.server]:
                 ray.kill(actor)
             self.hosts = None
-        if self.placement is not None:
+        if self.group is not None:
             from ray.util.placement_group import remove_placement_group
 
-            remove_placement_group(self.placement)
-            self.placement = None
+            remove_placement_group(self.group)
+            self.group = None
         if self.started_ray:
             ray.shutdown()
             self.started_ray = False

@@ -65,6 +65,7 @@ class RunResult:
     round_seconds: float = 0.0
     tracking: dict[str, str] = field(default_factory=dict)
     failures: list[dict[str, Any]] = field(default_factory=list)
+    placement: dict[str, Any] = field(default_factory=dict)  # where an engine ran it (Ray: nodes, GPUs)
 
 
 def should_evaluate(cfg: ExperimentConfig, rnd: int) -> bool:

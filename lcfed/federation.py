@@ -36,8 +36,9 @@ def data_dir(cfg: ExperimentConfig) -> Path:
 
 
 def source_key(cfg: ExperimentConfig) -> tuple[str, str, bool]:
-    """What decides which files are read: configs with equal keys share one loaded dataset."""
-    return cfg.data.dataset, str(data_dir(cfg)), cfg.data.download
+    """What decides which files are read: configs with equal keys share one loaded dataset. The
+    directory as written (``~`` unexpanded): the key must match on nodes whose home differs."""
+    return cfg.data.dataset, cfg.data.data_dir, cfg.data.download
 
 
 def load_source(cfg: ExperimentConfig) -> Dataset:

@@ -135,6 +135,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         "wall_seconds": result.wall_seconds,
         **{k: v for k, v in result.final.items() if k != "round"},
         **result.tracking,
+        **({"placement": result.placement} if result.placement else {}),
     }
     print(f"\n{cfg.name}: {cfg.method.name} on {cfg.data.dataset} ({cfg.data.partition}), "
           f"{cfg.data.num_devices} devices, {cfg.train.rounds} rounds, engine {cfg.engine.kind}")
@@ -142,6 +143,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         if key in result.final:
             print(f"  {key:<14} {result.final[key]:.4f}")
     print(f"  {'s/round':<14} {result.round_seconds:.3f}   (wall {result.wall_seconds:.1f} s)")
+    if result.placement:
+        print(f"  placement      {placement_line(result.placement)}")
     if tracker is not None:
         from lcfed.tracking import ui_hint
 
@@ -152,6 +155,17 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(summary, indent=2, default=str) + "\n")
     return 0
+
+
+def placement_line(placement: dict[str, Any]) -> str:
+    """E.g. ``4 device actors {CPU 0.5, GPU 0.5} on 2 node(s) [3f2a1b: 2, 9c0d4e: 2]; server on 77ab12``."""
+    actors = placement["device_actors"]
+    per_node: dict[str, int] = {}
+    for a in actors:
+        per_node[a["node_id"][:6]] = per_node.get(a["node_id"][:6], 0) + 1
+    ask = f"CPU {actors[0]['cpus']:g}" + (f", GPU {actors[0]['gpus']:g}" if actors[0]["gpus"] else "")
+    nodes = ", ".join(f"{n}: {c}" for n, c in per_node.items())
+    return f"{len(actors)} device actors {{{ask}}} on {len(per_node)} node(s) [{nodes}]; server on {placement['server']['node_id'][:6]}"
 
 
 def cmd_config(args: argparse.Namespace) -> int:
@@ -187,6 +201,7 @@ def cmd_data_import(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    from actors.connect import ClusterError
     from lcfed.checkpoint import CheckpointError
     from lcfed.data import DataError
     from lcfed.engine import DivergenceError
@@ -201,6 +216,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     except CheckpointError as exc:
         print(f"lcfed: checkpoint error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except ClusterError as exc:
+        print(f"lcfed: cluster error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except DivergenceError as exc:
         print(f"lcfed: run failed: {exc}", file=sys.stderr)

@@ -100,10 +100,11 @@ class TuneReporter:
     from inside ``report`` (``SystemExit``).
     """
 
-    def __init__(self, cfg: ExperimentConfig) -> None:
+    def __init__(self, cfg: ExperimentConfig, placement: dict[str, Any] | None = None) -> None:
         self.cfg = cfg
         self.acc = float("nan")
         self.facts: dict[str, str] | None = None
+        self.placement = placement
         self.pending: tuple[dict[str, Any], bool] | None = None
 
     def on_start(self, cfg: ExperimentConfig, fed: Any) -> None:
@@ -119,6 +120,8 @@ class TuneReporter:
             data["assignment"] = [int(c) for c in stats.assignment]
         if self.facts is not None:
             data["federation"], self.facts = self.facts, None
+        if self.placement is not None:
+            data["placement"], self.placement = self.placement, None
         report = {METRIC: self.acc, "round": rnd, REPORT_KEY: data}
         ck = self.cfg.checkpoint
         saved = bool(ck.dir) and ((rnd + 1) % ck.every == 0 or rnd == self.cfg.train.rounds - 1)
@@ -173,7 +176,10 @@ def run_trial(config: dict[str, Any], sources: dict[Any, Any] | None = None) -> 
     n, gpu = cfg.engine.num_actors, cfg.engine.gpus_per_actor
     fed = RayFederation(cfg, resources=(n * cfg.engine.cpus_per_actor, n * gpu), dataset=load(cfg, source))
     try:
-        fed.run([TuneReporter(cfg)], resume)
+        import ray
+
+        placement = {"trial_node": ray.get_runtime_context().get_node_id(), **fed.placement()}
+        fed.run([TuneReporter(cfg, placement)], resume)
     finally:
         fed.close()
 
@@ -216,6 +222,12 @@ def _trial_tracker(uri: str, exp_id: str, parent_id: str, sweep_name: str, round
             if not isinstance(data, dict):
                 return
             obs = self._run(trial, data.get("federation") or {})
+            if isinstance(data.get("placement"), dict):
+                place = data["placement"]
+                obs.client.set_tag(obs.run_id, "placement.trial_node", place["trial_node"])
+                obs.client.set_tag(obs.run_id, "placement.device_nodes",
+                                   ",".join(sorted({a["node_id"] for a in place["device_actors"]})))
+                obs.client.log_dict(obs.run_id, place, "placement.json")
             rnd = int(result.get("round", 0))
             metrics = dict(data.get("metrics", {}))
             assignment = np.asarray(data["assignment"], dtype=np.int64) if "assignment" in data else None
@@ -477,8 +489,11 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--max-concurrent", type=int, default=0, help="trials at once (0 = as resources allow)")
     p.add_argument("--gpus-per-trial", type=float, default=0.0, help="GPUs per trial, shared by its device actors")
     p.add_argument("--name", help="sweep name (Tune experiment and MLflow parent run); default <config name>-sweep")
-    p.add_argument("--storage", default="~/lcfed-sweeps", help="Tune storage path (default %(default)s)")
+    p.add_argument("--storage", default="~/lcfed-sweeps",
+                   help="Tune storage: a path, or a URI every node reaches (s3://bucket/prefix, gs://..., file://...) "
+                   "as a multi-node cluster needs (default %(default)s)")
     p.add_argument("--resume", action="store_true", help="continue an interrupted sweep of the same --name")
+    p.add_argument("--json", metavar="FILE", help="also write the summary (best config, metric, runs, storage) as JSON")
     p.set_defaults(func=cmd_sweep)
 
 
@@ -496,5 +511,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                         max_concurrent=args.max_concurrent, gpus_per_trial=args.gpus_per_trial, name=args.name,
                         storage=args.storage, resume=args.resume)
     print(json.dumps(summary, indent=2, default=str))
+    if args.json:
+        Path(args.json).write_text(json.dumps(summary, indent=2, default=str) + "\n")
     print(f"MLflow parent run {summary['parent_run_id']}: {ui_hint(summary['tracking_uri'])}")
     return 0

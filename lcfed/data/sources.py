@@ -118,10 +118,11 @@ def _from_cifar(ds: Any) -> tuple[np.ndarray, np.ndarray]:
 
 _IMPORT_FIX = (
     "run `lcfed data import --data-dir {dir}` to place local IDX files there "
-    "(or pass --download on a machine with internet)"
+    "(or --set data.download=true on a machine with internet); on a Ray cluster the data is needed "
+    "on the head only, where the driver runs"
 )
 _CIFAR_FIX = (
-    "pass --download on a machine with internet, or copy the extracted torchvision archive ({folder}/) into {dir}"
+    "--set data.download=true on a machine with internet, or copy the extracted torchvision archive ({folder}/) into {dir}"
 )
 
 

@@ -1,0 +1,194 @@
+"""A multi-node Ray cluster on this machine, for tests: a head and workers, each a `ray start`.
+
+Each node is `ray start --block` in its own process group with its own ports, `HOME` and
+environment, so a test can give worker nodes an empty data directory (``~/data`` resolves per
+node), logical GPUs, or a Python path that makes importing some module fail there. All nodes share
+one auth token file whose path (``RAY_AUTH_TOKEN_PATH``) is in every process's environment: it marks
+this cluster's processes, so stopping it signals only them (never ``ray stop``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+BIN = Path(sys.executable).parent
+ROOT = Path(__file__).resolve().parents[1]
+_PORT_FLAGS = ("--node-manager-port", "--object-manager-port", "--dashboard-agent-listen-port",
+               "--dashboard-agent-grpc-port", "--runtime-env-agent-port", "--metrics-export-port")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def pids_marked(marker: str) -> list[int]:
+    """Processes whose environment or command line mentions ``marker``."""
+    needle = marker.encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        for part in ("environ", "cmdline"):
+            with contextlib.suppress(OSError):
+                if needle in (entry / part).read_bytes():
+                    found.append(int(entry.name))
+                    break
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[-1][0] != "Z"
+    except OSError:
+        return False
+
+
+@dataclass
+class Node:
+    proc: subprocess.Popen[bytes]
+    home: Path
+    log: Path
+    cpus: float
+    gpus: float
+
+
+@dataclass
+class LocalCluster:
+    """Start with :meth:`start`; ``gcs`` is the address to attach to; stop with :meth:`stop`."""
+
+    base: Path
+    token: Path
+    head: Node | None = None
+    workers: list[Node] = field(default_factory=list)
+    gcs: str = ""
+    dashboard: str = ""
+
+    @classmethod
+    def start(cls, head_cpus: float, workers: list[tuple[float, float]], worker_env: Mapping[str, str] | None = None,
+              env: Mapping[str, str] | None = None, timeout: float = 180.0) -> LocalCluster:
+        """A head (``head_cpus``, no GPU) and one worker per (CPUs, GPUs); ``env`` goes to every node,
+        ``worker_env`` to the workers only."""
+        base = Path(tempfile.mkdtemp(prefix="rc", dir="/tmp"))  # short: Ray's unix sockets live under it
+        token = base / "auth_token"
+        token.write_text(secrets.token_hex(32))
+        token.chmod(0o600)
+        cluster = cls(base, token)
+        try:
+            cluster._start_head(head_cpus, dict(env or {}), timeout)
+            # one at a time: nodes started together race for log file names and ports
+            for i, (cpus, gpus) in enumerate(workers):
+                for attempt in range(3):
+                    node = cluster._start_node(f"w{i}-{attempt}", ["--address", cluster.gcs], cpus, gpus,
+                                               {**(env or {}), **(worker_env or {})})
+                    try:
+                        cluster.wait_nodes(2 + i, timeout, [node])
+                        break
+                    except RuntimeError:
+                        if attempt == 2:
+                            raise
+                cluster.workers.append(node)
+        except BaseException:
+            cluster.stop()
+            raise
+        return cluster
+
+    def node_env(self, home: Path, extra: Mapping[str, str]) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items()
+               if k not in ("RAY_ADDRESS", "RAY_AUTH_TOKEN", "RAY_TMPDIR", "PYTHONPATH")}
+        return {**env, "HOME": str(home), "PATH": f"{BIN}{os.pathsep}{env.get('PATH', '')}",
+                "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(self.token), "RAY_USAGE_STATS_ENABLED": "0",
+                "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0", **extra}
+
+    def client_env(self, home: Path | None = None, **extra: str) -> dict[str, str]:
+        """The environment of a driver on the head (e.g. an ``lcfed`` command), attached via ``RAY_ADDRESS``
+        only when ``extra`` says so; Ray's token mode is *not* set: lcfed must find it itself."""
+        env = self.node_env(home or (self.head.home if self.head else self.base), {})
+        env.pop("RAY_AUTH_MODE")
+        return {**env, "PYTHONPATH": str(ROOT), **extra}
+
+    def _start_node(self, name: str, args: list[str], cpus: float, gpus: float, extra: dict[str, str]) -> Node:
+        home = self.base / f"home-{name.split('-')[0]}"
+        home.mkdir(exist_ok=True)
+        ports = [x for flag in _PORT_FLAGS for x in (flag, str(free_port()))]
+        cmd = [str(BIN / "ray"), "start", "--block", *args, "--num-cpus", str(cpus), "--num-gpus", str(gpus),
+               "--object-store-memory", str(100 * 1024 * 1024), "--disable-usage-stats", *ports]
+        log = self.base / f"{name}.log"
+        with open(log, "wb") as out:
+            proc = subprocess.Popen(cmd, env=self.node_env(home, extra), stdout=out, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, start_new_session=True, cwd=home)
+        return Node(proc, home, log, cpus, gpus)
+
+    def _start_head(self, cpus: float, extra: dict[str, str], timeout: float) -> None:
+        port, dash = free_port(), free_port()
+        temp = self.base / "t"
+        self.head = self._start_node("head", [
+            "--head", "--port", str(port), "--temp-dir", str(temp), "--include-dashboard", "true",
+            "--dashboard-host", "127.0.0.1", "--dashboard-port", str(dash),
+            "--ray-client-server-port", str(free_port())], cpus, 0, extra)
+        self.dashboard = f"http://127.0.0.1:{dash}"
+        address_file = temp / "ray_current_cluster"
+        deadline = time.monotonic() + timeout
+        while not address_file.is_file() or not address_file.read_text().strip():
+            self._check_alive(self.head)
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"Ray head not up after {timeout:.0f} s:\n{self.head.log.read_text()[-3000:]}")
+            time.sleep(0.5)
+        self.gcs = address_file.read_text().strip()
+
+    @staticmethod
+    def _check_alive(node: Node) -> None:
+        if node.proc.poll() is not None:
+            raise RuntimeError(f"ray start exited {node.proc.returncode}:\n{node.log.read_text()[-3000:]}")
+
+    def wait_nodes(self, count: int, timeout: float, starting: list[Node]) -> None:
+        """Until the GCS sees ``count`` alive nodes; RuntimeError if a starting node's ``ray start`` exits."""
+        code = ("import ray; from actors.connect import attach; attach(%r); "
+                "print(sum(1 for n in ray.nodes() if n['Alive']))" % self.gcs)
+        deadline = time.monotonic() + timeout
+        while True:
+            for node in starting:
+                self._check_alive(node)
+            out = subprocess.run([sys.executable, "-c", code], env=self.client_env(), capture_output=True, text=True,
+                                 timeout=timeout, cwd=ROOT)
+            if out.returncode == 0 and out.stdout.strip().splitlines()[-1] == str(count):
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{count} nodes not up after {timeout:.0f} s: {out.stdout[-500:]} {out.stderr[-2000:]}")
+            time.sleep(1)
+
+    def stop(self) -> list[int]:
+        """SIGTERM every node's process group, then SIGKILL what still carries this cluster's marker."""
+        nodes = [n for n in [*self.workers, self.head] if n is not None]
+        for node in nodes:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(node.proc.pid, signal.SIGTERM)
+        for node in nodes:
+            try:
+                node.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(node.proc.pid, signal.SIGKILL)
+                node.proc.wait(timeout=10)
+        deadline = time.monotonic() + 20
+        while (left := [p for p in pids_marked(str(self.token)) if alive(p)]) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        for pid in left:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        if not os.environ.get("LCFED_KEEP_CLUSTER"):
+            shutil.rmtree(self.base, ignore_errors=True)
+        return left

@@ -1,0 +1,183 @@
+"""The cluster path on a real multi-node Ray cluster on this machine, shaped like ``cluster.yaml``.
+
+One cluster for the module: a CPU-only head (2 CPUs, the dataset in its ``~/data``) and three
+workers with 1 CPU and 1 logical GPU each, whose ``~/data`` is empty and where importing ``mlflow``
+fails (so a trial or actor that tried to talk to MLflow would error). ``lcfed`` commands run as
+drivers on the head, attached through ``RAY_ADDRESS`` as inside a submitted job, without
+``RAY_AUTH_MODE`` in their environment. An S3-compatible server (moto) and an MLflow server run on
+127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import mlflow
+import pytest
+import yaml
+
+from lcfed.config import load_config
+from lcfed.data import import_idx
+from lcfed.runner import run_local
+from tests.raycluster import ROOT, LocalCluster, free_port
+from tests.s3server import S3Server
+from tests.test_data import write_mnist_dir
+from tune_jobs.mlflow_server import start_mlflow_server, stop
+
+pytestmark = pytest.mark.timeout(900)
+
+CONFIG = {
+    "name": "mn",
+    "data": {"dataset": "mnist", "data_dir": "~/data", "partition": "pathological", "classes_per_device": 2,
+             "num_devices": 8},
+    "model": {"name": "lenet5"},
+    "train": {"rounds": 3, "local_steps": 2, "lr": 0.05},
+    "method": {"name": "lcfed", "num_clusters": 2, "rank": 4},
+    "engine": {"kind": "ray", "torch_threads": 1},
+    "tracking": {"enabled": False},
+}
+
+
+@dataclass
+class Env:
+    cluster: LocalCluster
+    s3: S3Server
+    mlflow_url: str
+    home: Path  # the head's HOME: ~/data has the dataset
+    config: Path
+
+    def lcfed(self, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+        """An ``lcfed`` driver on the head, attached as a submitted job is (``RAY_ADDRESS``)."""
+        env = self.cluster.client_env(self.home, RAY_ADDRESS=self.cluster.gcs, **self.s3.env)
+        return subprocess.run([sys.executable, "-m", "tune_jobs", *args], env=env, cwd=self.home,
+                              capture_output=True, text=True, timeout=timeout)
+
+    def popen(self, log: Path, *args: str) -> subprocess.Popen[bytes]:
+        env = self.cluster.client_env(self.home, RAY_ADDRESS=self.cluster.gcs, **self.s3.env)
+        with open(log, "wb") as out:
+            return subprocess.Popen([sys.executable, "-m", "tune_jobs", *args], env=env, cwd=self.home,
+                                    stdout=out, stderr=subprocess.STDOUT)
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
+    tmp = tmp_path_factory.mktemp("mn")
+    blocker = tmp / "no-mlflow" / "mlflow"
+    blocker.mkdir(parents=True)
+    (blocker / "__init__.py").write_text("raise ImportError('mlflow imported on a worker node')\n")
+    with S3Server() as s3:
+        server, url = start_mlflow_server("127.0.0.1", free_port(), tmp / "mlflow")
+        cluster = LocalCluster.start(2, [(1, 1)] * 3, env=s3.env, worker_env={"PYTHONPATH": str(blocker.parent)})
+        try:
+            assert cluster.head is not None
+            home = cluster.head.home
+            write_mnist_dir(tmp / "idx", n_train=400, n_test=100)
+            import_idx(home / "data", [tmp / "idx"])
+            config = home / "mn.yaml"
+            config.write_text(yaml.safe_dump(CONFIG))
+            yield Env(cluster, s3, url, home, config)
+        finally:
+            left = cluster.stop()
+            stop(server)
+            assert not left or print(f"SIGKILLed {len(left)} straggler(s) of the test cluster")
+
+
+def _in_process(env: Env, *sets: str):
+    cfg = load_config(str(env.config), [f"data.data_dir={env.home / 'data'}", "engine.kind=local", *sets])
+    return run_local(cfg)
+
+
+def test_run_places_device_actors_on_gpu_workers_and_matches_in_process(env: Env, tmp_path: Path):
+    out = tmp_path / "run.json"
+    proc = env.lcfed("run", "--config", str(env.config), "--no-track", "-q", "--json", str(out))
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    summary = json.loads(out.read_text())
+    actors = summary["placement"]["device_actors"]
+    # default engine settings: every device actor on a GPU worker, sharing its GPU fractionally
+    assert actors and all(a["node_gpus"] == 1 and 0 < a["gpus"] < 1 for a in actors)
+    assert {a["node_id"] for a in actors} <= {a["node_id"] for a in actors if a["node_gpus"] > 0}
+    assert sum(a["devices"] for a in actors) == CONFIG["data"]["num_devices"]
+    assert summary["placement"]["server"]["node_gpus"] == 0  # the server stays on the head, by the driver
+    assert "placement" in proc.stdout and "device actors" in proc.stdout
+    # the workers' ~/data is empty: the samples came from the head's driver, and the numbers are the same
+    local = _in_process(env)
+    for key in ("acc_mean", "acc_weighted", "train_loss", "test_loss"):
+        assert summary[key] == local.final[key], key
+
+
+def test_unplaceable_pool_fails_with_the_ask_and_the_cluster(env: Env):
+    proc = env.lcfed("run", "--config", str(env.config), "--no-track", "-q", "--set", "engine.num_actors=4",
+                     "--set", "engine.gpus_per_actor=1", "--set", "engine.placement_timeout_s=3")
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    err = proc.stderr.strip()
+    assert "Traceback" not in err and "engine.placement_timeout_s" in err
+    assert "4 device actor(s) x {CPU: 0.5, GPU: 1}" in err and "4 alive node(s)" in err, err
+
+
+def _children(client: mlflow.MlflowClient, exp_name: str) -> list:
+    exp = client.get_experiment_by_name(exp_name)
+    if exp is None:
+        return []
+    return [r for r in client.search_runs([exp.experiment_id]) if "mlflow.parentRunId" in r.data.tags]
+
+
+def test_sweep_on_workers_logs_through_the_driver_and_resumes_from_s3(env: Env, tmp_path: Path):
+    space = tmp_path / "space.yaml"
+    space.write_text("method.mu: {grid: [0.0, 0.01, 0.1, 1.0]}\n")
+    storage = env.s3.uri("sweeps")
+    args = ["sweep", "--config", str(env.config), "--space", str(space), "--scheduler", "fifo",
+            "--gpus-per-trial", "0.5", "--storage", storage, "--name", "mnsweep",
+            "--set", "engine.cpus_per_actor=0.5", "--set", "checkpoint.every=1", "--set", "tracking.enabled=true",
+            "--set", f"tracking.uri={env.mlflow_url}", "--set", "tracking.experiment=mn-sweep"]
+    client = mlflow.MlflowClient(tracking_uri=env.mlflow_url)
+    log = tmp_path / "first.log"
+    first = env.popen(log, *args)
+    try:  # interrupt once a trial is past its first round (its checkpoint is in S3)
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and first.poll() is None:
+            if any(m.step >= 1 for r in _children(client, "mn-sweep")
+                   for m in client.get_metric_history(r.info.run_id, "train_loss")):
+                break
+            time.sleep(1)
+        assert first.poll() is None, log.read_text()[-4000:]
+        first.send_signal(signal.SIGINT)
+        try:
+            first.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"the sweep did not stop on SIGINT:\n{log.read_text()[-4000:]}") from None
+    finally:
+        if first.poll() is None:
+            first.kill()
+    out = tmp_path / "sweep.json"
+    again = env.lcfed(*args, "--resume", "--json", str(out))
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-4000:]
+    summary = json.loads(out.read_text())
+    assert summary["trials"] == 4 and summary["errors"] == 0  # no trial imported mlflow on a worker
+    assert summary["storage"] == f"{storage}/mnsweep"
+    assert set(summary["best_config"]) == {"method.mu"}
+    keys = env.s3.list("sweeps/mnsweep/")
+    assert any(k.endswith("tuner.pkl") for k in keys) and any("/checkpoint_" in k for k in keys)
+
+    children = _children(client, "mn-sweep")
+    assert len(children) == 4 and all(c.info.status == "FINISHED" for c in children)
+    workers = {c.data.tags["placement.trial_node"] for c in children}
+    for child in children:
+        steps = {m.step for m in client.get_metric_history(child.info.run_id, "train_loss")}
+        assert steps == {0, 1, 2}, (child.info.run_name, steps)
+        assert "acc_mean" in child.data.metrics
+        assert child.data.tags["placement.device_nodes"] == child.data.tags["placement.trial_node"]
+        arts = {a.path for a in client.list_artifacts(child.info.run_id)}
+        assert {"placement.json", "plots", "metrics"} <= arts
+        place = json.loads(Path(client.download_artifacts(child.info.run_id, "placement.json", str(tmp_path))).read_text())
+        assert all(a["node_gpus"] == 1 for a in place["device_actors"])  # trials ran on GPU workers
+    assert len(workers) >= 2  # spread over the workers
+    parent = client.get_run(summary["parent_run_id"])
+    assert parent.info.status == "FINISHED"
+    print(f"\nsweep placement: {sorted(w[:8] for w in workers)}; root {ROOT}")
