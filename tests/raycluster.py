@@ -156,8 +156,8 @@ class LocalCluster:
 
     def wait_nodes(self, count: int, timeout: float, starting: list[Node]) -> None:
         """Until the GCS sees ``count`` alive nodes; RuntimeError if a starting node's ``ray start`` exits."""
-        code = ("import ray; from actors.connect import attach; attach(%r); "
-                "print(sum(1 for n in ray.nodes() if n['Alive']))" % self.gcs)
+        code = (f"import ray; from actors.connect import attach; attach({self.gcs!r}); "
+                "print(sum(1 for n in ray.nodes() if n['Alive']))")
         deadline = time.monotonic() + timeout
         while True:
             for node in starting:
