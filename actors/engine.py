@@ -256,8 +256,11 @@ class Hosts:
         if self.placement is not None:
             from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-            node = head_node_id() or ray.get_runtime_context().get_node_id()
-            opts["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node, soft=True)
+            # hard: Ray's soft affinity was seen to spill a 0-CPU actor onto a worker under load; the
+            # head outlives every federation (a cluster whose head is gone is gone)
+            node = head_node_id()
+            if node is not None:
+                opts["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node, soft=False)
         return ServerActor.options(**opts).remote(self.cfg, self.setup_ref)
 
     def _new_device(self, i: int) -> Any:

@@ -64,6 +64,8 @@ class Node:
     log: Path
     cpus: float
     gpus: float
+    name: str
+    manager_port: int
 
 
 @dataclass
@@ -123,14 +125,15 @@ class LocalCluster:
     def _start_node(self, name: str, args: list[str], cpus: float, gpus: float, extra: dict[str, str]) -> Node:
         home = self.base / f"home-{name.split('-')[0]}"
         home.mkdir(exist_ok=True)
-        ports = [x for flag in _PORT_FLAGS for x in (flag, str(free_port()))]
+        chosen = {flag: free_port() for flag in _PORT_FLAGS}
+        ports = [x for flag, port in chosen.items() for x in (flag, str(port))]
         cmd = [str(BIN / "ray"), "start", "--block", *args, "--num-cpus", str(cpus), "--num-gpus", str(gpus),
                "--object-store-memory", str(100 * 1024 * 1024), "--disable-usage-stats", *ports]
         log = self.base / f"{name}.log"
         with open(log, "wb") as out:
             proc = subprocess.Popen(cmd, env=self.node_env(home, extra), stdout=out, stderr=subprocess.STDOUT,
                                     stdin=subprocess.DEVNULL, start_new_session=True, cwd=home)
-        return Node(proc, home, log, cpus, gpus)
+        return Node(proc, home, log, cpus, gpus, name.split("-")[0], chosen["--node-manager-port"])
 
     def _start_head(self, cpus: float, extra: dict[str, str], timeout: float) -> None:
         port, dash = free_port(), free_port()
@@ -169,6 +172,16 @@ class LocalCluster:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{count} nodes not up after {timeout:.0f} s: {out.stdout[-500:]} {out.stderr[-2000:]}")
             time.sleep(1)
+
+    def node_names(self) -> dict[str, str]:
+        """Ray node id -> ``head`` / ``w0`` / ``w1`` ... (matched by node-manager port)."""
+        code = f"import json, ray; from actors.connect import attach; attach({self.gcs!r}); print(json.dumps(ray.nodes()))"
+        out = subprocess.run([sys.executable, "-c", code], env=self.client_env(), capture_output=True, text=True,
+                             timeout=120, cwd=ROOT, check=True)
+        by_port = {n.manager_port: n.name for n in [self.head, *self.workers] if n is not None}
+        import json
+
+        return {n["NodeID"]: by_port.get(n["NodeManagerPort"], "?") for n in json.loads(out.stdout.splitlines()[-1])}
 
     def stop(self) -> list[int]:
         """SIGTERM every node's process group, then SIGKILL what still carries this cluster's marker."""

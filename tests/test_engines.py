@@ -10,7 +10,15 @@ import pytest
 import ray
 import torch
 
-from actors.engine import RayFederation, _tensor_to_wire, fast_tensor_transfer, pool_layout
+from actors.engine import (
+    NodeResources,
+    RayFederation,
+    _tensor_to_wire,
+    cluster_layout,
+    fast_tensor_transfer,
+    fits,
+    pool_layout,
+)
 from lcfed.config import EngineConfig
 from lcfed.federation import prepare
 from lcfed.runner import HostedDevices, run_local
@@ -149,6 +157,45 @@ def test_pool_layout():
     fixed = pool_layout(EngineConfig(kind="ray", num_actors=4, gpus_per_actor=0.125), 10, cpus=16, gpus=1)
     assert [len(b) for b in fixed.blocks] == [3, 3, 3, 1] and fixed.gpus_per_actor == 0.125
     assert sorted(d for b in fixed.blocks for d in b) == list(range(10))
+
+
+HEAD = NodeResources(cpus=2, gpus=0)
+GPU_WORKER = NodeResources(cpus=1, gpus=1)
+
+
+def test_cluster_layout_puts_actors_on_gpu_workers_sharing_their_gpus():
+    # CPU head + 3 x (1 CPU, 1 GPU): 2 actors per GPU planned (6), 8 devices -> 4 blocks of 2;
+    # each worker holds ceil(4/3) = 2 of them: CPU 1/2, GPU 1/2 each
+    lay = cluster_layout(EngineConfig(kind="ray"), 8, [HEAD, GPU_WORKER, GPU_WORKER, GPU_WORKER])
+    assert [len(b) for b in lay.blocks] == [2, 2, 2, 2] and (lay.cpus_per_actor, lay.gpus_per_actor) == (0.5, 0.5)
+    assert lay.bundles()[0] == {"CPU": 0.5, "GPU": 0.5}
+    assert fits(lay, [HEAD, GPU_WORKER, GPU_WORKER, GPU_WORKER]) and not fits(lay, [HEAD, GPU_WORKER])
+    # a stated total caps the ask: 1 GPU -> 2 actors of half a GPU, one per worker, a whole CPU each
+    one = cluster_layout(EngineConfig(kind="ray", gpus=1), 8, [HEAD, GPU_WORKER, GPU_WORKER, GPU_WORKER])
+    assert len(one.blocks) == 2 and (one.cpus_per_actor, one.gpus_per_actor) == (1.0, 0.5)
+    # explicit CPU-only: the GPU workers' and the head's CPUs all count
+    cpu = cluster_layout(EngineConfig(kind="ray", gpus_per_actor=0), 8, [HEAD, GPU_WORKER, GPU_WORKER, GPU_WORKER])
+    assert len(cpu.blocks) == 5 and (cpu.cpus_per_actor, cpu.gpus_per_actor) == (1.0, 0.0)
+
+
+def test_cluster_layout_asks_for_stated_gpus_before_any_gpu_node_exists():
+    # an autoscaling cluster with only its head up: the pending GPU ask is what starts a worker
+    lay = cluster_layout(EngineConfig(kind="ray", gpus=1), 8, [NodeResources(8, 0)])
+    assert len(lay.blocks) == 2 and (lay.cpus_per_actor, lay.gpus_per_actor) == (1.0, 0.5)
+    assert not fits(lay, [NodeResources(8, 0)]) and fits(lay, [NodeResources(8, 0), NodeResources(4, 1)])
+    # nothing stated, no GPU anywhere: CPU actors, one per CPU
+    cpu = cluster_layout(EngineConfig(kind="ray"), 10, [NodeResources(2, 0), NodeResources(2, 0)])
+    assert [len(b) for b in cpu.blocks] == [3, 3, 3, 1] and (cpu.cpus_per_actor, cpu.gpus_per_actor) == (1.0, 0.0)
+    many = cluster_layout(EngineConfig(kind="ray", devices_per_actor=1), 8, [NodeResources(2, 0)])
+    assert len(many.blocks) == 8 and many.cpus_per_actor == 0.25 and fits(many, [NodeResources(2, 0)])
+
+
+def test_unplaceable_pool_on_a_private_ray_fails_at_once(ray_cluster):
+    from actors.engine import PlacementError, alive_nodes, place_pool
+
+    lay = cluster_layout(EngineConfig(kind="ray", num_actors=3, gpus_per_actor=1), 3, alive_nodes())
+    with pytest.raises(PlacementError, match=r"asked for 3 device actor\(s\) x \{CPU: 0.6666, GPU: 1\}.*1 alive node"):
+        place_pool(lay, timeout_s=300, can_grow=False)
 
 
 class KillAt:

@@ -121,6 +121,14 @@ def test_unplaceable_pool_fails_with_the_ask_and_the_cluster(env: Env):
     assert "4 device actor(s) x {CPU: 0.5, GPU: 1}" in err and "4 alive node(s)" in err, err
 
 
+def test_sweep_refuses_node_local_storage_on_a_multi_node_cluster(env: Env, tmp_path: Path):
+    proc = env.lcfed("sweep", "--config", str(env.config), "--space", "mu_lambda.yaml",
+                     "--storage", str(tmp_path / "tune"), "--set", f"tracking.uri=sqlite:///{tmp_path / 'm.db'}")
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "--storage" in proc.stderr and "4 nodes" in proc.stderr and "s3://" in proc.stderr
+    assert not (tmp_path / "tune").exists() and not (tmp_path / "m.db").exists()
+
+
 def _children(client: mlflow.MlflowClient, exp_name: str) -> list:
     exp = client.get_experiment_by_name(exp_name)
     if exp is None:

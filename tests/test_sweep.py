@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import json
+
 import mlflow
 import pytest
+import yaml
 
-from lcfed.config import ConfigError
+from lcfed.config import ConfigError, to_dict
 from tests.conftest import tiny_config
+from tune_jobs.cli import main
 from tune_jobs.sweep import load_space, run_sweep
 
 
@@ -51,13 +55,18 @@ def test_sweep_of_four_trials_logs_children_and_parent(tmp_path, tracking_uri):
     assert parent[0].data.tags["best.method.mu"] == str(summary["best_config"]["method.mu"])
 
 
-def test_a_diverging_trial_fails_alone(tmp_path, tracking_uri):
+def test_a_diverging_trial_fails_alone_and_the_sweep_exits_1(tmp_path, tracking_uri, capsys):
     base = tiny_config("train.rounds=2", "engine.num_cpus=2", "tracking.enabled=true", f"tracking.uri={tracking_uri}",
                        "tracking.experiment=sweep-nan")
-    from ray import tune
-
-    space = {"train.lr": tune.grid_search([0.05, 1e6])}
-    summary = run_sweep(base, space, scheduler="fifo", max_concurrent=1, name="nan", storage=tmp_path / "tune")
+    config, space = tmp_path / "base.yaml", tmp_path / "space.yaml"
+    config.write_text(yaml.safe_dump(to_dict(base)))
+    space.write_text("train.lr: {grid: [0.05, 1000000.0]}\n")
+    out = tmp_path / "summary.json"
+    code = main(["sweep", "-c", str(config), "--space", str(space), "--scheduler", "fifo", "--max-concurrent", "1",
+                 "--name", "nan", "--storage", str(tmp_path / "tune"), "--json", str(out)])
+    assert code == 1
+    assert "1 of 2 trials failed; first: lcfed.engine.DivergenceError: round 0" in capsys.readouterr().err
+    summary = json.loads(out.read_text())
     assert summary["trials"] == 2 and summary["errors"] == 1
     assert summary["best_config"] == {"train.lr": 0.05}
     client = mlflow.MlflowClient(tracking_uri=tracking_uri)
@@ -67,6 +76,17 @@ def test_a_diverging_trial_fails_alone(tmp_path, tracking_uri):
     assert children["0.05"].info.status == "FINISHED"
     assert children["1000000.0"].info.status == "FAILED"
     assert "DivergenceError" in children["1000000.0"].data.tags["failure_reason"]
+
+
+def test_missing_dataset_fails_before_anything_is_created(tmp_path, capsys):
+    store = tmp_path / "mlflow.db"
+    code = main(["sweep", "--space", "mu_lambda.yaml", "--set", "data.dataset=mnist", "--set",
+                 f"data.data_dir={tmp_path / 'nothing'}", "--set", f"tracking.uri=sqlite:///{store}",
+                 "--storage", str(tmp_path / "tune")])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "data error" in err and "lcfed data import" in err and "Traceback" not in err
+    assert not store.exists() and not (tmp_path / "tune").exists()
 
 
 def test_resume_restores_the_same_sweep(tmp_path, tracking_uri):

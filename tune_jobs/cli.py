@@ -205,6 +205,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from lcfed.checkpoint import CheckpointError
     from lcfed.data import DataError
     from lcfed.engine import DivergenceError
+    from tune_jobs.sweep import SweepFailed
 
     try:
         return int(args.func(args))
@@ -220,7 +221,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ClusterError as exc:
         print(f"lcfed: cluster error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    except DivergenceError as exc:
+    except (DivergenceError, SweepFailed) as exc:
         print(f"lcfed: run failed: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import math
 import re
+import sys
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -262,6 +263,10 @@ def _trial_error(trial: Any) -> str:
     text = ""
     if trial.error_file and Path(trial.error_file).is_file():
         text = Path(trial.error_file).read_text(errors="replace")
+    return _error_line(text)
+
+
+def _error_line(text: str) -> str:
     lines = [ln.strip() for ln in text.splitlines()]
     named = [ln for ln in lines if re.match(r"^[\w.]+(Error|Exception|Exit)(\(\w+\))?: ", ln)]
     return named[-1] if named else (text.strip().splitlines() or ["trial failed"])[-1]
@@ -279,6 +284,17 @@ def storage_location(storage: str | Path) -> str:
     if "://" in text:
         return text
     return str(Path(text).expanduser().resolve())
+
+
+def check_storage(storage_uri: str) -> None:
+    """On a multi-node cluster, trials on other nodes write their checkpoints to the storage: a plain
+    local path is this node's disk only. ``file://`` says the path is a filesystem every node mounts."""
+    import ray
+
+    nodes = sum(1 for n in ray.nodes() if n.get("Alive"))
+    require(nodes == 1 or "://" in storage_uri, "--storage", storage_uri,
+            f"must be a URI every one of the cluster's {nodes} nodes reaches (s3://bucket/prefix, gs://...), "
+            "or file:///path on a filesystem all nodes mount")
 
 
 def load_sources(base: ExperimentConfig, space: dict[str, Any]) -> dict[Any, Any]:
@@ -335,6 +351,13 @@ def run_sweep(
     name = name or f"{base.name}-sweep"
     storage_uri = storage_location(storage)
     sources = load_sources(base, space)  # a missing dataset fails here, before any run or trial exists
+    started = ensure_ray(base.engine)
+    try:
+        check_storage(storage_uri)
+    except BaseException:
+        if started:
+            ray.shutdown()
+        raise
     client = mlflow.MlflowClient(tracking_uri=uri)
     exp_id = get_or_create_experiment(client, base.tracking.experiment, uri)  # once, before any trial
     parent_tag = f"tags.sweep_name = '{name}' and tags.sweep_parent = 'true'"
@@ -347,7 +370,6 @@ def run_sweep(
         client.log_param(parent_id, "num_samples", num_samples)
         client.log_param(parent_id, "scheduler", scheduler)
 
-    started = ensure_ray(base.engine)
     try:
         param_space = {**space, "__base__": to_dict(base),
                        "__sweep__": {"parent_run_id": parent_id, "name": name, "gpus_per_trial": gpus_per_trial}}
@@ -372,9 +394,10 @@ def run_sweep(
         results = tuner.fit()
         best = _best_result(results)
         best_cfg = {k: v for k, v in best.config.items() if not k.startswith("__")}
+        failed = [_error_line(str(r.error)) for r in results if r.error is not None]
         summary = {"best_config": best_cfg, "best_" + METRIC: best.metrics.get(METRIC), "parent_run_id": parent_id,
                    "experiment_id": exp_id, "tracking_uri": uri, "trials": len(results),
-                   "errors": sum(1 for r in results if r.error is not None), "storage": exp_path}
+                   "errors": len(failed), "first_error": failed[0] if failed else None, "storage": exp_path}
         _log_parent(client, parent_id, exp_id, results, best, best_cfg, space)
         client.set_terminated(parent_id, "FINISHED")
         return summary
@@ -387,12 +410,18 @@ def run_sweep(
             ray.shutdown()
 
 
+class SweepFailed(RuntimeError):
+    """No trial of the sweep produced the metric; the message says how many failed and why."""
+
+
 def _best_result(results: Any) -> Any:
     """Highest last-round metric; ties go to the lowest trial id so a resumed sweep names the same best."""
     scored = [r for r in results if r.metrics and isinstance(r.metrics.get(METRIC), (int, float))
               and math.isfinite(r.metrics[METRIC])]
     if not scored:
-        return results.get_best_result(metric=METRIC, mode="max", scope="last")
+        errors = [_error_line(str(r.error)) for r in results if r.error is not None]
+        why = f"; first error: {errors[0]}" if errors else ""
+        raise SweepFailed(f"no trial of {len(results)} reported a finite {METRIC} ({len(errors)} failed){why}")
     return min(scored, key=lambda r: (-r.metrics[METRIC], str(r.metrics.get("trial_id", ""))))
 
 
@@ -514,4 +543,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(summary, indent=2, default=str) + "\n")
     print(f"MLflow parent run {summary['parent_run_id']}: {ui_hint(summary['tracking_uri'])}")
+    if summary["errors"]:
+        print(f"lcfed: {summary['errors']} of {summary['trials']} trials failed; first: {summary['first_error']}",
+              file=sys.stderr)
+        return 1
     return 0
