@@ -94,8 +94,11 @@ class LocalCluster:
             # one at a time: nodes started together race for log file names and ports
             for i, (cpus, gpus) in enumerate(workers):
                 for attempt in range(3):
-                    node = cluster._start_node(f"w{i}-{attempt}", ["--address", cluster.gcs], cpus, gpus,
-                                               {**(env or {}), **(worker_env or {})})
+                    # its own temp dir, as on its own machine: nodes sharing one would share (and
+                    # garbage-collect) each other's unpacked job working dirs
+                    node = cluster._start_node(f"w{i}-{attempt}", ["--address", cluster.gcs, "--temp-dir",
+                                                                   str(cluster.base / f"t{i}")],
+                                               cpus, gpus, {**(env or {}), **(worker_env or {})})
                     try:
                         cluster.wait_nodes(2 + i, timeout, [node])
                         break
