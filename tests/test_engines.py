@@ -173,9 +173,9 @@ def test_cluster_layout_puts_actors_on_gpu_workers_sharing_their_gpus():
     # a stated total caps the ask: 1 GPU -> 2 actors of half a GPU, one per worker, a whole CPU each
     one = cluster_layout(EngineConfig(kind="ray", gpus=1), 8, [HEAD, GPU_WORKER, GPU_WORKER, GPU_WORKER])
     assert len(one.blocks) == 2 and (one.cpus_per_actor, one.gpus_per_actor) == (1.0, 0.5)
-    # explicit CPU-only: the GPU workers' and the head's CPUs all count
+    # explicit CPU-only: the GPU workers' and the head's CPUs all count (5 slots; 8 devices in blocks of 2)
     cpu = cluster_layout(EngineConfig(kind="ray", gpus_per_actor=0), 8, [HEAD, GPU_WORKER, GPU_WORKER, GPU_WORKER])
-    assert len(cpu.blocks) == 5 and (cpu.cpus_per_actor, cpu.gpus_per_actor) == (1.0, 0.0)
+    assert len(cpu.blocks) == 4 and (cpu.cpus_per_actor, cpu.gpus_per_actor) == (1.0, 0.0)
 
 
 def test_cluster_layout_asks_for_stated_gpus_before_any_gpu_node_exists():
