@@ -81,16 +81,17 @@ class LocalCluster:
 
     @classmethod
     def start(cls, head_cpus: float, workers: list[tuple[float, float]], worker_env: Mapping[str, str] | None = None,
-              env: Mapping[str, str] | None = None, timeout: float = 180.0) -> LocalCluster:
+              env: Mapping[str, str] | None = None, timeout: float = 180.0, dashboard: bool = True) -> LocalCluster:
         """A head (``head_cpus``, no GPU) and one worker per (CPUs, GPUs); ``env`` goes to every node,
-        ``worker_env`` to the workers only."""
+        ``worker_env`` to the workers only. The head's temp dir is ``base/ray``, so with
+        ``RAY_TMPDIR=base`` its address file is where Ray looks after a plain ``ray start --head``."""
         base = Path(tempfile.mkdtemp(prefix="rc", dir="/tmp"))  # short: Ray's unix sockets live under it
         token = base / "auth_token"
         token.write_text(secrets.token_hex(32))
         token.chmod(0o600)
         cluster = cls(base, token)
         try:
-            cluster._start_head(head_cpus, dict(env or {}), timeout)
+            cluster._start_head(head_cpus, dict(env or {}), timeout, dashboard)
             # one at a time: nodes started together race for log file names and ports
             for i, (cpus, gpus) in enumerate(workers):
                 for attempt in range(3):
@@ -138,11 +139,11 @@ class LocalCluster:
                                     stdin=subprocess.DEVNULL, start_new_session=True, cwd=home)
         return Node(proc, home, log, cpus, gpus, name.split("-")[0], chosen["--node-manager-port"])
 
-    def _start_head(self, cpus: float, extra: dict[str, str], timeout: float) -> None:
+    def _start_head(self, cpus: float, extra: dict[str, str], timeout: float, dashboard: bool) -> None:
         port, dash = free_port(), free_port()
-        temp = self.base / "t"
+        temp = self.base / "ray"
         self.head = self._start_node("head", [
-            "--head", "--port", str(port), "--temp-dir", str(temp), "--include-dashboard", "true",
+            "--head", "--port", str(port), "--temp-dir", str(temp), "--include-dashboard", str(dashboard).lower(),
             "--dashboard-host", "127.0.0.1", "--dashboard-port", str(dash),
             "--ray-client-server-port", str(free_port())], cpus, 0, extra)
         self.dashboard = f"http://127.0.0.1:{dash}"

@@ -10,98 +10,18 @@ head's token. The head is stopped through its process group, never ``ray stop``.
 
 from __future__ import annotations
 
-import contextlib
 import ipaddress
 import json
 import os
-import secrets
-import shutil
-import signal
-import socket
 import subprocess
 import sys
-import tempfile
 import textwrap
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-BIN = Path(sys.executable).parent
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _marked(marker: str) -> list[int]:
-    """Live processes whose environment mentions ``marker`` (this head's token path)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        try:
-            if entry.name.isdigit() and marker.encode() in (entry / "environ").read_bytes():
-                if (entry / "stat").read_text().split(") ")[-1][0] != "Z":
-                    found.append(int(entry.name))
-        except OSError:
-            pass
-    return [pid for pid in found if pid != os.getpid()]
-
-
-@dataclass
-class Head:
-    proc: subprocess.Popen[bytes]
-    base: Path
-    token: Path
-    gcs: str
-
-    @classmethod
-    def start(cls, timeout: float = 120.0) -> Head:
-        base = Path(tempfile.mkdtemp(prefix="ray", dir="/tmp"))  # short: Ray's unix sockets live below
-        token = base / "auth_token"
-        token.write_text(secrets.token_hex(32))
-        cmd = [str(BIN / "ray"), "start", "--head", "--block", "--num-cpus", "2", "--object-store-memory",
-               str(200 * 1024 * 1024), "--temp-dir", str(base / "ray"), "--include-dashboard", "false",
-               "--disable-usage-stats"]
-        for flag in ("--port", "--dashboard-agent-listen-port", "--dashboard-agent-grpc-port", "--runtime-env-agent-port",
-                     "--metrics-export-port", "--ray-client-server-port", "--node-manager-port", "--object-manager-port"):
-            cmd += [flag, str(free_port())]
-        env = {**_clean_env(), "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token),
-               "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"}
-        log = base / "ray-start.log"
-        with open(log, "wb") as out:
-            proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    start_new_session=True)
-        address_file = base / "ray" / "ray_current_cluster"
-        deadline = time.monotonic() + timeout
-        while not address_file.is_file() or not address_file.read_text().strip():
-            if proc.poll() is not None or time.monotonic() > deadline:
-                cls(proc, base, token, "").stop()
-                raise RuntimeError(f"ray start failed:\n{log.read_text()[-3000:]}")
-            time.sleep(0.5)
-        return cls(proc, base, token, address_file.read_text().strip())
-
-    def stop(self) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(timeout=10)
-        deadline = time.monotonic() + 20
-        while (left := _marked(str(self.token))) and time.monotonic() < deadline:
-            time.sleep(0.5)
-        for pid in left:  # only processes carrying this head's marker
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        shutil.rmtree(self.base, ignore_errors=True)
+from tests.raycluster import ROOT, LocalCluster, free_port
 
 
 def _clean_env() -> dict[str, str]:
@@ -111,8 +31,8 @@ def _clean_env() -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def head() -> Iterator[Head]:
-    h = Head.start()
+def head() -> Iterator[LocalCluster]:
+    h = LocalCluster.start(2, [], dashboard=False)
     try:
         yield h
     finally:
@@ -130,7 +50,7 @@ def result(**kw):
 """
 
 
-def run_py(code: str, head: Head, timeout: float = 120.0) -> tuple[dict[str, Any], str]:
+def run_py(code: str, head: LocalCluster, timeout: float = 120.0) -> tuple[dict[str, Any], str]:
     """Run PRELUDE + code in a fresh interpreter with the head's token; (its RESULT, its stderr)."""
     env = {**_clean_env(), "RAY_AUTH_TOKEN_PATH": str(head.token), "RAY_TMPDIR": str(head.base), "PYTHONPATH": str(ROOT)}
     proc = subprocess.run([sys.executable, "-c", PRELUDE + textwrap.dedent(code)], env=env, cwd=ROOT,
@@ -141,7 +61,7 @@ def run_py(code: str, head: Head, timeout: float = 120.0) -> tuple[dict[str, Any
 
 
 @pytest.fixture(scope="module")
-def private_ray(head: Head) -> dict[str, Any]:
+def private_ray(head: LocalCluster) -> dict[str, Any]:
     """``engine.address: null`` with the head's address file in place: what ensure_ray did, and
     every TCP socket its Ray listens on (this process and all it spawned)."""
     assert (head.base / "ray" / "ray_current_cluster").read_text().strip() == head.gcs

@@ -30,51 +30,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.raycluster import alive, free_port, pids_marked
 from tune_jobs import jobs
 from tune_jobs.cli import main
 from tune_jobs.mlflow_server import MlflowServerError, start_mlflow_server, stop
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _environ(pid: int) -> bytes:
-    try:
-        return Path(f"/proc/{pid}/environ").read_bytes()
-    except OSError:
-        return b""
-
-
-def _cmdline(pid: int) -> bytes:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return b""
-
-
-def pids_marked(marker: str) -> list[int]:
-    """Processes whose environment or command line mentions ``marker`` (this cluster's temp dir)."""
-    needle = marker.encode()
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and int(entry.name) != os.getpid():
-            pid = int(entry.name)
-            if needle in _environ(pid) or needle in _cmdline(pid):
-                found.append(pid)
-    return found
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split(") ")[-1][0] != "Z"
-    except OSError:
-        return False
 
 
 @dataclass
@@ -165,7 +127,7 @@ class RayHead:
             with_suppress_kill(self.proc.pid, group=True)
             self.proc.wait(timeout=10)
         deadline = time.monotonic() + 30
-        while (left := [p for p in pids_marked(str(self.token_path)) if _alive(p)]) and time.monotonic() < deadline:
+        while (left := [p for p in pids_marked(str(self.token_path)) if alive(p)]) and time.monotonic() < deadline:
             time.sleep(1)
         for pid in left:
             with_suppress_kill(pid)
@@ -190,11 +152,11 @@ def _private_head() -> Iterator[RayHead]:
         yield head
     finally:
         stragglers = head.stop()
-        decoy_alive = _alive(decoy.pid)
+        decoy_alive = alive(decoy.pid)
         decoy.kill()
         decoy.wait()
         assert decoy_alive, "stopping the test cluster killed an unrelated process"
-        remaining = [p for p in pids_marked(str(head.token_path)) if _alive(p)]
+        remaining = [p for p in pids_marked(str(head.token_path)) if alive(p)]
         assert not remaining, f"processes of the test cluster survived: {remaining}"
         if stragglers:
             print(f"\nSIGKILLed {len(stragglers)} straggler(s) of the test cluster: {stragglers}")
