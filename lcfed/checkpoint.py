@@ -9,7 +9,9 @@ from this project's own modules (an allow-list), so a checkpoint file cannot run
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import importlib
+import io
 import os
 import tempfile
 from dataclasses import dataclass, field
@@ -21,7 +23,7 @@ import torch
 
 #: module prefixes whose dataclasses a checkpoint may name
 ALLOWED_MODULES = ("lcfed.",)
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: the content as one byte tensor with its SHA-256 (1: the content itself)
 
 
 class CheckpointError(RuntimeError):
@@ -97,8 +99,7 @@ def save(path: str | Path, snap: Snapshot) -> Path:
     """Write atomically (temp file + rename), so a crash mid-write keeps the previous checkpoint."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    payload = {
-        "format": FORMAT_VERSION,
+    content = {
         "next_round": snap.next_round,
         "server_state": encode(snap.server_state),
         "device_states": encode(snap.device_states),
@@ -106,6 +107,12 @@ def save(path: str | Path, snap: Snapshot) -> Path:
         "config_digest": snap.config_digest,
         "tracking": encode(snap.tracking),
     }
+    buf = io.BytesIO()
+    torch.save(content, buf)
+    body = buf.getvalue()
+    # a checksum over the content: a damaged file is refused instead of resuming with other numbers
+    payload = {"format": FORMAT_VERSION, "sha256": hashlib.sha256(body).hexdigest(),
+               "body": torch.frombuffer(bytearray(body), dtype=torch.uint8)}
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".ckpt-", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as fh:
@@ -125,14 +132,31 @@ def load(path: str | Path) -> Snapshot:
     try:
         raw = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:
-        raise CheckpointError(f"cannot read checkpoint {path}: {exc}") from None
-    if raw.get("format") != FORMAT_VERSION:
-        raise CheckpointError(f"checkpoint {path} has format {raw.get('format')}, expected {FORMAT_VERSION}")
-    return Snapshot(
-        next_round=int(raw["next_round"]),
-        server_state=decode(raw["server_state"]),
-        device_states=decode(raw["device_states"]),
-        history=decode(raw["history"]),
-        config_digest=str(raw["config_digest"]),
-        tracking=decode(raw["tracking"]),
-    )
+        raise CheckpointError(f"cannot read checkpoint {path} (damaged or not a checkpoint): {exc}") from None
+    if not isinstance(raw, dict) or raw.get("format") not in (1, FORMAT_VERSION):
+        fmt = raw.get("format") if isinstance(raw, dict) else type(raw).__name__
+        raise CheckpointError(f"checkpoint {path} has format {fmt!r}, expected {FORMAT_VERSION}")
+    if raw["format"] == FORMAT_VERSION:
+        body = raw.get("body")
+        if not isinstance(body, torch.Tensor) or body.dtype != torch.uint8:
+            raise CheckpointError(f"checkpoint {path} is damaged: no content")
+        data = body.numpy().tobytes()
+        if hashlib.sha256(data).hexdigest() != raw.get("sha256"):
+            raise CheckpointError(f"checkpoint {path} is damaged: its content does not match its SHA-256")
+        try:
+            raw = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+        except Exception as exc:
+            raise CheckpointError(f"cannot read checkpoint {path}: {exc}") from None
+    try:
+        return Snapshot(
+            next_round=int(raw["next_round"]),
+            server_state=decode(raw["server_state"]),
+            device_states=decode(raw["device_states"]),
+            history=decode(raw["history"]),
+            config_digest=str(raw["config_digest"]),
+            tracking=decode(raw["tracking"]),
+        )
+    except CheckpointError:
+        raise
+    except Exception as exc:  # well-formed file, wrong structure (e.g. crafted by hand)
+        raise CheckpointError(f"checkpoint {path} has an unexpected structure: {type(exc).__name__}: {exc}") from None

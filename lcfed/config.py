@@ -27,6 +27,10 @@ class ConfigError(ValueError):
         self.allowed = allowed
         super().__init__(f"{field_name}: got {value!r}; {allowed}")
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # rebuilt from its three fields, so it crosses processes (Ray tasks, Tune trials) intact
+        return (type(self), (self.field, self.value, self.allowed))
+
 
 def require(cond: bool, field_name: str, value: Any, allowed: str) -> None:
     """Raise :class:`ConfigError` unless ``cond`` holds."""

@@ -32,13 +32,35 @@ def test_roundtrip_of_a_method_state(tmp_path):
     snap = checkpoint.Snapshot(7, state, {0: None, 3: (1, "a")}, [{"round": 0.0}], "abc", {"run_id": "r"})
     path = checkpoint.save(tmp_path / "c.pt", snap)
     raw = torch.load(path, weights_only=True)  # plain data only: loads with the safe loader
-    assert raw["next_round"] == 7
+    assert raw["format"] == checkpoint.FORMAT_VERSION and raw["body"].dtype == torch.uint8
     back = checkpoint.load(path)
     assert back.next_round == 7 and back.device_states == {0: None, 3: (1, "a")}
     s = back.server_state
     assert isinstance(s, LCFedState) and isinstance(s.projector, Projector)
     assert torch.equal(s.centers, state.centers) and s.assignment.dtype == np.int64
     assert list(s.assignment) == [0, 1, -1] and s.fitted_at == 4
+
+
+@pytest.mark.parametrize("where", [0.5, 0.9])
+def test_a_damaged_checkpoint_is_refused_naming_the_file(tmp_path, where):
+    path = checkpoint.save(tmp_path / "c.pt", checkpoint.Snapshot(3, {"w": torch.arange(4000.0)}, {}, [], "d"))
+    data = bytearray(path.read_bytes())
+    at = int(len(data) * where)
+    for i in range(at, at + 64):
+        data[i] ^= 0xFF
+    path.write_bytes(bytes(data))
+    with pytest.raises(checkpoint.CheckpointError, match=f"{path}.*damaged"):
+        checkpoint.load(path)
+
+
+def test_a_checkpoint_of_the_wrong_structure_is_refused(tmp_path):
+    for bad in ({"format": 1, "next_round": 2}, [1, 2], {"format": 1, "next_round": "x", "server_state": None,
+                                                         "device_states": {}, "history": [], "config_digest": "",
+                                                         "tracking": {}}):
+        path = tmp_path / "bad.pt"
+        torch.save(bad, path)
+        with pytest.raises(checkpoint.CheckpointError, match=str(path)):
+            checkpoint.load(path)
 
 
 def test_foreign_classes_are_refused(tmp_path):

@@ -19,7 +19,7 @@ from actors.engine import (
     fits,
     pool_layout,
 )
-from lcfed.config import EngineConfig
+from lcfed.config import ConfigError, EngineConfig
 from lcfed.federation import prepare
 from lcfed.runner import HostedDevices, run_local
 from tests.conftest import tiny_config
@@ -196,6 +196,17 @@ def test_unplaceable_pool_on_a_private_ray_fails_at_once(ray_cluster):
     lay = cluster_layout(EngineConfig(kind="ray", num_actors=3, gpus_per_actor=1), 3, alive_nodes())
     with pytest.raises(PlacementError, match=r"asked for 3 device actor\(s\) x \{CPU: 0.6666, GPU: 1\}.*1 alive node"):
         place_pool(lay, timeout_s=300, can_grow=False)
+
+
+@ray.remote
+def _bad_config() -> None:
+    raise ConfigError("method.mu", -1, "must be >= 0")
+
+
+def test_config_error_crosses_ray_intact(ray_cluster):
+    with pytest.raises(ConfigError, match="method.mu: got -1; must be >= 0") as info:
+        ray.get(_bad_config.remote())
+    assert (info.value.field, info.value.value) == ("method.mu", -1)
 
 
 class KillAt:
