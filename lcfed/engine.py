@@ -50,6 +50,33 @@ class DivergenceError(RuntimeError):
     """The training loss became NaN or infinite; the run stops with this reason."""
 
 
+class Stopped(KeyboardInterrupt):
+    """The run was asked to stop (e.g. SIGTERM) and ended at a round boundary, checkpointed if
+    ``checkpoint.dir`` is set. ``reason`` names the request."""
+
+    def __init__(self, reason: str, next_round: int, checkpointed: bool) -> None:
+        self.reason, self.next_round, self.checkpointed = reason, next_round, checkpointed
+        saved = "; checkpoint written: continue with --resume" if checkpointed else ""
+        super().__init__(f"{reason}: stopped after round {next_round - 1}{saved}")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.reason, self.next_round, self.checkpointed))
+
+
+class StopRequest:
+    """Set (e.g. from a signal handler) to end the running loop after its current round."""
+
+    def __init__(self) -> None:
+        self.reason: str | None = None
+
+    def request(self, reason: str) -> None:
+        self.reason = reason
+
+
+#: the process's stop request, checked by the round loop after every round
+STOP = StopRequest()
+
+
 class HostFailure(RuntimeError):
     """A process hosting devices or the server was lost; the engine restarts it and replays."""
 
@@ -247,6 +274,15 @@ def _loop(
                 obs.on_round(rnd, metrics, stats)
             reported = rnd + 1
         rnd += 1
+        if STOP.reason is not None and rnd < cfg.train.rounds:
+            saved = last_snap is not None and last_snap.next_round == rnd
+            if ckpt is not None and not saved:
+                tracking = {}
+                for obs in observers:
+                    tracking.update(getattr(obs, "location", dict)())
+                checkpoint.save(ckpt, checkpoint.Snapshot(rnd, server.get_state(), pool.get_states(), result.history,
+                                                          cfg.digest(), tracking))
+            raise Stopped(STOP.reason, rnd, ckpt is not None)
     result.wall_seconds = time.perf_counter() - t_start
     result.round_seconds = float(np.mean(round_times)) if round_times else 0.0
     for obs in observers:

@@ -212,6 +212,11 @@ class MLflowObserver:
             self.client.set_tag(self.run_id, "stopped_early", "true")
             self.client.set_terminated(self.run_id, "KILLED")
             return
+        if isinstance(exc, KeyboardInterrupt):  # a signal or Ctrl-C: logged rounds are kept, the run is KILLED
+            self._flush(final=False)
+            self.client.set_tag(self.run_id, "failure_reason", str(exc) or "interrupted")
+            self.client.set_terminated(self.run_id, "KILLED")
+            return
         self.client.set_tag(self.run_id, "failure_reason", f"{type(exc).__name__}: {exc}"[:5000])
         self.client.set_terminated(self.run_id, "FAILED")
 

@@ -105,3 +105,50 @@ def test_cli_resume_continues_the_same_mlflow_run(tmp_path, tracking_uri, capsys
     assert run.info.status == "FINISHED" and run.data.tags.get("resumed") == "true"
     steps = [m.step for m in client.get_metric_history(run.info.run_id, "train_loss")]
     assert steps == [0, 1, 2, 3]
+
+
+def test_sigterm_stops_at_a_round_boundary_checkpointed_and_killed_then_resume_completes(tmp_path, tracking_uri):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import yaml
+
+    from lcfed.config import to_dict
+
+    rounds = 40
+    cfg = tiny_config(f"train.rounds={rounds}", "tracking.enabled=true", f"tracking.uri={tracking_uri}",
+                      "tracking.experiment=sig", f"checkpoint.dir={tmp_path / 'ck'}", "checkpoint.every=1000")
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(to_dict(cfg)))
+    cmd = [sys.executable, "-m", "tune_jobs", "run", "-c", str(path), "-q"]
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
+    client = mlflow.MlflowClient(tracking_uri=tracking_uri)
+
+    def steps() -> list[int]:
+        exp = client.get_experiment_by_name("sig")
+        runs = client.search_runs([exp.experiment_id]) if exp else []
+        return sorted(m.step for r in runs for m in client.get_metric_history(r.info.run_id, "train_loss"))
+
+    while proc.poll() is None and len(steps()) < 3:
+        time.sleep(0.1)
+    assert proc.poll() is None, "the run ended before the signal"
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert "Traceback" not in err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("lcfed: SIGTERM: stopped after round") and "continue with --resume" in last
+    stopped_after = int(last.split("after round ")[1].split(";")[0])
+    (run,) = client.search_runs([client.get_experiment_by_name("sig").experiment_id])
+    assert run.info.status == "KILLED" and "SIGTERM" in run.data.tags["failure_reason"]
+    assert checkpoint.load(tmp_path / "ck" / "latest.pt").next_round == stopped_after + 1
+    assert steps() == list(range(stopped_after + 1))  # every finished round logged, none lost
+
+    done = subprocess.run([*cmd, "--resume"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert client.get_run(run.info.run_id).info.status == "FINISHED"
+    assert steps() == list(range(rounds))  # each round exactly once, in the same run
+    clean = run_local(cfg.replace(**{"tracking.enabled": False, "checkpoint.dir": ""}))
+    assert client.get_run(run.info.run_id).data.metrics["acc_mean"] == pytest.approx(clean.final["acc_mean"], abs=0)

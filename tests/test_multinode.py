@@ -188,4 +188,8 @@ def test_sweep_on_workers_logs_through_the_driver_and_resumes_from_s3(env: Env, 
     assert len(workers) >= 2  # spread over the workers
     parent = client.get_run(summary["parent_run_id"])
     assert parent.info.status == "FINISHED"
+    # the resumed sweep is the same one: one parent run, the interrupted trials' runs continued
+    exp = client.get_experiment_by_name("mn-sweep")
+    assert len(client.search_runs([exp.experiment_id])) == 5
+    assert all(c.data.tags["mlflow.parentRunId"] == parent.info.run_id for c in children)
     print(f"\nsweep placement: {sorted(w[:8] for w in workers)}; root {ROOT}")

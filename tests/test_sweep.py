@@ -89,22 +89,6 @@ def test_missing_dataset_fails_before_anything_is_created(tmp_path, capsys):
     assert not store.exists() and not (tmp_path / "tune").exists()
 
 
-def test_resume_restores_the_same_sweep(tmp_path, tracking_uri):
-    base = tiny_config("train.rounds=2", "engine.num_cpus=2", "tracking.enabled=true", f"tracking.uri={tracking_uri}",
-                       "tracking.experiment=sweep-resume")
-    space = load_space("mu_lambda.yaml", base)
-    first = run_sweep(base, space, num_samples=2, scheduler="fifo", max_concurrent=1, name="r",
-                      storage=tmp_path / "tune")
-    again = run_sweep(base, space, num_samples=2, scheduler="fifo", max_concurrent=1, name="r",
-                      storage=tmp_path / "tune", resume=True)
-    # restored from Tune's experiment state: the same trials, not new ones, under the same parent run
-    assert again["parent_run_id"] == first["parent_run_id"]
-    assert again["best_config"] == first["best_config"] and again["trials"] == 2
-    client = mlflow.MlflowClient(tracking_uri=tracking_uri)
-    exp = client.get_experiment_by_name("sweep-resume")
-    assert len(client.search_runs([exp.experiment_id])) == 3
-
-
 def test_fedac_and_dcpfl_spaces():
     fedac = tiny_config("method.name=fedac", "data.num_devices=12", "method.max_clusters=10")
     assert set(load_space("fedac_gap.yaml", fedac)) == {"method.gap_low", "method.gap_high", "method.num_clusters"}

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -119,14 +120,15 @@ def cmd_run(args: argparse.Namespace) -> int:
     elif ckpt is not None and ckpt.exists():
         raise ConfigError("checkpoint.dir", str(ckpt.parent), "already holds a checkpoint: pass --resume, or use a new dir")
     observers, tracker = _observers(cfg, args, resume.tracking.get("run_id") if resume else None)
-    if cfg.engine.kind == "ray":
-        from actors.engine import run_ray
+    with stop_on_signals():
+        if cfg.engine.kind == "ray":
+            from actors.engine import run_ray
 
-        result = run_ray(cfg, observers, resume)
-    else:
-        from lcfed.runner import run_local
+            result = run_ray(cfg, observers, resume)
+        else:
+            from lcfed.runner import run_local
 
-        result = run_local(cfg, observers, resume)
+            result = run_local(cfg, observers, resume)
     summary = {
         "method": cfg.method.name,
         "engine": cfg.engine.kind,
@@ -155,6 +157,32 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(summary, indent=2, default=str) + "\n")
     return 0
+
+
+@contextlib.contextmanager
+def stop_on_signals() -> Iterator[None]:
+    """SIGTERM / SIGHUP / SIGINT: finish the current round, checkpoint, mark the MLflow run KILLED and
+    exit 128 + signal; a second signal stops at once."""
+    import signal
+
+    from lcfed.engine import STOP
+
+    def handler(signum: int, frame: Any) -> None:
+        name = signal.Signals(signum).name
+        if STOP.reason is not None:
+            raise KeyboardInterrupt(f"{name} again: stopped mid-round")
+        STOP.request(name)
+        print(f"lcfed: {name}: finishing the current round, then stopping (send it again to stop now)",
+              file=sys.stderr, flush=True)
+
+    signals = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
+    previous = {s: signal.signal(s, handler) for s in signals}
+    try:
+        yield
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+        STOP.reason = None
 
 
 def placement_line(placement: dict[str, Any]) -> str:
@@ -204,7 +232,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from actors.connect import ClusterError
     from lcfed.checkpoint import CheckpointError
     from lcfed.data import DataError
-    from lcfed.engine import DivergenceError
+    from lcfed.engine import DivergenceError, Stopped
     from tune_jobs.sweep import SweepFailed
 
     try:
@@ -224,8 +252,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (DivergenceError, SweepFailed) as exc:
         print(f"lcfed: run failed: {exc}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        print("lcfed: interrupted", file=sys.stderr)
+    except Stopped as exc:
+        import signal
+
+        print(f"lcfed: {exc}", file=sys.stderr)
+        return 128 + int(getattr(signal, exc.reason, signal.SIGINT))
+    except KeyboardInterrupt as exc:
+        print(f"lcfed: interrupted{': ' + str(exc) if str(exc) else ''}", file=sys.stderr)
         return 130
 
 
