@@ -27,6 +27,15 @@ class TrackingError(RuntimeError):
     """The MLflow store could not take the run's data; nothing was dropped silently."""
 
 
+#: the tracking client's retry budget against a server, unless the environment sets its own: MLflow's
+#: defaults (7 retries, backoff factor 2, 120 s timeout) spend minutes per call on a server that is gone,
+#: and training must not wait on tracking
+HTTP_RETRY_BUDGET = {
+    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
+    "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+    "MLFLOW_HTTP_REQUEST_TIMEOUT": "10",
+}
+
 #: metrics drawn in the accuracy-vs-round plot
 PLOTTED = ("acc_mean", "acc_weighted", "acc_p10", "acc_p90")
 
@@ -107,7 +116,11 @@ class MLflowObserver:
         import mlflow
 
         self.uri = resolve_tracking_uri(uri)
+        if self.is_server:
+            for key, value in HTTP_RETRY_BUDGET.items():
+                os.environ.setdefault(key, value)
         self.client = mlflow.MlflowClient(tracking_uri=self.uri)
+        self.unlogged: Path | None = None  # where metrics the store never took were saved
         self.parent_run_id = parent_run_id
         self.tags = dict(tags or {})
         self.run_id: str | None = resume_run_id
@@ -116,6 +129,22 @@ class MLflowObserver:
         self.finished = False
         self.experiment_id: str | None = None
         self.assignments: list[np.ndarray] = []
+
+    @property
+    def is_server(self) -> bool:
+        return self.uri.startswith(("http://", "https://"))
+
+    def _healthy(self) -> bool:
+        """A 2-second ``/health`` probe: while a server is gone, rounds do not wait on the client's retries."""
+        if not self.is_server:
+            return True
+        import urllib.request
+
+        try:
+            with urllib.request.urlopen(f"{self.uri.rstrip('/')}/health", timeout=2) as resp:
+                return bool(resp.status == 200)
+        except OSError:
+            return False
 
     def check(self, timeout: float = 10.0) -> None:
         """Fail fast (before training) if the tracking store cannot be reached.
@@ -174,36 +203,46 @@ class MLflowObserver:
         self.pending.extend(Metric(k, float(v), ts, rnd) for k, v in values.items() if np.isfinite(v))
         self._flush(final=False)
 
-    def _flush(self, final: bool) -> None:
-        """Send buffered metrics. While the store is unreachable they stay buffered (training goes on);
-        at the end a store that is still gone is a loud error, with the metrics saved locally."""
+    def _flush(self, final: bool) -> bool:
+        """Send buffered metrics; True once the store has them all. While the store is unreachable they
+        stay buffered (training goes on, one warning); at the end, what is left is saved to a file
+        that ``lcfed tracking replay`` sends later."""
         assert self.run_id is not None
-        try:
-            while self.pending:
-                self.client.log_batch(self.run_id, metrics=self.pending[:1000])
-                del self.pending[:1000]
-        except Exception as exc:
-            if final:
-                dump = Path(f"unlogged-metrics-{self.run_id}.json").resolve()
-                dump.write_text(json.dumps([[m.key, m.value, m.timestamp, m.step] for m in self.pending]))
-                raise TrackingError(
-                    f"MLflow store {self.uri} unreachable at the end of the run; {len(self.pending)} metric "
-                    f"points were not logged and are saved in {dump}: {exc}"
-                ) from exc
-            if not self.unreachable_since:
+        if self.pending and self.unreachable_since and not self._healthy():
+            exc: Exception = ConnectionError(f"{self.uri} does not answer /health")
+        else:
+            try:
+                while self.pending:
+                    self.client.log_batch(self.run_id, metrics=self.pending[:1000])
+                    del self.pending[:1000]
+                self.unreachable_since = 0.0
+                return True
+            except Exception as err:
+                exc = err
+        if final:
+            dump = Path(f"unlogged-metrics-{self.run_id}.json").resolve()
+            dump.write_text(json.dumps({"tracking_uri": self.uri, "run_id": self.run_id,
+                                        "metrics": [[m.key, m.value, m.timestamp, m.step] for m in self.pending]}))
+            self.unlogged = dump
+            warnings.warn(f"MLflow store {self.uri} unreachable at the end of the run: {len(self.pending)} metric "
+                          f"points saved in {dump} ({type(exc).__name__})", stacklevel=2)
+            return False
+        if not self.unreachable_since:
                 self.unreachable_since = time.time()
                 warnings.warn(f"MLflow store {self.uri} unreachable ({type(exc).__name__}); buffering metrics",
                               stacklevel=2)
-        else:
-            self.unreachable_since = 0.0
+        return False
 
     def on_end(self, result: RunResult) -> None:
         assert self.run_id is not None
-        self._flush(final=True)
-        self._artifacts(result)
-        self.client.set_terminated(self.run_id, "FINISHED")
         self.finished = True
         result.tracking.update(self.location())
+        if not self._flush(final=True):  # the run's artifacts and status wait for a replay
+            result.tracking["unlogged_metrics"] = str(self.unlogged)
+            return
+        self._artifacts(result)
+        self.client.set_terminated(self.run_id, "FINISHED")
+
 
     def on_error(self, exc: BaseException) -> None:
         if self.run_id is None or self.finished:  # e.g. Tune ending a trial after its last report
@@ -264,3 +303,21 @@ def accuracy_figure(history: list[dict[str, float]], cfg: ExperimentConfig) -> A
     fig.tight_layout()
     plt.close(fig)
     return fig
+
+
+def replay(path: str | Path, finish: bool = True) -> tuple[str, int]:
+    """Send a file of unlogged metrics (written when the store was gone at the end of a run) to its
+    run; mark the run FINISHED unless told not to. Returns (run id, points sent)."""
+    import mlflow
+    from mlflow.entities import Metric
+
+    data = json.loads(Path(path).read_text())
+    if not isinstance(data, dict) or not {"tracking_uri", "run_id", "metrics"} <= set(data):
+        raise TrackingError(f"{path} is not a file of unlogged metrics (written as unlogged-metrics-<run>.json)")
+    client = mlflow.MlflowClient(tracking_uri=data["tracking_uri"])
+    points = [Metric(str(k), float(v), int(ts), int(step)) for k, v, ts, step in data["metrics"]]
+    for start in range(0, len(points), 1000):
+        client.log_batch(data["run_id"], metrics=points[start : start + 1000])
+    if finish:
+        client.set_terminated(data["run_id"], "FINISHED")
+    return str(data["run_id"]), len(points)

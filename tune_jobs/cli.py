@@ -75,6 +75,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     imp.set_defaults(func=cmd_data_import)
 
+    tracking = sub.add_parser("tracking", help="tracking utilities")
+    tracking_sub = tracking.add_subparsers(dest="tracking_command", required=True, metavar="ACTION")
+    rep = tracking_sub.add_parser("replay", help="send the metrics a run saved while its MLflow store was unreachable")
+    rep.add_argument("file", metavar="FILE", help="an unlogged-metrics-<run id>.json file")
+    rep.set_defaults(func=cmd_tracking_replay)
+
     from tune_jobs import jobs, mlflow_server, reproduce, sweep
 
     sweep.add_parser(sub)
@@ -156,6 +162,22 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"  UI:    {ui_hint(loc['tracking_uri'])}")
     if args.json:
         Path(args.json).write_text(json.dumps(summary, indent=2, default=str) + "\n")
+    if "unlogged_metrics" in result.tracking:
+        print(f"lcfed: the MLflow store was unreachable at the end: metrics not logged are in "
+              f"{result.tracking['unlogged_metrics']}; send them with `lcfed tracking replay "
+              f"{result.tracking['unlogged_metrics']}` once it is back", file=sys.stderr)
+        return 1
+    return 0
+
+
+def cmd_tracking_replay(args: argparse.Namespace) -> int:
+    from lcfed.tracking import replay
+
+    path = Path(args.file)
+    if not path.is_file():
+        raise ConfigError("FILE", args.file, "must be an unlogged-metrics-<run>.json file")
+    run_id, count = replay(path)
+    print(f"sent {count} metric points to run {run_id}")
     return 0
 
 
@@ -233,6 +255,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from lcfed.checkpoint import CheckpointError
     from lcfed.data import DataError
     from lcfed.engine import DivergenceError, Stopped
+    from lcfed.tracking import TrackingError
     from tune_jobs.sweep import SweepFailed
 
     try:
@@ -246,6 +269,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except CheckpointError as exc:
         print(f"lcfed: checkpoint error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except TrackingError as exc:
+        print(f"lcfed: tracking error: {exc}", file=sys.stderr)
+        return 1
     except ClusterError as exc:
         print(f"lcfed: cluster error: {exc}", file=sys.stderr)
         return EXIT_USAGE
