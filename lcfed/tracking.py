@@ -11,6 +11,7 @@ import json
 import os
 import time
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -112,7 +113,10 @@ class MLflowObserver:
         parent_run_id: str | None = None,
         tags: dict[str, str] | None = None,
         resume_run_id: str | None = None,
+        backfill: Sequence[dict[str, float]] = (),
     ) -> None:
+        """``backfill``: when resuming, the checkpoint's per-round history; rounds the store lacks (e.g.
+        buffered during an outage when the process died) are logged from it."""
         import mlflow
 
         self.uri = resolve_tracking_uri(uri)
@@ -124,6 +128,7 @@ class MLflowObserver:
         self.parent_run_id = parent_run_id
         self.tags = dict(tags or {})
         self.run_id: str | None = resume_run_id
+        self.backfill = list(backfill)
         self.pending: list[Any] = []  # metric points not yet accepted by the store
         self.unreachable_since = 0.0
         self.finished = False
@@ -173,6 +178,11 @@ class MLflowObserver:
         if self.run_id is not None:  # resuming: same run, metrics continue at the next step
             self.client.update_run(self.run_id, status="RUNNING")
             self.client.set_tag(self.run_id, "resumed", "true")
+            if self.backfill:
+                logged = {m.step for m in self.client.get_metric_history(self.run_id, "train_loss")}
+                for row in self.backfill:
+                    if int(row["round"]) not in logged:
+                        self.log_round(int(row["round"]), dict(row), None)
             return
         tags = {"method": cfg.method.name, "dataset": cfg.data.dataset, "engine": cfg.engine.kind, **self.tags}
         if self.parent_run_id:

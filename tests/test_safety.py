@@ -148,3 +148,42 @@ def test_tracking_server_gone_at_the_end_keeps_the_metrics_for_a_replay(tmp_path
         assert client.get_run(tracker.run_id).info.status == "FINISHED"
     finally:
         stop(proc)
+
+
+def test_resume_logs_the_rounds_an_outage_kept_from_the_store(tmp_path):
+    """Server down, then the process dies: rounds only buffered in memory are lost with it, but the
+    checkpoint has them, and resuming logs every round the store lacks."""
+    from lcfed.engine import load_resume
+    from tests.test_jobs import free_port
+    from tune_jobs.mlflow_server import start_mlflow_server, stop
+
+    port, store = free_port(), tmp_path / "mlflow"
+    server = {"proc": start_mlflow_server("127.0.0.1", port, store)[0]}
+    url = f"http://127.0.0.1:{port}"
+    cfg = tiny_config("train.rounds=5", "tracking.enabled=true", f"tracking.uri={url}",
+                      f"checkpoint.dir={tmp_path / 'ck'}", "checkpoint.every=1")
+
+    class OutageThenCrash:
+        def on_start(self, cfg, fed): ...
+        def on_end(self, result): ...
+
+        def on_round(self, rnd, metrics, stats):
+            if rnd == 0:
+                stop(server["proc"])
+            elif rnd == 2:
+                raise RuntimeError("machine lost")
+
+    try:
+        with pytest.warns(UserWarning), pytest.raises(RuntimeError, match="machine lost"):
+            run_local(cfg, [MLflowObserver(url), OutageThenCrash()])
+        server["proc"] = start_mlflow_server("127.0.0.1", port, store)[0]
+        snap = load_resume(cfg)
+        assert snap is not None and snap.next_round == 3
+        run_id = snap.tracking["run_id"]
+        client = mlflow.MlflowClient(tracking_uri=url)
+        assert [m.step for m in client.get_metric_history(run_id, "train_loss")] == [0]  # 1, 2 died in memory
+        run_local(cfg, [MLflowObserver(url, resume_run_id=run_id, backfill=snap.history)], snap)
+        assert sorted(m.step for m in client.get_metric_history(run_id, "train_loss")) == [0, 1, 2, 3, 4]
+        assert client.get_run(run_id).info.status == "FINISHED"
+    finally:
+        stop(server["proc"])

@@ -90,7 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _observers(cfg: ExperimentConfig, args: argparse.Namespace, resume_run_id: str | None) -> tuple[list[Any], Any]:
+def _observers(cfg: ExperimentConfig, args: argparse.Namespace, resume: Any) -> tuple[list[Any], Any]:
     from lcfed.progress import ProgressBar
 
     observers: list[Any] = [ProgressBar(disable=True if args.quiet else None)]
@@ -98,7 +98,8 @@ def _observers(cfg: ExperimentConfig, args: argparse.Namespace, resume_run_id: s
     if cfg.tracking.enabled and not args.no_track:
         from lcfed.tracking import MLflowObserver
 
-        tracker = MLflowObserver(cfg.tracking.uri, resume_run_id=resume_run_id)
+        tracker = MLflowObserver(cfg.tracking.uri, resume_run_id=resume.tracking.get("run_id") if resume else None,
+                                 backfill=resume.history if resume else ())
         try:
             tracker.check()
         except Exception as exc:
@@ -125,7 +126,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             print(f"lcfed: no checkpoint in {ckpt.parent} yet; starting from round 0", file=sys.stderr)
     elif ckpt is not None and ckpt.exists():
         raise ConfigError("checkpoint.dir", str(ckpt.parent), "already holds a checkpoint: pass --resume, or use a new dir")
-    observers, tracker = _observers(cfg, args, resume.tracking.get("run_id") if resume else None)
+    observers, tracker = _observers(cfg, args, resume)
     with stop_on_signals():
         if cfg.engine.kind == "ray":
             from actors.engine import run_ray
