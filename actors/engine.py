@@ -56,8 +56,8 @@ def fast_tensor_transfer() -> None:
 
 @ray.remote
 class DeviceActor:
-    """Hosts a block of virtual devices: their data (loaded here, on the GPU if one is assigned)
-    and their personal states, which never leave the actor."""
+    """Hosts a block of virtual devices: their data (sent once by the process that loaded the
+    dataset, placed on the GPU if one is assigned) and their personal states, which never leave the actor."""
 
     def __init__(
         self, cfg: ExperimentConfig, setup: Setup, devices: Sequence[int], shard: tuple[Dataset, Partition],
@@ -374,10 +374,14 @@ class RayPool:
         ray.get([a.recover.remote(self._split(states, b)) for a, b in zip(self.hosts.devices, self.blocks, strict=True)])
 
 
+def _alive_nodes_info() -> list[dict[str, Any]]:
+    return [n for n in ray.nodes() if n.get("Alive")]
+
+
 def head_node_id() -> str | None:
     """The head node's id (Ray gives the head the resource ``node:__internal_head__``)."""
-    for n in ray.nodes():
-        if n.get("Alive") and "node:__internal_head__" in n.get("Resources", {}):
+    for n in _alive_nodes_info():
+        if "node:__internal_head__" in n.get("Resources", {}):
             return str(n["NodeID"])
     return None
 
@@ -388,11 +392,11 @@ class PlacementError(ClusterError):
 
 def alive_nodes() -> list[NodeResources]:
     return [NodeResources(n["Resources"].get("CPU", 0.0), n["Resources"].get("GPU", 0.0))
-            for n in ray.nodes() if n.get("Alive")]
+            for n in _alive_nodes_info()]
 
 
 def _describe_cluster() -> str:
-    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    nodes = _alive_nodes_info()
     avail = ray.available_resources()
     per_node = "; ".join(
         f"node {n['NodeManagerAddress']} {n['NodeID'][:8]}: CPU {n['Resources'].get('CPU', 0):g}, GPU {n['Resources'].get('GPU', 0):g}"
@@ -417,8 +421,8 @@ def fits(layout: PoolLayout, nodes: Sequence[NodeResources]) -> bool:
 def place_pool(layout: PoolLayout, timeout_s: float, can_grow: bool) -> Any:
     """Reserve every device actor's bundle at once (all or nothing), or raise :class:`PlacementError`.
 
-    A cluster that cannot grow (a private local Ray) fails at once when a bundle fits no node; one
-    that may (an autoscaler starting workers for the pending demand) gets ``timeout_s``.
+    A cluster that cannot grow (a private local Ray) fails at once when its nodes cannot hold the
+    bundles; one that may (an autoscaler starting workers for the pending demand) gets ``timeout_s``.
     """
     from ray.util.placement_group import placement_group, remove_placement_group
 
@@ -483,7 +487,7 @@ class RayFederation:
         """Where the federation runs: each device actor's node (with that node's resources), GPU ids,
         ask and device count, and the server's node."""
         assert self.hosts is not None
-        nodes = {n["NodeID"]: n for n in ray.nodes() if n.get("Alive")}
+        nodes = {n["NodeID"]: n for n in _alive_nodes_info()}
 
         def node(node_id: str) -> dict[str, Any]:
             res = nodes.get(node_id, {}).get("Resources", {})

@@ -216,6 +216,24 @@ def _metrics(
     return metrics
 
 
+def _save(
+    path: Path,
+    cfg: ExperimentConfig,
+    next_round: int,
+    server: Server,
+    pool: DevicePool,
+    history: list[dict[str, float]],
+    observers: Sequence[Observer],
+) -> checkpoint.Snapshot:
+    """Checkpoint the state before ``next_round``, with where the observers log the run."""
+    tracking: dict[str, str] = {}
+    for obs in observers:
+        tracking.update(getattr(obs, "location", dict)())
+    snap = checkpoint.Snapshot(next_round, server.get_state(), pool.get_states(), history, cfg.digest(), tracking)
+    checkpoint.save(path, snap)
+    return snap
+
+
 def _loop(
     cfg: ExperimentConfig,
     fed: Federation,
@@ -245,12 +263,7 @@ def _loop(
             metrics["round_seconds"] = time.perf_counter() - t0
             history = [*result.history, metrics]
             if ckpt is not None and ((rnd + 1) % cfg.checkpoint.every == 0 or rnd == cfg.train.rounds - 1):
-                tracking: dict[str, str] = {}
-                for obs in observers:
-                    tracking.update(getattr(obs, "location", dict)())
-                snap = checkpoint.Snapshot(rnd + 1, server.get_state(), pool.get_states(), history, cfg.digest(), tracking)
-                checkpoint.save(ckpt, snap)
-                last_snap = snap
+                last_snap = _save(ckpt, cfg, rnd + 1, server, pool, history, observers)
         except HostFailure as exc:
             failures += 1
             if failures > cfg.engine.max_failures:
@@ -277,11 +290,7 @@ def _loop(
         if STOP.reason is not None and rnd < cfg.train.rounds:
             saved = last_snap is not None and last_snap.next_round == rnd
             if ckpt is not None and not saved:
-                tracking = {}
-                for obs in observers:
-                    tracking.update(getattr(obs, "location", dict)())
-                checkpoint.save(ckpt, checkpoint.Snapshot(rnd, server.get_state(), pool.get_states(), result.history,
-                                                          cfg.digest(), tracking))
+                _save(ckpt, cfg, rnd, server, pool, result.history, observers)
             raise Stopped(STOP.reason, rnd, ckpt is not None)
     result.wall_seconds = time.perf_counter() - t_start
     result.round_seconds = float(np.mean(round_times)) if round_times else 0.0

@@ -139,16 +139,22 @@ class MLflowObserver:
     def is_server(self) -> bool:
         return self.uri.startswith(("http://", "https://"))
 
-    def _healthy(self) -> bool:
-        """A 2-second ``/health`` probe: while a server is gone, rounds do not wait on the client's retries."""
-        if not self.is_server:
-            return True
+    def _probe_health(self, timeout: float) -> None:
+        """GET ``/health`` once, within ``timeout``; raises unless the server answers 200."""
         import urllib.request
 
+        with urllib.request.urlopen(f"{self.uri.rstrip('/')}/health", timeout=timeout) as resp:
+            if resp.status != 200:
+                raise TrackingError(f"MLflow server {self.uri} answered /health with HTTP {resp.status}")
+
+    def _healthy(self) -> bool:
+        """A 2-second probe: while a server is gone, rounds do not wait on the client's retries."""
+        if not self.is_server:
+            return True
         try:
-            with urllib.request.urlopen(f"{self.uri.rstrip('/')}/health", timeout=2) as resp:
-                return bool(resp.status == 200)
-        except OSError:
+            self._probe_health(2.0)
+            return True
+        except (OSError, TrackingError):
             return False
 
     def check(self, timeout: float = 10.0) -> None:
@@ -157,12 +163,8 @@ class MLflowObserver:
         A tracking server is probed once on ``/health``: the client's own retries would take
         minutes to give up on a server that is not there.
         """
-        if self.uri.startswith(("http://", "https://")):
-            import urllib.request
-
-            with urllib.request.urlopen(f"{self.uri.rstrip('/')}/health", timeout=timeout) as resp:
-                if resp.status != 200:
-                    raise TrackingError(f"MLflow server {self.uri} answered /health with HTTP {resp.status}")
+        if self.is_server:
+            self._probe_health(timeout)
             return
         self.client.search_experiments(max_results=1)
 

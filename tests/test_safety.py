@@ -34,6 +34,13 @@ def test_unreachable_tracking_server_fails_before_training(capsys):
     assert "cannot reach the MLflow tracking store" in str(exc.value)
 
 
+class RoundHook:
+    """An observer that acts on rounds only: the tests' outages and crashes."""
+
+    def on_start(self, cfg, fed): ...
+    def on_end(self, result): ...
+
+
 class RecordingServer(LocalServer):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -92,11 +99,8 @@ def test_tracking_server_lost_mid_run_buffers_and_flushes(tmp_path):
     port, store = free_port(), tmp_path / "mlflow"
     server = {"proc": start_mlflow_server("127.0.0.1", port, store)[0]}
 
-    class Outage:
+    class Outage(RoundHook):
         """Stops the tracking server after round 0 and brings it back after round 2."""
-
-        def on_start(self, cfg, fed): ...
-        def on_end(self, result): ...
 
         def on_round(self, rnd, metrics, stats):
             if rnd == 0:
@@ -124,10 +128,7 @@ def test_tracking_server_gone_at_the_end_keeps_the_metrics_for_a_replay(tmp_path
     port, store = free_port(), tmp_path / "mlflow"
     proc, url = start_mlflow_server("127.0.0.1", port, store)
 
-    class Outage:
-        def on_start(self, cfg, fed): ...
-        def on_end(self, result): ...
-
+    class Outage(RoundHook):
         def on_round(self, rnd, metrics, stats):
             if rnd == 0:
                 stop(proc)
@@ -163,10 +164,7 @@ def test_resume_logs_the_rounds_an_outage_kept_from_the_store(tmp_path):
     cfg = tiny_config("train.rounds=5", "tracking.enabled=true", f"tracking.uri={url}",
                       f"checkpoint.dir={tmp_path / 'ck'}", "checkpoint.every=1")
 
-    class OutageThenCrash:
-        def on_start(self, cfg, fed): ...
-        def on_end(self, result): ...
-
+    class OutageThenCrash(RoundHook):
         def on_round(self, rnd, metrics, stats):
             if rnd == 0:
                 stop(server["proc"])
