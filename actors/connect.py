@@ -11,18 +11,28 @@ Token auth (Ray 2.60): the C++ ``RayConfig`` reads ``RAY_AUTH_MODE`` when ``ray`
 explicit address to a token cluster spends ~20 s on ``InvalidAuthToken`` and fails. We ask the GCS
 whether it wants a token, check Ray's own token (``$RAY_AUTH_TOKEN``, ``$RAY_AUTH_TOKEN_PATH``,
 ``~/.ray/auth_token``) against it, and switch this process to token mode the way Ray does.
+
+A private start in token mode makes Ray 2.60 generate ``~/.ray/auth_token`` if none exists, with
+the umask's mode (0644 usually): any user of the machine could read it and drive this Ray. We
+create it first, 0600 in a 0700 ``~/.ray`` (:func:`secure_token_file`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
+import secrets
 import socket
+import stat
 from collections.abc import Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from lcfed.config import EngineConfig
+
+_log = logging.getLogger(__name__)
 
 LOOPBACK = "127.0.0.1"
 PROBE_TIMEOUT_S = 5.0
@@ -60,6 +70,7 @@ def start_local(engine: EngineConfig) -> None:
     """A private Ray whose processes listen on 127.0.0.1 only."""
     import ray
 
+    secure_token_file()
     with _loopback_node_ip():
         ray.init(
             address="local",
@@ -69,6 +80,46 @@ def start_local(engine: EngineConfig) -> None:
             log_to_driver=False,
             _node_ip_address=LOOPBACK,
         )
+
+
+def secure_token_file() -> Path | None:
+    """Before a private start: the token file Ray would create, created owner-only; returns its path.
+
+    Only in token mode (``RAY_AUTH_MODE`` unset, Ray 2.60's default for a local start, or ``token``)
+    and without ``$RAY_AUTH_TOKEN``. A missing ``$RAY_AUTH_TOKEN_PATH`` file is left to Ray's error
+    (that path names a token someone should provide, not a new one); Ray's default
+    ``~/.ray/auth_token`` is created with a token in Ray's format (64 hex digits), or tightened to
+    0600 if group/others could read or write it. A file the user placed elsewhere keeps its mode.
+    """
+    mode = os.environ.get("RAY_AUTH_MODE")
+    if (mode is not None and mode.lower() != "token") or os.environ.get("RAY_AUTH_TOKEN", "").strip():
+        return None
+    if os.environ.get("RAY_AUTH_TOKEN_PATH"):
+        return None
+    path = Path.home() / ".ray" / "auth_token"
+    try:
+        with contextlib.suppress(FileExistsError):
+            path.parent.mkdir(mode=0o700)
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+    except FileExistsError:
+        _tighten(path)
+        return path
+    except OSError:
+        return None  # unwritable home: Ray reports it in its own words
+    with os.fdopen(fd, "w") as f:
+        f.write(secrets.token_hex(32))  # as ray._private.authentication's generator, no newline
+    return path
+
+
+def _tighten(path: Path) -> None:
+    """0600 for a token file of ours that group/others can access (Ray 2.60 writes 0644)."""
+    try:
+        st = path.stat()
+        if stat.S_ISREG(st.st_mode) and st.st_mode & 0o077 and st.st_uid == os.getuid():
+            path.chmod(0o600)
+            _log.warning("lcfed: %s was open to other users (mode %o); now 0600", path, stat.S_IMODE(st.st_mode))
+    except OSError:
+        pass  # not ours to fix; Ray reads it as it is
 
 
 @contextlib.contextmanager

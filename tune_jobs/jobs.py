@@ -7,7 +7,12 @@ through the Ray Job Submission API (the dashboard's HTTP port, usually port-forw
 Ray 2.60 clusters use token authentication by default. Ray's client only sends the token when
 ``RAY_AUTH_MODE=token`` is set in this process, so we read the token ourselves (``RAY_AUTH_TOKEN``,
 ``RAY_AUTH_TOKEN_PATH`` or ``~/.ray/auth_token``, as Ray does) and pass it as an explicit
-``Authorization`` header; a cluster without auth ignores it.
+``Authorization`` header; a cluster without auth ignores it. That header is the key to the
+cluster (anyone holding it runs code there), so it never goes over plain ``http://`` to another
+machine unless ``--allow-insecure-token`` says so.
+
+What is shipped is matched by Ray's own rules (gitignore-style ``excludes`` relative to the
+working directory, plus ``.gitignore``/``.rayignore``); ``--dry-run`` lists it without a cluster.
 """
 
 from __future__ import annotations
@@ -15,8 +20,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import datetime
 import functools
+import ipaddress
 import logging
 import os
 import shlex
@@ -29,15 +36,29 @@ from typing import Any
 from urllib.parse import urlparse
 
 DEFAULT_ADDRESS = "http://127.0.0.1:8265"
-#: never shipped with the working directory: environments, stores, outputs, bundles
-DEFAULT_EXCLUDES = [
-    ".venv", ".git", "mlruns", "mlartifacts", "*.db", "outputs", ".devbundle",
+# Gitignore-style, as Ray matches them against each path relative to the working directory: a
+# pattern without "/" matches at any depth (sub/.env too); a matched directory is not entered.
+#: never shipped: secrets and credentials (a job's working dir is readable by all it runs; Ray's
+#: token in it would hand over the cluster)
+SECRET_EXCLUDES = [
+    ".env", ".env.*", "*.pem", "*.key", "*.p12", "*.pfx", "id_rsa*", "id_dsa*", "id_ecdsa*", "id_ed25519*",
+    ".ray", "auth_token", ".aws", ".ssh", ".netrc", ".git-credentials",
+]
+#: never shipped: local state: checkpoints, tracking-outage dumps, data (/data: root only, lcfed/data is
+#: code), environments, stores, outputs, bundles, caches
+STATE_EXCLUDES = [
+    "*.pt", "*.pth", "*.ckpt", "checkpoints", "ckpts", "unlogged-metrics-*.json",
+    "/data", "*-ubyte", "*-ubyte.gz", "*.npz",
+    ".venv", "venv", ".tox", ".nox", ".git", "mlruns", "mlartifacts", "*.db", "outputs", ".devbundle",
     "__pycache__", ".pytest_cache", ".ruff_cache", ".mypy_cache",
 ]
+DEFAULT_EXCLUDES = [*SECRET_EXCLUDES, *STATE_EXCLUDES]
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
 EXIT_USAGE = 2
 #: env vars through which Ray's own client would override an explicit address
 _ADDRESS_ENV = ("RAY_API_SERVER_ADDRESS", "RAY_ADDRESS")
+
+_log = logging.getLogger(__name__)
 
 UNREACHABLE_FIX = (
     "Start a cluster first: on this machine `ray start --head` (job server on http://127.0.0.1:8265); "
@@ -80,6 +101,34 @@ def read_token() -> str | None:
     return None
 
 
+def is_loopback(host: str) -> bool:
+    """``localhost``, 127.0.0.0/8 or ::1 (also as ``::ffff:127.x``): traffic that never leaves this machine."""
+    if host.lower().rstrip(".") == "localhost":
+        return True
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    mapped = getattr(ip, "ipv4_mapped", None)
+    return ip.is_loopback or (mapped is not None and mapped.is_loopback)
+
+
+def check_token_transport(url: str, allow_insecure: bool = False) -> None:
+    """Refuse to send the auth token in clear text to another machine (before any connection).
+
+    Over plain http anyone on the path reads the bearer token and owns the cluster; loopback (an SSH
+    port-forward) and https are fine, and so is having no token to send.
+    """
+    parsed = urlparse(url)
+    if parsed.scheme == "https" or allow_insecure or is_loopback(parsed.hostname or "") or not read_token():
+        return
+    raise JobsError(
+        f"--address {url}: refusing to send the Ray auth token over plain http to a non-loopback host; "
+        "use an https:// address, an SSH port-forward (`ray dashboard cluster.yaml`, then --address "
+        "http://127.0.0.1:8265), or pass --allow-insecure-token to send it anyway"
+    )
+
+
 def auth_headers() -> dict[str, str]:
     """``Authorization: Bearer <token>`` when a token is available (see :func:`read_token`)."""
     token = read_token()
@@ -109,9 +158,10 @@ def _explicit_address() -> Iterator[None]:
         os.environ.update(saved)
 
 
-def make_client(address: str | None = None) -> Any:
+def make_client(address: str | None = None, allow_insecure_token: bool = False) -> Any:
     """A connected :class:`ray.job_submission.JobSubmissionClient` for the resolved address."""
     url = resolve_address(address)
+    check_token_transport(url, allow_insecure_token)
     check_reachable(url)
     from ray.exceptions import AuthenticationError
     from ray.job_submission import JobSubmissionClient
@@ -144,12 +194,102 @@ def parse_env(pairs: Sequence[str]) -> dict[str, str]:
     return env
 
 
-def build_runtime_env(working_dir: str | Path, env: dict[str, str], excludes: Sequence[str] = ()) -> dict[str, Any]:
-    """The job's runtime_env: this working directory (minus venvs, stores, outputs) and env vars."""
+def build_runtime_env(
+    working_dir: str | Path, env: dict[str, str], excludes: Sequence[str] = (), includes: Sequence[str] = ()
+) -> dict[str, Any]:
+    """The job's runtime_env: this working directory (minus secrets and local state) and env vars.
+
+    ``includes`` re-admit files the excludes would drop (gitignore negation, last match wins); a file
+    inside an excluded directory stays out, since Ray does not enter that directory.
+    """
     wd = Path(working_dir).expanduser().resolve()
     if not wd.is_dir():
         raise JobsError(f"--working-dir {working_dir}: not a directory")
-    return {"working_dir": str(wd), "excludes": [*DEFAULT_EXCLUDES, *excludes], "env_vars": dict(env)}
+    for pattern in includes:
+        if not pattern.strip() or pattern.startswith("!"):
+            raise JobsError(f"--include {pattern!r}: expected a gitignore-style pattern such as .env.example")
+    patterns = [*DEFAULT_EXCLUDES, *excludes, *(f"!{p}" for p in includes)]
+    return {"working_dir": str(wd), "excludes": patterns, "env_vars": dict(env)}
+
+
+@dataclasses.dataclass
+class UploadPlan:
+    """What Ray would zip from a working directory, and what the excludes kept out."""
+
+    files: list[tuple[str, int]]  # (path relative to the working dir, bytes), sorted
+    left_out: list[str]  # excluded paths (directories end with "/"), not entered
+    by_default: list[str]  # those of left_out that lcfed's DEFAULT_EXCLUDES match
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(size for _, size in self.files)
+
+
+def plan_upload(runtime_env: dict[str, Any]) -> UploadPlan:
+    """Walk the working directory with Ray's own packaging walk and matcher (``_dir_travel``,
+    ``_get_excludes``, .gitignore/.rayignore as the job client honours them), collecting what its
+    zip would hold (files and empty directories) instead of zipping it."""
+    from ray._private.ray_constants import RAY_RUNTIME_ENV_IGNORE_GITIGNORE
+    from ray._private.runtime_env.packaging import _dir_travel, _get_excludes
+
+    root = Path(runtime_env["working_dir"]).absolute()
+    matches = _get_excludes(root, list(runtime_env.get("excludes", [])))
+    by_default = _get_excludes(root, DEFAULT_EXCLUDES)
+    plan = UploadPlan([], [], [])
+
+    def rel(path: Path) -> str:
+        return path.relative_to(root).as_posix()
+
+    def excluded(path: Path) -> bool:  # first in Ray's list, so it sees every path the walk reaches
+        if not matches(path):
+            return False
+        name = rel(path) + ("/" if path.is_dir() else "")
+        plan.left_out.append(name)
+        if by_default(path):
+            plan.by_default.append(name)
+        return True
+
+    def collect(path: Path) -> None:  # the same test as Ray's zip handler
+        if path.is_file():
+            plan.files.append((rel(path), path.stat().st_size))
+        elif path.is_dir() and next(path.iterdir(), None) is None:
+            plan.files.append((rel(path) + "/", 0))
+
+    include_gitignore = os.environ.get(RAY_RUNTIME_ENV_IGNORE_GITIGNORE, "0") != "1"
+    _dir_travel(root, [excluded], collect, include_gitignore=include_gitignore, logger=_log)
+    plan.files.sort()
+    plan.left_out.sort()
+    plan.by_default.sort()
+    return plan
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB"):
+        if n < 1024:
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"
+
+
+def _left_out_line(plan: UploadPlan, show: int = 4) -> str:
+    names = ", ".join(plan.by_default[:show]) + (", ..." if len(plan.by_default) > show else "")
+    return f"{len(plan.by_default)} path(s) left out by the secret/state defaults" + (f": {names}" if names else "")
+
+
+def dry_run(runtime_env: dict[str, Any], entrypoint: Sequence[str]) -> int:
+    """Print what ``lcfed submit`` would upload, and what it leaves out; no cluster is contacted."""
+    plan = plan_upload(runtime_env)
+    print(f"lcfed: dry run, nothing sent: would ship {runtime_env['working_dir']}")
+    for path, size in plan.files:
+        print(f"{_size(size):>10}  {path}")
+    print(f"lcfed: {len(plan.files)} file(s), {_size(plan.total_bytes)} before compression")
+    print(f"lcfed: {len(plan.by_default)} path(s) left out by the secret/state defaults"
+          + "".join(f"\n  - {name}" for name in plan.by_default))
+    if user := sorted(set(plan.left_out) - set(plan.by_default)):
+        print(f"lcfed: {len(user)} more left out by --exclude: {', '.join(user[:8])}{', ...' if len(user) > 8 else ''}")
+    if [a for a in entrypoint if a != "--"]:
+        print(f"lcfed: would run: {_entrypoint(entrypoint)}")
+    return 0
 
 
 def _entrypoint(argv: Sequence[str]) -> str:
@@ -226,10 +366,14 @@ def _guarded(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Name
 @_guarded
 def cmd_submit(args: argparse.Namespace) -> int:
     """Submit the entrypoint; with --wait follow it and exit 0 only if it SUCCEEDED."""
+    runtime_env = build_runtime_env(args.working_dir, parse_env(args.env), args.exclude, args.include)
+    if args.dry_run:
+        return dry_run(runtime_env, args.entrypoint)
     entrypoint = _entrypoint(args.entrypoint)
-    runtime_env = build_runtime_env(args.working_dir, parse_env(args.env), args.exclude)
-    client = make_client(args.address)
-    print(f"lcfed: shipping {runtime_env['working_dir']} (without {' '.join(runtime_env['excludes'])})", flush=True)
+    client = make_client(args.address, args.allow_insecure_token)
+    plan = plan_upload(runtime_env)
+    print(f"lcfed: shipping {runtime_env['working_dir']}: {len(plan.files)} file(s), {_size(plan.total_bytes)}; "
+          f"{_left_out_line(plan)} (--dry-run lists all)", flush=True)
     job_id = client.submit_job(
         entrypoint=entrypoint,
         runtime_env=runtime_env,
@@ -257,7 +401,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
 @_guarded
 def cmd_job_status(args: argparse.Namespace) -> int:
     """Print the job's status, message, entrypoint and times."""
-    info = make_client(args.address).get_job_info(args.job_id)
+    info = make_client(args.address, args.allow_insecure_token).get_job_info(args.job_id)
     print(f"{args.job_id}: {_status_name(info.status)}")
     if info.message:
         print(f"  message:    {info.message}")
@@ -271,7 +415,7 @@ def cmd_job_status(args: argparse.Namespace) -> int:
 @_guarded
 def cmd_job_logs(args: argparse.Namespace) -> int:
     """Print the job's logs so far, or follow them until it ends (--follow)."""
-    client = make_client(args.address)
+    client = make_client(args.address, args.allow_insecure_token)
     if args.follow:
         try:
             status = follow(client, args.job_id, logs=True)
@@ -286,7 +430,7 @@ def cmd_job_logs(args: argparse.Namespace) -> int:
 @_guarded
 def cmd_job_stop(args: argparse.Namespace) -> int:
     """Ask the cluster to stop the job (SIGTERM to its driver, then SIGKILL)."""
-    stopped = make_client(args.address).stop_job(args.job_id)
+    stopped = make_client(args.address, args.allow_insecure_token).stop_job(args.job_id)
     print(f"lcfed: {'stopping' if stopped else 'not running (already ended):'} job {args.job_id}")
     return 0
 
@@ -294,7 +438,7 @@ def cmd_job_stop(args: argparse.Namespace) -> int:
 @_guarded
 def cmd_job_list(args: argparse.Namespace) -> int:
     """One line per job on the cluster: id, status, start time, entrypoint."""
-    jobs = make_client(args.address).list_jobs()
+    jobs = make_client(args.address, args.allow_insecure_token).list_jobs()
     jobs.sort(key=lambda j: j.start_time or 0)
     print(f"{'JOB ID':<32} {'STATUS':<10} {'STARTED':<19} ENTRYPOINT")
     for job in jobs:
@@ -309,6 +453,12 @@ def _address_arg(p: argparse.ArgumentParser) -> None:
         "--address",
         metavar="URL",
         help=f"Ray job server (dashboard) URL (default: $RAY_ADDRESS or {DEFAULT_ADDRESS})",
+    )
+    p.add_argument(
+        "--allow-insecure-token",
+        action="store_true",
+        help="send the Ray auth token even over plain http:// to a non-loopback host (refused by default: "
+        "anyone on the path could read it; use https or an SSH port-forward to 127.0.0.1)",
     )
 
 
@@ -328,7 +478,14 @@ def add_parser(sub: Any) -> None:
     submit.add_argument("--env", action="append", default=[], metavar="KEY=VAL",
                         help="environment variable for the job (repeatable)")
     submit.add_argument("--exclude", action="append", default=[], metavar="PATTERN",
-                        help=f"extra gitignore-style pattern not to ship (always excluded: {' '.join(DEFAULT_EXCLUDES)})")
+                        help="extra gitignore-style pattern not to ship (repeatable); always left out: "
+                        f"{' '.join(DEFAULT_EXCLUDES)}, and what .gitignore/.rayignore list")
+    submit.add_argument("--include", action="append", default=[], metavar="PATTERN",
+                        help="ship files matching PATTERN even if an exclude matches them, e.g. .env.example "
+                        "(repeatable; not inside an excluded directory)")
+    submit.add_argument("--dry-run", action="store_true",
+                        help="list the files that would be shipped (and what the defaults leave out), then exit "
+                        "without contacting the cluster")
     submit.add_argument("--submission-id", metavar="ID", help="job id to use (default: generated by Ray)")
     submit.add_argument("--entrypoint-num-cpus", type=float, metavar="N",
                         help="CPUs reserved for the job's driver (default: 0)")
