@@ -11,7 +11,8 @@ import json
 import os
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -67,20 +68,77 @@ def _artifact_root(uri: str) -> str | None:
     return None
 
 
-def get_or_create_experiment(client: Any, name: str, uri: str) -> str:
-    exp = client.get_experiment_by_name(name)
-    if exp is not None:
-        return exp.experiment_id
-    root = _artifact_root(uri)
-    location = f"{root}/{name}" if root else None
+#: how long a process waits for others to finish opening (creating, migrating) a local sqlite store
+STORE_LOCK_TIMEOUT_S = 300.0
+
+
+def _sqlite_path(uri: str) -> Path | None:
+    """The database file of a ``sqlite:///`` URI (None for other stores and in-memory databases)."""
+    if not uri.startswith("sqlite:///"):
+        return None
+    path = uri[len("sqlite:///") :].split("?", 1)[0]
+    return Path(path) if path and path != ":memory:" else None
+
+
+@contextmanager
+def store_lock(uri: str) -> Iterator[None]:
+    """Hold ``<db>.lock`` (an inter-process file lock) for a local sqlite store; no-op for other stores.
+
+    MLflow creates and migrates a fresh sqlite database on first open without any lock, so runs started
+    at once on a new store fail (``table _alembic_tmp_... already exists``): the first open of a store
+    and the experiment lookup/creation run under this lock.
+    """
+    path = _sqlite_path(uri)
+    if path is None:
+        yield
+        return
+    from filelock import FileLock, Timeout
+
+    lock = FileLock(f"{path}.lock", timeout=STORE_LOCK_TIMEOUT_S)
+    held = False
     try:
-        return client.create_experiment(name, artifact_location=location)
-    except Exception:
-        # another process created it between our lookup and create
+        lock.acquire()
+        held = True
+    except Timeout:
+        raise TrackingError(f"waited {STORE_LOCK_TIMEOUT_S:.0f} s for {lock.lock_file} (another process "
+                            "holds it while it opens the store)") from None
+    except OSError:  # a directory we cannot write to: nobody can create or migrate a store there either
+        pass
+    try:
+        yield
+    finally:
+        if held:
+            lock.release()
+
+
+def open_client(uri: str) -> Any:
+    """An :class:`mlflow.MlflowClient` for ``uri`` (resolved); creating it opens (and, for a new sqlite
+    file, creates) the store, so that happens under :func:`store_lock`."""
+    import mlflow
+
+    if _sqlite_path(uri) is not None:
+        # import the store's modules (a second of CPU) before the lock: waiting runs would queue behind it
+        import mlflow.store.tracking.sqlalchemy_store  # noqa: F401
+    with store_lock(uri):
+        return mlflow.MlflowClient(tracking_uri=uri)
+
+
+def get_or_create_experiment(client: Any, name: str, uri: str) -> str:
+    """The id of experiment ``name``, created (artifacts beside a local sqlite store) if missing."""
+    with store_lock(uri):  # processes on one sqlite file create the experiment once
         exp = client.get_experiment_by_name(name)
-        if exp is None:
-            raise
-        return exp.experiment_id
+        if exp is not None:
+            return str(exp.experiment_id)
+        root = _artifact_root(uri)
+        location = f"{root}/{name}" if root else None
+        try:
+            return str(client.create_experiment(name, artifact_location=location))
+        except Exception:
+            # another process (on a server, where no lock is shared) created it between lookup and create
+            exp = client.get_experiment_by_name(name)
+            if exp is None:
+                raise
+            return str(exp.experiment_id)
 
 
 def ui_hint(uri: str) -> str:
@@ -117,13 +175,11 @@ class MLflowObserver:
     ) -> None:
         """``backfill``: when resuming, the checkpoint's per-round history; rounds the store lacks (e.g.
         buffered during an outage when the process died) are logged from it."""
-        import mlflow
-
         self.uri = resolve_tracking_uri(uri)
         if self.is_server:
             for key, value in HTTP_RETRY_BUDGET.items():
                 os.environ.setdefault(key, value)
-        self.client = mlflow.MlflowClient(tracking_uri=self.uri)
+        self.client = open_client(self.uri)
         self.unlogged: Path | None = None  # where metrics the store never took were saved
         self.parent_run_id = parent_run_id
         self.tags = dict(tags or {})
