@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
+import re
 import types
 import typing
 from collections.abc import Iterable, Mapping
@@ -30,6 +32,24 @@ class ConfigError(ValueError):
     def __reduce__(self) -> tuple[Any, ...]:
         # rebuilt from its three fields, so it crosses processes (Ray tasks, Tune trials) intact
         return (type(self), (self.field, self.value, self.allowed))
+
+
+#: numpy, torch and scikit-learn all take it (seed + round stays below 2**32)
+MAX_SEED = 2**31 - 1
+#: tracking-store URI schemes MLflow can log to
+TRACKING_SCHEMES = ("http", "https", "sqlite", "file", "postgresql", "mysql", "mssql", "databricks")
+NAME_RULE = ("must be 1-100 characters of letters, digits, '.', '_' or '-', starting with a letter or digit "
+             "(it names directories: sweeps, checkpoints)")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+
+
+def safe_name(name: Any) -> bool:
+    """A name that is safe as one path component (no separators, no '..', no leading dot)."""
+    return isinstance(name, str) and _NAME.fullmatch(name) is not None
+
+
+def _printable(text: str) -> bool:
+    return text.isprintable()
 
 
 def require(cond: bool, field_name: str, value: Any, allowed: str) -> None:
@@ -226,6 +246,27 @@ class TrackingConfig:
 
     def validate(self, prefix: str = "tracking") -> None:
         require(bool(self.experiment), f"{prefix}.experiment", self.experiment, "must be a non-empty name")
+        parts = self.experiment.split("/")
+        require(
+            len(self.experiment) <= 256 and _printable(self.experiment) and "\\" not in self.experiment
+            and all(part not in ("", ".", "..") for part in parts),
+            f"{prefix}.experiment",
+            self.experiment,
+            "must be a name of at most 256 printable characters; '/' may separate parts, but no part may be "
+            "empty, '.' or '..' (the name becomes a directory of the artifact store) and no backslash",
+        )
+        if self.run_name is not None:
+            require(0 < len(self.run_name) <= 250 and _printable(self.run_name), f"{prefix}.run_name",
+                    self.run_name, "must be null (use the config's name) or 1-250 printable characters")
+        if self.uri is not None:
+            scheme = self.uri.split("://", 1)[0].split("+", 1)[0].lower() if "://" in self.uri else ""
+            require(
+                bool(self.uri.strip()) and (scheme == "" or scheme in TRACKING_SCHEMES),
+                f"{prefix}.uri",
+                self.uri,
+                f"must be null ($MLFLOW_TRACKING_URI or ./mlflow.db), a local path, or a URI with scheme one of "
+                f"{list(TRACKING_SCHEMES)}",
+            )
 
 
 @dataclass(frozen=True)
@@ -283,7 +324,8 @@ class ExperimentConfig:
     network: NetworkConfig = field(default_factory=NetworkConfig)
 
     def validate(self) -> ExperimentConfig:
-        require(self.seed >= 0, "seed", self.seed, "must be >= 0")
+        require(0 <= self.seed <= MAX_SEED, "seed", self.seed, f"must be an integer in [0, {MAX_SEED}]")
+        require(safe_name(self.name), "name", self.name, NAME_RULE)
         self.data.validate()
         self.model.validate()
         self.train.validate()
@@ -356,6 +398,15 @@ def _type_ok(value: Any, annotation: Any) -> tuple[bool, Any]:
     return True, value
 
 
+def _finite(value: Any) -> bool:
+    """False for a float (or a float inside a list) that is inf or nan: no field means either."""
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if isinstance(value, (list, tuple)):
+        return all(_finite(v) for v in value)
+    return True
+
+
 def _type_name(annotation: Any) -> str:
     if typing.get_origin(annotation) in (typing.Union, types.UnionType):
         return " or ".join(_type_name(a) for a in typing.get_args(annotation))
@@ -377,6 +428,7 @@ def build_dataclass(cls: type, values: Mapping[str, Any], prefix: str) -> Any:
         ok, coerced = _type_ok(value, hints[key])
         hint = " (YAML reads on/off/yes/no as booleans: quote the word)" if isinstance(value, bool) and hints[key] is str else ""
         require(ok, f"{prefix}.{key}", value, f"must be of type {_type_name(hints[key])}{hint}")
+        require(_finite(coerced), f"{prefix}.{key}", value, "must be a finite number (not inf or nan)")
         kwargs[key] = coerced
     return cls(**kwargs)
 
@@ -398,7 +450,10 @@ def from_dict(raw: Mapping[str, Any]) -> ExperimentConfig:
     for section, cls in _SECTIONS.items():
         if section in raw:
             kwargs[section] = build_dataclass(cls, raw[section], section)
-    method_raw = dict(raw.get("method") or {})
+    method_section = raw.get("method") or {}
+    require(isinstance(method_section, Mapping), "method", method_section,
+            "must be a mapping of fields (name and the method's parameters)")
+    method_raw = dict(method_section)
     name = method_raw.pop("name", MethodConfig.name)
     require(name in METHODS, "method.name", name, f"one of {sorted(METHODS)}")
     params = build_dataclass(METHODS[name].params, method_raw, "method")
@@ -481,15 +536,121 @@ def _deepcopy(value: Any) -> Any:
     return value
 
 
+class _StrictLoader(yaml.SafeLoader):
+    """SafeLoader that refuses duplicate keys (a second ``train:`` would silently replace the first)
+    and self-referencing anchors (which expand forever)."""
+
+    def __init__(self, stream: Any) -> None:
+        super().__init__(stream)
+        self._open_anchors: set[str] = set()
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            if event.anchor in self._open_anchors:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"alias *{event.anchor} refers to the anchor that contains it (recursive)",
+                    event.start_mark)
+            return super().compose_node(parent, index)
+        event = self.peek_event()
+        anchor = getattr(event, "anchor", None)
+        if anchor is None:
+            return super().compose_node(parent, index)
+        self._open_anchors.add(anchor)
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self._open_anchors.discard(anchor)
+
+    def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            try:
+                first = seen.get(key)
+            except TypeError:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"a key must be a plain value, not {type(key).__name__}", key_node.start_mark) from None
+            if first is not None:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r} (first at line {first}): give each key once",
+                    key_node.start_mark)
+            seen[key] = key_node.start_mark.line + 1
+        return super().construct_mapping(node, deep=deep)
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """``line 3, column 1: duplicate key 'train' ...`` from a PyYAML error (one line)."""
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None) or str(exc)
+    context = getattr(exc, "context", None)
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+    return " ".join(f"{where}{problem}{f' ({context})' if context else ''}".split())
+
+
+def read_yaml(path: str | Path, flag: str, what: str = "YAML file") -> Any:
+    """Parse a YAML file strictly; any problem is a :class:`ConfigError` naming ``flag`` and saying which.
+
+    Refused: a missing or non-regular file, non-UTF-8 bytes, syntax errors, duplicate keys (also
+    duplicated sections), recursive anchors, and an empty document.
+    """
+    p = Path(path).expanduser()
+    require(p.is_file(), flag, str(path), f"must be an existing {what}")
+    data = p.read_bytes()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(flag, str(path), f"must be UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start} "
+                          "is not)") from None
+    try:
+        raw = yaml.load(text, Loader=_StrictLoader)  # noqa: S506 (a SafeLoader subclass)
+    except yaml.YAMLError as exc:
+        raise ConfigError(flag, str(path), f"must be valid YAML: {_yaml_problem(exc)}") from None
+    except RecursionError:
+        raise ConfigError(flag, str(path), "must be valid YAML: nesting too deep") from None
+    require(raw is not None, flag, str(path), f"is empty: a {what} needs at least one entry")
+    return raw
+
+
 def load_config(path: str | Path | None = None, overrides: Iterable[str] = ()) -> ExperimentConfig:
     """Read a YAML file (or start from defaults), apply ``key=value`` overrides, validate."""
     raw: Mapping[str, Any] = {}
     if path is not None:
-        p = Path(path)
-        require(p.is_file(), "--config", str(path), "must be an existing YAML file")
-        try:
-            raw = yaml.safe_load(p.read_text()) or {}
-        except yaml.YAMLError as exc:
-            raise ConfigError("--config", str(path), f"must be valid YAML ({exc})") from None
+        raw = read_yaml(path, "--config", "YAML experiment config")
+        require(isinstance(raw, Mapping), "--config", str(path),
+                f"must be a mapping of sections (name, seed, data, train, method, ...), not a {type(raw).__name__}")
     parsed = [parse_override(o) for o in overrides]
     return from_dict(apply_overrides(raw, parsed))
+
+
+def _writable_dir(d: Path) -> bool:
+    return os.access(d, os.W_OK | os.X_OK)
+
+
+def check_output_file(path: str | Path | None, flag: str, protect: Iterable[str | Path | None] = ()) -> None:
+    """Refuse, before any work, an output file that cannot be written or would overwrite an input:
+    a directory, a missing or read-only parent directory, or one of the ``protect``ed files."""
+    if path is None:
+        return
+    p = Path(path).expanduser()
+    require(not p.is_dir(), flag, str(path), "is a directory: give a file path")
+    parent = p.parent if str(p.parent) else Path(".")
+    require(parent.is_dir(), flag, str(path), f"its directory {parent} does not exist")
+    require(_writable_dir(parent), flag, str(path), f"its directory {parent} is not writable")
+    require(not p.exists() or os.access(p, os.W_OK), flag, str(path), "exists and is not writable")
+    for other in protect:
+        if other is not None and p.exists() and Path(other).expanduser().exists():
+            require(not p.samefile(Path(other).expanduser()), flag, str(path),
+                    f"is the input file {other}: writing there would overwrite it")
+
+
+def check_output_dir(path: str | Path | None, flag: str) -> None:
+    """Refuse, before any work, a directory path that is a file or lies under an unwritable directory
+    (the directory itself may not exist yet: it is made when first written)."""
+    if path is None or "://" in str(path):
+        return
+    p = Path(path).expanduser().absolute()
+    require(not p.exists() or p.is_dir(), flag, str(path), "exists and is not a directory")
+    existing = next(d for d in (p, *p.parents) if d.exists())
+    require(existing.is_dir(), flag, str(path), f"{existing} is a file, not a directory")
+    require(_writable_dir(existing), flag, str(path), f"{existing} is not writable")

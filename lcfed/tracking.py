@@ -19,7 +19,7 @@ from urllib.parse import urlparse
 
 import numpy as np
 
-from lcfed.config import ExperimentConfig, flatten
+from lcfed.config import ConfigError, ExperimentConfig, flatten, require
 from lcfed.engine import RunResult
 from lcfed.methods.base import Federation, RoundStats
 from lcfed.metrics import cluster_sizes
@@ -373,15 +373,41 @@ def accuracy_figure(history: list[dict[str, float]], cfg: ExperimentConfig) -> A
     return fig
 
 
+def read_unlogged(path: str | Path) -> dict[str, Any]:
+    """A dump of unlogged metrics, checked: ``{tracking_uri, run_id, metrics: [[key, value, ts, step], ...]}``.
+    Anything else is a :class:`ConfigError` naming the file and what is wrong."""
+    from lcfed.config import TrackingConfig
+
+    what = "must be an unlogged-metrics-<run>.json file that a run wrote when its tracking store was gone"
+    p = Path(path)
+    require(p.is_file(), "FILE", str(path), what)
+    try:
+        data = json.loads(p.read_bytes().decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ConfigError("FILE", str(path), f"{what} (not UTF-8 JSON: {exc})") from None
+    require(isinstance(data, dict) and {"tracking_uri", "run_id", "metrics"} <= set(data), "FILE", str(path),
+            f"{what} (an object with tracking_uri, run_id and metrics)")
+    require(isinstance(data["run_id"], str) and bool(data["run_id"]), "FILE", str(path), f"{what} (run_id: a string)")
+    require(isinstance(data["tracking_uri"], str), "FILE", str(path), f"{what} (tracking_uri: a string)")
+    try:
+        TrackingConfig(uri=data["tracking_uri"]).validate()
+    except ConfigError as exc:
+        raise ConfigError("FILE", str(path), f"tracking_uri {exc.value!r}: {exc.allowed}") from None
+    rows = data["metrics"]
+    require(isinstance(rows, list) and all(
+        isinstance(r, list) and len(r) == 4 and isinstance(r[0], str)
+        and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in r[1:]) for r in rows),
+        "FILE", str(path), f"{what} (metrics: a list of [key, value, timestamp, step])")
+    return data
+
+
 def replay(path: str | Path, finish: bool = True) -> tuple[str, int]:
     """Send a file of unlogged metrics (written when the store was gone at the end of a run) to its
     run; mark the run FINISHED unless told not to. Returns (run id, points sent)."""
     import mlflow
     from mlflow.entities import Metric
 
-    data = json.loads(Path(path).read_text())
-    if not isinstance(data, dict) or not {"tracking_uri", "run_id", "metrics"} <= set(data):
-        raise TrackingError(f"{path} is not a file of unlogged metrics (written as unlogged-metrics-<run>.json)")
+    data = read_unlogged(path)
     client = mlflow.MlflowClient(tracking_uri=data["tracking_uri"])
     points = [Metric(str(k), float(v), int(ts), int(step)) for k, v, ts, step in data["metrics"]]
     for start in range(0, len(points), 1000):

@@ -42,7 +42,7 @@ BAD = [
     ("engine.gpus_per_actor=2", "engine.gpus_per_actor", "[0, 1]"),
     ("model.name=resnet", "model.name", "one of"),
     ("tracking.enabled=maybe", "tracking.enabled", "type bool"),
-    ("seed=-3", "seed", ">= 0"),
+    ("seed=-3", "seed", "[0, 2147483647]"),
     ("nosuch.key=1", "nosuch", "unknown section"),
     ("data.min_samples=1", "data.min_samples", ">= 2"),
     ("data.classes_per_device=0", "data.classes_per_device", ">= 1"),

@@ -12,7 +12,15 @@ from typing import Any
 
 import yaml
 
-from lcfed.config import ConfigError, ExperimentConfig, load_config, to_dict
+from lcfed.config import (
+    ConfigError,
+    ExperimentConfig,
+    check_output_dir,
+    check_output_file,
+    load_config,
+    require,
+    to_dict,
+)
 
 EXIT_USAGE = 2
 
@@ -111,6 +119,13 @@ def _observers(cfg: ExperimentConfig, args: argparse.Namespace, resume: Any) -> 
 def cmd_run(args: argparse.Namespace) -> int:
     overrides = list(args.set) + ([f"engine.kind={args.engine}"] if args.engine else [])
     cfg = load_config(args.config, overrides)
+    check_output_file(args.json, "--json", protect=[args.config])
+    check_output_dir(cfg.checkpoint.dir, "checkpoint.dir")
+    if cfg.engine.kind == "local" and cfg.engine.device == "cuda":
+        import torch
+
+        require(torch.cuda.is_available(), "engine.device", "cuda",
+                "no CUDA GPU is visible to this process: use auto or cpu (or run on a GPU machine)")
     from lcfed.federation import check_against_data, load
 
     check_against_data(cfg, load(cfg))  # fail on missing data or misfit sizes before anything starts
@@ -174,10 +189,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_tracking_replay(args: argparse.Namespace) -> int:
     from lcfed.tracking import replay
 
-    path = Path(args.file)
-    if not path.is_file():
-        raise ConfigError("FILE", args.file, "must be an unlogged-metrics-<run>.json file")
-    run_id, count = replay(path)
+    run_id, count = replay(args.file)
     print(f"sent {count} metric points to run {run_id}")
     return 0
 
@@ -221,6 +233,7 @@ def placement_line(placement: dict[str, Any]) -> str:
 
 def cmd_config(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, args.set)
+    check_output_dir(cfg.checkpoint.dir, "checkpoint.dir")
     print(yaml.safe_dump(to_dict(cfg), sort_keys=False), end="")
     return 0
 
@@ -242,6 +255,7 @@ def cmd_methods(args: argparse.Namespace) -> int:
 def cmd_data_import(args: argparse.Namespace) -> int:
     from lcfed.data import import_idx
 
+    check_output_dir(args.data_dir, "--data-dir")
     placed = import_idx(Path(args.data_dir).expanduser(), args.sources)
     for name, dest in placed:
         print(f"{name}: {dest}")

@@ -25,6 +25,7 @@ import datetime
 import functools
 import ipaddress
 import logging
+import math
 import os
 import shlex
 import socket
@@ -80,6 +81,14 @@ def resolve_address(address: str | None = None) -> str:
     value = next((c.strip() for c in candidates if c and c.strip() and c.strip() != "auto"), DEFAULT_ADDRESS)
     if "://" not in value:
         value = f"http://{value}"
+    parsed = urlparse(value)
+    try:
+        port_ok = parsed.port is None or 0 < parsed.port < 65536
+    except ValueError:
+        port_ok = False
+    if parsed.scheme not in ("http", "https") or not parsed.hostname or not port_ok:
+        raise JobsError(f"--address {value}: must be the job server's http(s)://HOST:PORT "
+                        f"(default {DEFAULT_ADDRESS}; also read from $RAY_ADDRESS)")
     return value.rstrip("/")
 
 
@@ -366,6 +375,10 @@ def _guarded(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Name
 @_guarded
 def cmd_submit(args: argparse.Namespace) -> int:
     """Submit the entrypoint; with --wait follow it and exit 0 only if it SUCCEEDED."""
+    for flag, value in (("--entrypoint-num-cpus", args.entrypoint_num_cpus),
+                        ("--entrypoint-num-gpus", args.entrypoint_num_gpus)):
+        if value is not None and not (math.isfinite(value) and value >= 0):
+            raise JobsError(f"{flag} {value}: must be >= 0 (resources reserved for the entrypoint)")
     runtime_env = build_runtime_env(args.working_dir, parse_env(args.env), args.exclude, args.include)
     if args.dry_run:
         return dry_run(runtime_env, args.entrypoint)

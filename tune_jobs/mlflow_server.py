@@ -373,8 +373,33 @@ def _server_output() -> TextIO | None:
     return sys.stderr
 
 
+#: backend stores ``mlflow server`` takes (besides a plain path)
+BACKEND_SCHEMES = ("sqlite", "file", "postgresql", "mysql", "mssql")
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """Every flag checked before anything is printed, created or started."""
+    import math
+
+    from lcfed.config import check_output_dir, require
+
+    require(1 <= args.port <= 65535, "--port", args.port, "must be a TCP port in [1, 65535]")
+    require(args.workers is None or args.workers >= 1, "--workers", args.workers, "must be >= 1 (server processes)")
+    require(math.isfinite(args.timeout) and args.timeout > 0, "--timeout", args.timeout,
+            "must be > 0 seconds (how long to wait for the server to answer /health)")
+    check_output_dir(args.store_dir, "--store-dir")
+    if args.backend_store_uri is not None:
+        uri = args.backend_store_uri
+        scheme = uri.split("://", 1)[0].split("+", 1)[0].lower() if "://" in uri else ""
+        require(bool(uri.strip()) and (scheme == "" or scheme in BACKEND_SCHEMES), "--backend-store-uri", uri,
+                f"must be a local path or a URI with scheme one of {list(BACKEND_SCHEMES)}")
+    if args.artifacts_destination is not None and "://" not in args.artifacts_destination:
+        check_output_dir(args.artifacts_destination, "--artifacts-destination")
+
+
 def cmd_mlflow_server(args: argparse.Namespace) -> int:
     """Run the server in the foreground until Ctrl-C (or SIGTERM, SIGHUP); exit 2 if it cannot start."""
+    check_args(args)
     _warn_binding(args.host, args.port)
     store_dir = Path(args.store_dir).expanduser().resolve()
     backend = absolute_store_uri(args.backend_store_uri or f"sqlite:///{store_dir / 'mlflow.db'}")

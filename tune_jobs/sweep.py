@@ -21,7 +21,21 @@ from typing import Any
 import numpy as np
 import yaml
 
-from lcfed.config import ConfigError, ExperimentConfig, apply_overrides, from_dict, load_config, require, to_dict
+from lcfed.config import (
+    NAME_RULE,
+    ConfigError,
+    ExperimentConfig,
+    apply_overrides,
+    check_output_dir,
+    check_output_file,
+    flatten,
+    from_dict,
+    load_config,
+    read_yaml,
+    require,
+    safe_name,
+    to_dict,
+)
 
 SPACES_DIR = Path(__file__).resolve().parent / "spaces"
 METRIC = "acc_mean"
@@ -49,18 +63,19 @@ def load_space(path: str | Path, base: ExperimentConfig) -> dict[str, Any]:
     if not p.exists() and (SPACES_DIR / p).exists():
         p = SPACES_DIR / p
     require(p.is_file(), "--space", str(path), f"must be a YAML file (bundled spaces: {sorted(x.name for x in SPACES_DIR.glob('*.yaml'))})")
-    raw = yaml.safe_load(p.read_text()) or {}
-    require(isinstance(raw, Mapping) and bool(raw), "--space", str(path), "must map config fields to domains")
+    raw = read_yaml(p, "--space", "search-space YAML file")
+    require(isinstance(raw, Mapping), "--space", str(path), "must map config fields to domains")
     space: dict[str, Any] = {}
     base_raw = to_dict(base)
+    flat = flatten(base)
     for key, spec in raw.items():
+        require(isinstance(key, str) and (key in flat or key.startswith("method.")), f"space.{key}", spec,
+                "keys must be dotted config fields, e.g. method.mu or train.lr (see `lcfed config`)")
         if isinstance(spec, Mapping):
             require(len(spec) == 1 and next(iter(spec)) in DOMAINS, f"space.{key}", dict(spec),
                     f"one of {sorted(DOMAINS)} with its arguments, e.g. {{loguniform: [0.001, 1]}}")
             kind, args = next(iter(spec.items()))
-            values = list(args) if kind in ("choice", "grid") else [args[0], args[1]]
-            if kind == "randint":
-                values = [args[0], args[1] - 1]
+            values = domain_extremes(f"space.{key}", kind, args)
             for v in values:  # every reachable extreme must make a valid config
                 try:
                     from_dict(apply_overrides(base_raw, {key: v}))
@@ -325,6 +340,31 @@ def load_sources(base: ExperimentConfig, space: dict[str, Any]) -> dict[Any, Any
     return sources
 
 
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def domain_extremes(field_name: str, kind: str, args: Any) -> list[Any]:
+    """Check a domain's arguments by type and bounds; return the values a trial can reach at the
+    extremes (every element of a choice), which must each make a valid config."""
+    if kind in ("choice", "grid"):
+        require(isinstance(args, list) and len(args) > 0, field_name, {kind: args},
+                f"{kind} takes a non-empty list of values, e.g. {{{kind}: [0.01, 0.1]}}")
+        return list(args)
+    arity = 3 if kind == "quniform" else 2
+    shape = {"loguniform": "[low, high] with 0 < low < high", "uniform": "[low, high] with low < high",
+             "quniform": "[low, high, q] with low < high and q > 0",
+             "randint": "[low, high] integers with low < high (high excluded)"}[kind]
+    ok = isinstance(args, list) and len(args) == arity and all(_number(v) for v in args)
+    if ok and kind == "randint":
+        ok = all(isinstance(v, int) for v in args)
+    if ok:
+        low, high = args[0], args[1]
+        ok = low < high and (kind != "loguniform" or low > 0) and (kind != "quniform" or args[2] > 0)
+    require(ok, field_name, {kind: args}, f"{kind} takes {shape} (finite numbers; a single value needs no domain)")
+    return [args[0], args[1] - 1] if kind == "randint" else [args[0], args[1]]
+
+
 def run_sweep(
     base: ExperimentConfig,
     space: dict[str, Any],
@@ -532,6 +572,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from lcfed.tracking import ui_hint
 
     base = load_config(args.config, args.set)
+    require(args.name is None or safe_name(args.name), "--name", args.name, NAME_RULE)
+    check_output_file(args.json, "--json", protect=[args.config, args.space])
+    check_output_dir(args.storage, "--storage")
     require(args.num_samples >= 1, "--num-samples", args.num_samples, "must be >= 1")
     require(args.max_concurrent >= 0, "--max-concurrent", args.max_concurrent, "must be >= 0")
     require(args.gpus_per_trial >= 0, "--gpus-per-trial", args.gpus_per_trial, "must be >= 0")

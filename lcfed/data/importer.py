@@ -7,6 +7,7 @@ local places (a Debian package, a mirror's tree, any directory) into ``DATA_DIR/
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import os
 import struct
@@ -39,6 +40,7 @@ IDX_DIRS_ENV = "LCFED_IDX_DIRS"
 
 _MAGIC = {"images": 2051, "labels": 2049}  # IDX: unsigned byte data, 3 resp. 1 dimensions
 _CHUNK = 1 << 20
+_NUM_CLASSES = 10  # MNIST and Fashion-MNIST
 
 _HINTS = (
     "Fashion-MNIST: `apt-get install dataset-fashion-mnist` (installs /usr/share/datasets/fashion-mnist). "
@@ -102,6 +104,10 @@ def _copy_idx(src: Path, out: BinaryIO, what: str) -> int:
             out.write(header)
             body = 0
             while chunk := f.read(_CHUNK):
+                if what == "labels" and chunk and max(chunk) >= _NUM_CLASSES:
+                    at = body + next(i for i, b in enumerate(chunk) if b >= _NUM_CLASSES)
+                    raise DataError(f"{src}: label {chunk[at - body]} at item {at}; MNIST-style labels are "
+                                    f"0-{_NUM_CLASSES - 1} (corrupt or not an MNIST-style file)")
                 out.write(chunk)
                 body += len(chunk)
     except (OSError, EOFError) as exc:  # gzip.BadGzipFile is an OSError
@@ -114,6 +120,7 @@ def _copy_idx(src: Path, out: BinaryIO, what: str) -> int:
 def _place(found: _Found, data_dir: Path) -> Path:
     """Validate and copy one dataset's files into its raw folder, replacing old ones atomically."""
     dest = data_dir / RAW_DIRS[found.kind] / "raw"
+    created = [d for d in (dest, *dest.parents) if not d.exists()]
     dest.mkdir(parents=True, exist_ok=True)
     tmps: dict[str, Path] = {}
     try:
@@ -137,6 +144,10 @@ def _place(found: _Found, data_dir: Path) -> Path:
     finally:
         for leftover in tmps.values():
             leftover.unlink(missing_ok=True)
+        if tmps:  # a refused import leaves no directories it made behind
+            for d in created:
+                with contextlib.suppress(OSError):
+                    d.rmdir()
     return dest
 
 

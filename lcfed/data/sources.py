@@ -47,6 +47,10 @@ class Dataset:
             raise ValueError(f"{self.name}: x must be uint8 (N, C, H, W), got {self.x.dtype} {self.x.shape}")
         if self.y.shape != (len(self.x),) or self.y.dtype != np.int64:
             raise ValueError(f"{self.name}: y must be int64 ({len(self.x)},), got {self.y.dtype} {self.y.shape}")
+        if len(self.y) and (int(self.y.min()) < 0 or int(self.y.max()) >= self.num_classes):
+            bad = int(self.y.min()) if int(self.y.min()) < 0 else int(self.y.max())
+            raise DataError(f"{self.name}: label {bad} in the files; labels must be 0-{self.num_classes - 1} "
+                            "(corrupt files: import them again with `lcfed data import`)")
 
     @property
     def input_shape(self) -> tuple[int, int, int]:

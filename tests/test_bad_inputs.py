@@ -1,0 +1,362 @@
+"""Every bad input to every command is one clean error: exit 2, no traceback, the field or flag named,
+and nothing created (no tracking store, no sweep or checkpoint directory, no output file).
+
+Each row runs the real CLI in-process in an empty directory that is also ``$HOME``; the files a row
+needs are written first and are the only ones allowed to exist afterwards.
+"""
+
+from __future__ import annotations
+
+import gzip
+import shlex
+import struct
+from pathlib import Path
+
+import pytest
+
+from tune_jobs.cli import main
+
+# -- rows: (id, argv, input files {relative path: text or bytes}, text the error must contain) -----------
+
+R = "run --no-track"  # run rows that would otherwise be refused for the missing store first
+
+CONFIG_VALUES = [
+    ("data.dataset=imagenet", "data.dataset"),
+    ("data.dataset=5", "data.dataset"),
+    ("data.partition=random", "data.partition"),
+    ("data.alpha=0", "data.alpha"),
+    ("data.alpha=-1", "data.alpha"),
+    ("data.alpha=.inf", "data.alpha"),
+    ("data.alpha=.nan", "data.alpha"),
+    ("data.alpha=abc", "data.alpha"),
+    ("data.alpha=[1]", "data.alpha"),
+    ("data.classes_per_device=0", "data.classes_per_device"),
+    ("data.classes_per_device=1.5", "data.classes_per_device"),
+    ("data.num_devices=0", "data.num_devices"),
+    ("data.num_devices=-5", "data.num_devices"),
+    ("data.num_devices=true", "data.num_devices"),
+    ("data.min_samples=1", "data.min_samples"),
+    ("data.test_fraction=0", "data.test_fraction"),
+    ("data.test_fraction=1", "data.test_fraction"),
+    ("data.test_fraction=1.5", "data.test_fraction"),
+    ("data.subset=-1", "data.subset"),
+    ("data.samples_per_device=[350, 50]", "data.samples_per_device"),
+    ("data.samples_per_device=[1, 50]", "data.samples_per_device"),
+    ("data.samples_per_device=[50]", "data.samples_per_device"),
+    ("data.samples_per_device=[20.5, 50]", "data.samples_per_device"),
+    ("data.primary=[0.6, 0.4]", "data.primary"),
+    ("data.primary=[0.1, .inf]", "data.primary"),
+    ("data.secondary=[0.5, 0.6]", "data.secondary"),
+    ("data.download=maybe", "data.download"),
+    ("data.bogus=1", "data.bogus"),
+    ("model.name=resnet", "model.name"),
+    ("model.depth=3", "model.depth"),
+    ("train.rounds=0", "train.rounds"),
+    ("train.rounds=2.5", "train.rounds"),
+    ("train.lr=-0.1", "train.lr"),
+    ("train.lr=0", "train.lr"),
+    ("train.lr=inf", "train.lr"),
+    ("train.lr=.nan", "train.lr"),
+    ("train.batch_size=0", "train.batch_size"),
+    ("train.local_steps=0", "train.local_steps"),
+    ("train.local_epochs=2", "train.local_steps"),
+    ("train.participation=0", "train.participation"),
+    ("train.participation=1.2", "train.participation"),
+    ("train.eval_every=0", "train.eval_every"),
+    ("engine.kind=spark", "engine.kind"),
+    ("engine.num_actors=-2", "engine.num_actors"),
+    ("engine.devices_per_actor=-1", "engine.devices_per_actor"),
+    ("engine.cpus_per_actor=0", "engine.cpus_per_actor"),
+    ("engine.gpus_per_actor=2", "engine.gpus_per_actor"),
+    ("engine.gpus=-2", "engine.gpus"),
+    ("engine.gpus=.inf", "engine.gpus"),
+    ("engine.actors_per_gpu=0", "engine.actors_per_gpu"),
+    ("engine.placement_timeout_s=0", "engine.placement_timeout_s"),
+    ("engine.torch_threads=0", "engine.torch_threads"),
+    ("engine.workers=-1", "engine.workers"),
+    ("engine.vectorize=sometimes", "engine.vectorize"),
+    ("engine.vectorize=on", "quote the word"),
+    ("engine.vectorize_max=0", "engine.vectorize_max"),
+    ("engine.device=tpu", "engine.device"),
+    ("engine.device=cuda", "engine.device"),
+    ("engine.num_cpus=-1", "engine.num_cpus"),
+    ("engine.object_store_mb=10", "engine.object_store_mb"),
+    ("engine.max_failures=-1", "engine.max_failures"),
+    ("tracking.enabled=maybe", "tracking.enabled"),
+    ("tracking.uri=foo://bar", "tracking.uri"),
+    ("tracking.uri=' '", "tracking.uri"),
+    ("tracking.experiment=", "tracking.experiment"),
+    ("tracking.experiment=../../x", "tracking.experiment"),
+    ("tracking.experiment=/abs", "tracking.experiment"),
+    ("tracking.experiment=a//b", "tracking.experiment"),
+    ("tracking.experiment='a\\x'", "tracking.experiment"),
+    ("tracking.run_name=''", "tracking.run_name"),
+    ("tracking.run_name='a\tb'", "tracking.run_name"),
+    ("checkpoint.every=0", "checkpoint.every"),
+    ("checkpoint.dir=inputs/afile", "checkpoint.dir"),
+    ("network.bandwidth_mbps=0", "network.bandwidth_mbps"),
+    ("network.device_gflops=-1", "network.device_gflops"),
+    ("seed=-3", "seed"),
+    ("seed=18446744073709551616", "seed"),
+    ("seed=1.5", "seed"),
+    ("name=../x", "name"),
+    ("name=a/b", "name"),
+    ("name=.hidden", "name"),
+    ("name=''", "name"),
+    ("nosuch.key=1", "nosuch"),
+    ("method=5", "method"),
+    ("data=5", "data"),
+    ("method.name=nope", "method.name"),
+    ("method.mu=-1", "method.mu"),
+    ("method.lam=-0.5", "method.lam"),
+    ("method.num_clusters=0", "method.num_clusters"),
+    ("method.num_clusters=500", "method.num_clusters"),
+    ("method.rank=0", "method.rank"),
+    ("method.sample_size=1", "method.sample_size"),
+    ("method.refit_every=-1", "method.refit_every"),
+    ("method.bogus=1", "method.bogus"),
+]
+
+METHOD_VALUES = [
+    ("ifca", "method.num_clusters=0", "method.num_clusters"),
+    ("fesem", "method.num_clusters=-1", "method.num_clusters"),
+    ("cgpfl", "method.mu=-0.1", "method.mu"),
+    ("fedgroup", "method.pretrain_fraction=0", "method.pretrain_fraction"),
+    ("fedgroup", "method.svd_rank=-1", "method.svd_rank"),
+    ("flhc", "method.linkage=median", "method.linkage"),
+    ("flhc", "method.distance_threshold=-1", "method.distance_threshold"),
+    ("flhc", "method.warmup_rounds=-1", "method.warmup_rounds"),
+    ("perfedavg", "method.alpha=0", "method.alpha"),
+    ("perfedavg", "method.variant=so", "method.variant"),
+    ("clusterfl", "method.recluster_every=0", "method.recluster_every"),
+    ("fedac", "method.gap_low=0.9", "method.gap"),
+    ("fedac", "method.min_clusters=0", "method.min_clusters"),
+    ("fedac", "method.tune_every=-1", "method.tune_every"),
+    ("dcpfl", "method.window=0", "method.window"),
+    ("dcpfl", "method.gamma_step=0", "method.gamma_step"),
+    ("dcpfl", "method.low_ratio=-1", "method.low_ratio"),
+    ("standalone", "method.mu=0.1", "method.mu"),
+]
+
+CONFIG_FILES = [
+    ("empty", "", "is empty"),
+    ("only-comment", "# nothing\n", "is empty"),
+    ("list", "- 1\n- 2\n", "mapping of sections"),
+    ("scalar", "42\n", "mapping of sections"),
+    ("syntax", "data:\n  alpha: [1, 2\n", "valid YAML"),
+    ("tabs", "data:\n\talpha: 1\n", "valid YAML"),
+    ("dup-key", "train:\n  lr: 0.1\n  lr: 0.2\n", "duplicate key 'lr'"),
+    ("dup-section", "train:\n  lr: 0.1\ndata:\n  alpha: 1\ntrain:\n  rounds: 3\n", "duplicate key 'train'"),
+    ("dup-flow", "data: {alpha: 1, alpha: 2}\n", "duplicate key 'alpha'"),
+    ("recursive-anchor", "data: &d\n  x: *d\n", "recursive"),
+    ("undefined-alias", "data: *nothing\n", "undefined alias"),
+    ("non-utf8", b"name: caf\xe9\n", "UTF-8"),
+    ("binary", b"\x00\x01\x02\xff\xfe", "UTF-8"),
+    ("unknown-section", "trian:\n  lr: 0.1\n", "unknown section"),
+    ("section-not-mapping", "train: 5\n", "train"),
+    ("python-tag", "train: !!python/object:os.system {}\n", "valid YAML"),
+    ("inf-in-file", "train:\n  lr: .inf\n", "train.lr"),
+    ("complex-key", "? [a]\n: 1\n", "plain value"),
+]
+
+SPACES = [
+    ("loguniform-scalar", "method.mu: {loguniform: 5}\n", "space.method.mu"),
+    ("loguniform-zero", "method.mu: {loguniform: [0, 1]}\n", "0 < low"),
+    ("loguniform-reversed", "method.mu: {loguniform: [1, 0.1]}\n", "space.method.mu"),
+    ("uniform-reversed", "method.mu: {uniform: [1, 0]}\n", "low < high"),
+    ("uniform-equal", "method.mu: {uniform: [0.5, 0.5]}\n", "low < high"),
+    ("uniform-three", "method.mu: {uniform: [0, 0.5, 1]}\n", "[low, high]"),
+    ("uniform-text", "method.mu: {uniform: [a, b]}\n", "finite numbers"),
+    ("uniform-inf", "method.mu: {uniform: [0, .inf]}\n", "finite numbers"),
+    ("choice-empty", "method.mu: {choice: []}\n", "non-empty list"),
+    ("choice-scalar", "method.mu: {choice: 0.1}\n", "non-empty list"),
+    ("grid-empty", "method.mu: {grid: []}\n", "non-empty list"),
+    ("randint-empty-range", "method.num_clusters: {randint: [2, 2]}\n", "low < high"),
+    ("randint-floats", "method.num_clusters: {randint: [1.5, 3]}\n", "integers"),
+    ("quniform-q0", "method.mu: {quniform: [0, 1, 0]}\n", "q > 0"),
+    ("unknown-domain", "method.mu: {normal: [0, 1]}\n", "one of"),
+    ("two-domains", "method.mu: {uniform: [0, 1], choice: [1]}\n", "one of"),
+    ("out-of-bounds", "method.mu: {uniform: [-1, 1]}\n", "method.mu"),
+    ("bad-choice", "method.mu: {choice: [0.1, -5]}\n", "method.mu"),
+    ("not-a-field", "train.lrr: {uniform: [0.01, 0.1]}\n", "space.train.lrr"),
+    ("empty-space", "", "is empty"),
+    ("list-space", "- 1\n", "must map config fields"),
+    ("dup-key-space", "method.mu: 0.1\nmethod.mu: 0.2\n", "duplicate key"),
+]
+
+IDX_LABELS_255 = "idx/train-labels-idx1-ubyte"
+
+
+def _idx_files(bad: str) -> dict[str, bytes]:
+    """A complete tiny MNIST IDX set (2 train, 1 test) with one defect."""
+    def images(n: int) -> bytes:
+        return struct.pack(">IIII", 2051, n, 28, 28) + bytes(n * 784)
+
+    def labels(values: list[int]) -> bytes:
+        return struct.pack(">II", 2049, len(values)) + bytes(values)
+
+    files = {
+        "idx/train-images-idx3-ubyte": images(2), "idx/train-labels-idx1-ubyte": labels([1, 2]),
+        "idx/t10k-images-idx3-ubyte": images(1), "idx/t10k-labels-idx1-ubyte": labels([3]),
+    }
+    if bad == "label255":
+        files[IDX_LABELS_255] = labels([1, 255])
+    elif bad == "magic":
+        files["idx/t10k-images-idx3-ubyte"] = struct.pack(">IIII", 7, 1, 28, 28) + bytes(784)
+    elif bad == "short":
+        files["idx/t10k-images-idx3-ubyte"] = images(1)[:-10]
+    elif bad == "count":
+        files["idx/t10k-labels-idx1-ubyte"] = labels([3, 4])
+    elif bad == "gzip":
+        files = {k + ".gz": gzip.compress(v) for k, v in files.items()}
+        files["idx/train-labels-idx1-ubyte.gz"] = b"not gzip at all"
+    return files
+
+
+ROWS: list[tuple[str, str, dict[str, str | bytes], str]] = []
+ROWS += [(f"run-set-{v}", f"{R} --set {shlex.quote(v)}", {"inputs/afile": "x"}, want) for v, want in CONFIG_VALUES]
+ROWS += [(f"config-set-{v}", f"config --set {shlex.quote(v)}", {"inputs/afile": "x"}, want)
+         for v, want in CONFIG_VALUES[::4]]
+ROWS += [(f"{m}-{v}", f"{R} --set method.name={m} --set {shlex.quote(v)}", {}, want) for m, v, want in METHOD_VALUES]
+ROWS += [(f"config-file-{name}", f"{R} --config c.yaml", {"c.yaml": text}, want) for name, text, want in CONFIG_FILES]
+ROWS += [(f"space-{name}", "sweep --space s.yaml", {"s.yaml": text}, want) for name, text, want in SPACES]
+ROWS += [
+    # run flags
+    ("run-config-missing", f"{R} --config nope.yaml", {}, "--config"),
+    ("run-config-dir", f"{R} --config inputs", {"inputs/x": ""}, "--config"),
+    ("run-engine-choice", "run --engine spark", {}, "--engine"),
+    ("run-unknown-flag", "run --bogus", {}, "--bogus"),
+    ("run-set-no-equals", f"{R} --set method.mu", {}, "--set"),
+    ("run-set-empty-key", f"{R} --set =1", {}, "--set"),
+    ("run-json-dir", f"{R} --json inputs", {"inputs/x": ""}, "--json"),
+    ("run-json-no-parent", f"{R} --json nodir/out.json", {}, "--json"),
+    ("run-json-is-config", f"{R} --config c.yaml --json c.yaml", {"c.yaml": "seed: 1\n"}, "--json"),
+    ("run-resume-no-ckpt-dir", f"{R} --resume", {}, "--resume"),
+    ("run-ckpt-under-file", f"{R} --set checkpoint.dir=inputs/afile/sub", {"inputs/afile": "x"}, "checkpoint.dir"),
+    ("run-devices-over-data", f"{R} --set data.num_devices=200 --set data.min_samples=10", {}, "data.num_devices"),
+    ("run-classes-over-data", f"{R} --set data.partition=pathological --set data.classes_per_device=11",
+     {}, "data.classes_per_device"),
+    ("run-missing-dataset", f"{R} --set data.dataset=mnist --set data.data_dir=nodata", {}, "lcfed data import"),
+    ("run-idx-label-255", f"{R} --set data.dataset=mnist --set data.data_dir=d", {
+        "d/MNIST/raw/train-images-idx3-ubyte": _idx_files("")["idx/train-images-idx3-ubyte"],
+        "d/MNIST/raw/train-labels-idx1-ubyte": _idx_files("label255")[IDX_LABELS_255],
+        "d/MNIST/raw/t10k-images-idx3-ubyte": _idx_files("")["idx/t10k-images-idx3-ubyte"],
+        "d/MNIST/raw/t10k-labels-idx1-ubyte": _idx_files("")["idx/t10k-labels-idx1-ubyte"],
+    }, "label 255"),
+    ("run-tracked-bad-value-no-store", "run --set train.lr=-1", {}, "train.lr"),
+    ("run-tracked-bad-seed-no-store", "run --set seed=18446744073709551616", {}, "seed"),
+    # config / methods
+    ("config-missing-file", "config --config nope.yaml", {}, "--config"),
+    ("methods-extra-arg", "methods extra", {}, "unrecognized"),
+    ("no-command", "", {}, "COMMAND"),
+    ("unknown-command", "frobnicate", {}, "frobnicate"),
+    # data import
+    ("import-from-missing", "data import --data-dir out --from nodir", {}, "nodir"),
+    ("import-data-dir-file", "data import --data-dir inputs/afile --from idx", {"inputs/afile": "x", **_idx_files("")},
+     "--data-dir"),
+    ("import-label-255", "data import --data-dir out --from idx", _idx_files("label255"), "label 255"),
+    ("import-bad-magic", "data import --data-dir out --from idx", _idx_files("magic"), "magic"),
+    ("import-truncated", "data import --data-dir out --from idx", _idx_files("short"), "bytes"),
+    ("import-count-mismatch", "data import --data-dir out --from idx", _idx_files("count"), "labels"),
+    ("import-bad-gzip", "data import --data-dir out --from idx", _idx_files("gzip"), "train-labels"),
+    ("import-no-idx", "data import --data-dir out --from inputs", {"inputs/readme": "x"}, "inputs"),
+    # tracking replay
+    ("replay-missing", "tracking replay nope.json", {}, "FILE"),
+    ("replay-not-json", "tracking replay u.json", {"u.json": "{not json"}, "u.json"),
+    ("replay-wrong-shape", "tracking replay u.json", {"u.json": "[1, 2]"}, "u.json"),
+    ("replay-missing-keys", "tracking replay u.json", {"u.json": '{"run_id": "abc"}'}, "u.json"),
+    ("replay-non-utf8", "tracking replay u.json", {"u.json": b"\xff\xfe{"}, "u.json"),
+    ("replay-bad-uri", "tracking replay u.json",
+     {"u.json": '{"tracking_uri": "foo://x", "run_id": "abc", "metrics": []}'}, "tracking_uri"),
+    # sweep flags
+    ("sweep-space-missing", "sweep --space nope.yaml", {}, "--space"),
+    ("sweep-no-space", "sweep", {}, "--space"),
+    ("sweep-name-dotdot", "sweep --space mu_lambda.yaml --name ../x", {}, "--name"),
+    ("sweep-name-slash", "sweep --space mu_lambda.yaml --name a/b", {}, "--name"),
+    ("sweep-config-name-dotdot", "sweep --space mu_lambda.yaml --set name=../../x", {}, "name"),
+    ("sweep-num-samples-0", "sweep --space mu_lambda.yaml --num-samples 0", {}, "--num-samples"),
+    ("sweep-num-samples-text", "sweep --space mu_lambda.yaml --num-samples many", {}, "--num-samples"),
+    ("sweep-max-concurrent-neg", "sweep --space mu_lambda.yaml --max-concurrent -1", {}, "--max-concurrent"),
+    ("sweep-gpus-neg", "sweep --space mu_lambda.yaml --gpus-per-trial -1", {}, "--gpus-per-trial"),
+    ("sweep-gpus-nan", "sweep --space mu_lambda.yaml --gpus-per-trial nan", {}, "--gpus-per-trial"),
+    ("sweep-scheduler", "sweep --space mu_lambda.yaml --scheduler pbt", {}, "--scheduler"),
+    ("sweep-storage-file", "sweep --space mu_lambda.yaml --storage inputs/afile", {"inputs/afile": "x"}, "--storage"),
+    ("sweep-json-dir", "sweep --space mu_lambda.yaml --json inputs", {"inputs/x": ""}, "--json"),
+    ("sweep-json-is-space", "sweep --space s.yaml --json s.yaml", {"s.yaml": "method.mu: 0.1\n"}, "--json"),
+    ("sweep-bad-base", "sweep --space mu_lambda.yaml --set train.rounds=0", {}, "train.rounds"),
+    # reproduce
+    ("repro-datasets", "reproduce table1 --datasets imagenet --no-track", {}, "--datasets"),
+    ("repro-partitions", "reproduce table1 --partitions dirichlet:x --no-track", {}, "--partitions"),
+    ("repro-partition-kind", "reproduce table1 --partitions zipf:1 --no-track", {}, "--partitions"),
+    ("repro-methods", "reproduce table1 --methods lcfed,nope --no-track", {}, "--methods"),
+    ("repro-rounds-0", "reproduce table1 --rounds 0 --no-track", {}, "--rounds"),
+    ("repro-method-set", "reproduce table1 --method-set mu=-1 --methods lcfed --no-track", {}, "mu"),
+    ("repro-method-set-syntax", "reproduce table1 --method-set mu --no-track", {}, "--method-set"),
+    ("repro-out-file", "reproduce table1 --out inputs/afile --no-track", {"inputs/afile": "x"}, "--out"),
+    ("repro-no-table", "reproduce", {}, "TABLE"),
+    # mlflow-server
+    ("server-port-neg", "mlflow-server --port -1", {}, "--port"),
+    ("server-port-big", "mlflow-server --port 70000", {}, "--port"),
+    ("server-port-text", "mlflow-server --port http", {}, "--port"),
+    ("server-workers-0", "mlflow-server --workers 0", {}, "--workers"),
+    ("server-timeout-0", "mlflow-server --timeout 0", {}, "--timeout"),
+    ("server-timeout-nan", "mlflow-server --timeout nan", {}, "--timeout"),
+    ("server-store-file", "mlflow-server --store-dir inputs/afile", {"inputs/afile": "x"}, "--store-dir"),
+    ("server-backend-scheme", "mlflow-server --backend-store-uri foo://x", {}, "--backend-store-uri"),
+    # submit / job
+    ("submit-no-entrypoint", "submit --address http://127.0.0.1:9 --", {}, "entrypoint"),
+    ("submit-env-syntax", "submit --address http://127.0.0.1:9 --env NOEQUALS -- lcfed methods", {}, "--env"),
+    ("submit-env-bad-key", "submit --address http://127.0.0.1:9 --env 1A=b -- lcfed methods", {}, "--env"),
+    ("submit-working-dir-missing", "submit --address http://127.0.0.1:9 --working-dir nodir -- lcfed methods", {},
+     "--working-dir"),
+    ("submit-cpus-neg", "submit --address http://127.0.0.1:9 --entrypoint-num-cpus -1 -- lcfed methods", {},
+     "--entrypoint-num-cpus"),
+    ("submit-gpus-neg", "submit --address http://127.0.0.1:9 --entrypoint-num-gpus -1 -- lcfed methods", {},
+     "--entrypoint-num-gpus"),
+    ("submit-address-scheme", "submit --address ftp://127.0.0.1:9 -- lcfed methods", {}, "--address"),
+    ("job-status-no-id", "job status", {}, "JOB_ID"),
+    ("job-unknown-action", "job frobnicate", {}, "frobnicate"),
+]
+
+
+@pytest.fixture(autouse=True)
+def _home(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.chdir(tmp_path)
+
+
+def _tree(root: Path) -> set[str]:
+    return {str(p.relative_to(root)) for p in root.rglob("*")}
+
+
+def test_the_table_is_large_and_distinct():
+    argvs = [(argv, tuple(sorted((k, v if isinstance(v, bytes) else v.encode()) for k, v in files.items())))
+             for _, argv, files, _ in ROWS]
+    assert len(ROWS) >= 120
+    assert len(set(argvs)) == len(argvs), "two rows are the same input"
+    assert len({r[0] for r in ROWS}) == len(ROWS)
+
+
+@pytest.mark.parametrize("argv,files,want", [r[1:] for r in ROWS], ids=[r[0] for r in ROWS])
+def test_bad_input_is_one_clean_error(argv, files, want, tmp_path, capsys):
+    for rel, content in files.items():
+        path = tmp_path / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(content, bytes):
+            path.write_bytes(content)
+        else:
+            path.write_text(content)
+    before = _tree(tmp_path)
+    try:
+        code = main(shlex.split(argv))
+    except SystemExit as exc:  # argparse's own usage errors
+        code = exc.code
+    out, err = capsys.readouterr()
+    assert code == 2, f"exit {code}\n{out}\n{err}"
+    assert "Traceback" not in out + err
+    assert want in err, err
+    messages = [line for line in err.splitlines() if line.startswith("lcfed") and "error" in line]
+    assert len(messages) <= 1, err
+    assert _tree(tmp_path) == before, f"created {sorted(_tree(tmp_path) - before)}"
