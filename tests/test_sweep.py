@@ -112,3 +112,52 @@ def test_a_fedac_sweep(tmp_path, tracking_uri):
     children = [r for r in client.search_runs([exp.experiment_id]) if "mlflow.parentRunId" in r.data.tags]
     assert sorted(c.data.params["method.gap_high"] for c in children) == ["0.7", "1.2"]
     assert all("num_clusters" in c.data.metrics for c in children)
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM"])
+def test_a_signal_stops_the_sweep_killed_with_a_reason_and_resume_finishes_it(tmp_path, tracking_uri, sig):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    rounds = 6
+    base = tiny_config(f"train.rounds={rounds}", "engine.num_cpus=2", "tracking.enabled=true",
+                       f"tracking.uri={tracking_uri}", "tracking.experiment=sweep-sig")
+    config, space = tmp_path / "base.yaml", tmp_path / "space.yaml"
+    config.write_text(yaml.safe_dump(to_dict(base)))
+    space.write_text("method.mu: {grid: [0.05, 0.2]}\n")
+    cmd = [sys.executable, "-m", "tune_jobs", "sweep", "-c", str(config), "--space", str(space), "--scheduler", "fifo",
+           "--max-concurrent", "1", "--name", "sig", "--storage", str(tmp_path / "tune")]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    client = mlflow.MlflowClient(tracking_uri=tracking_uri)
+
+    def runs() -> list:
+        exp = client.get_experiment_by_name("sweep-sig")
+        return client.search_runs([exp.experiment_id]) if exp else []
+
+    while proc.poll() is None and not any("acc_mean" in r.data.metrics for r in runs()):
+        time.sleep(0.2)
+    assert proc.poll() is None, "the sweep ended before the signal"
+    proc.send_signal(getattr(signal, sig))
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + getattr(signal, sig), err[-3000:]
+    assert "Traceback" not in err
+    assert f"lcfed: {sig}: stopping the sweep" in err
+    stopped = runs()
+    assert stopped and all(r.info.status != "RUNNING" for r in stopped)
+    parent = next(r for r in stopped if r.data.tags.get("sweep_parent") == "true")
+    assert parent.info.status == "KILLED"
+    assert sig in parent.data.tags["failure_reason"] and "--resume --name sig" in parent.data.tags["failure_reason"]
+    assert any(r.info.status == "KILLED" and sig in r.data.tags.get("failure_reason", "") for r in stopped
+               if r.data.tags.get("sweep_parent") != "true")
+
+    assert main(["sweep", "-c", str(config), "--space", str(space), "--scheduler", "fifo", "--max-concurrent", "1",
+                 "--name", "sig", "--storage", str(tmp_path / "tune"), "--resume"]) == 0
+    done = runs()
+    children = [r for r in done if r.data.tags.get("sweep_parent") != "true"]
+    assert len(children) == 2 and all(r.info.status == "FINISHED" for r in children)
+    assert all(r.info.status == "FINISHED" for r in done)
+    for child in children:  # every round logged once, across the stop and the resume
+        steps = [m.step for m in client.get_metric_history(child.info.run_id, "acc_mean")]
+        assert sorted(set(steps)) == list(range(rounds)), steps

@@ -190,12 +190,11 @@ def reproduce_table1(
 
     client, parent_id, uri = None, None, None
     if track:
-        import mlflow
 
-        from lcfed.tracking import resolve_tracking_uri
+        from lcfed.tracking import open_client, resolve_tracking_uri
 
         uri = resolve_tracking_uri(base.tracking.uri)
-        client = mlflow.MlflowClient(tracking_uri=uri)
+        client = open_client(uri)
         params = {"datasets": ",".join(datasets), "partitions": ",".join(partitions), "methods": ",".join(methods),
                   "method_sets": json.dumps(method_sets, sort_keys=True), "base_digest": base.digest(),
                   "rounds": str(base.train.rounds)}

@@ -10,11 +10,13 @@ per sweep and one child run per trial; the parent gets the best config and summa
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import re
+import signal
 import sys
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +38,7 @@ from lcfed.config import (
     safe_name,
     to_dict,
 )
+from lcfed.engine import Stopped
 
 SPACES_DIR = Path(__file__).resolve().parent / "spaces"
 METRIC = "acc_mean"
@@ -264,6 +267,13 @@ def _trial_tracker(uri: str, exp_id: str, parent_id: str, sweep_name: str, round
             if self.last_round.get(tid, -1) < rounds - 1:  # the scheduler stopped it: not a failure
                 obs.client.set_tag(obs.run_id, "stopped_early", "true")
 
+        def close_open(self, reason: str) -> None:
+            """Mark the runs of trials the sweep left unfinished KILLED, with the reason."""
+            for obs in self.runs.values():
+                if not obs.finished:
+                    obs.on_error(KeyboardInterrupt(reason))
+                    obs.finished = True
+
         def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
             obs = self._run(trial, {})
             obs.client.set_tag(obs.run_id, "failure_reason", _trial_error(trial)[-5000:])
@@ -378,13 +388,12 @@ def run_sweep(
     resume: bool = False,
 ) -> dict[str, Any]:
     """Run (or resume) a sweep; return the best trial's config, metric and the MLflow parent run."""
-    import mlflow
     import ray
     from ray import tune
     from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
 
     from actors.engine import ensure_ray
-    from lcfed.tracking import get_or_create_experiment, resolve_tracking_uri
+    from lcfed.tracking import get_or_create_experiment, open_client, resolve_tracking_uri
 
     uri = resolve_tracking_uri(base.tracking.uri)
     base = base.replace(**{"tracking.uri": uri, "tracking.enabled": True})
@@ -398,7 +407,7 @@ def run_sweep(
         if started:
             ray.shutdown()
         raise
-    client = mlflow.MlflowClient(tracking_uri=uri)
+    client = open_client(uri)  # a fresh sqlite store is created under its lock
     exp_id = get_or_create_experiment(client, base.tracking.experiment, uri)  # once, before any trial
     parent_tag = f"tags.sweep_name = '{name}' and tags.sweep_parent = 'true'"
     previous = client.search_runs([exp_id], parent_tag) if resume else []
@@ -431,7 +440,16 @@ def run_sweep(
                                             max_concurrent_trials=max_concurrent or None),
                 run_config=run_config,
             )
-        results = tuner.fit()
+        with forward_signals_to_tune() as received:
+            results = tuner.fit()
+        unfinished = [t for t in getattr(getattr(results, "_experiment_analysis", None), "trials", None) or []
+                      if t.status not in ("TERMINATED", "ERROR")]
+        if received or unfinished:
+            reason = received[0] if received else "SIGINT"
+            why = (f"{reason}: sweep stopped with {len(unfinished)} trial(s) unfinished; the Tune state is saved: "
+                   f"continue with the same command plus --resume --name {name}")
+            tracker.close_open(why)
+            raise SweepInterrupted(reason, why)
         best = _best_result(results)
         best_cfg = {k: v for k, v in best.config.items() if not k.startswith("__")}
         failed = [_error_line(str(r.error)) for r in results if r.error is not None]
@@ -441,6 +459,10 @@ def run_sweep(
         _log_parent(client, parent_id, exp_id, results, best, best_cfg, space)
         client.set_terminated(parent_id, "FINISHED")
         return summary
+    except KeyboardInterrupt as exc:
+        client.set_tag(parent_id, "failure_reason", (str(exc) or "interrupted")[:5000])
+        client.set_terminated(parent_id, "KILLED")
+        raise
     except BaseException as exc:
         client.set_tag(parent_id, "failure_reason", f"{type(exc).__name__}: {exc}"[:5000])
         client.set_terminated(parent_id, "FAILED")
@@ -448,6 +470,39 @@ def run_sweep(
     finally:
         if started:
             ray.shutdown()
+
+
+class SweepInterrupted(Stopped):
+    """A signal (SIGTERM, SIGHUP, SIGINT) stopped the sweep; Tune saved its state for ``--resume``."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        KeyboardInterrupt.__init__(self, message)
+        self.reason, self.next_round, self.checkpointed = reason, 0, True
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.reason, str(self)))
+
+
+@contextlib.contextmanager
+def forward_signals_to_tune() -> Iterator[list[str]]:
+    """SIGTERM / SIGHUP become SIGINT, which Tune answers by stopping its trials and saving the
+    experiment (a second one stops at once); yields the names of the signals received."""
+    received: list[str] = []
+
+    def forward(signum: int, frame: Any) -> None:
+        name = signal.Signals(signum).name
+        if not received:
+            print(f"lcfed: {name}: stopping the sweep and saving its state (send it again to stop now)",
+                  file=sys.stderr, flush=True)
+        received.append(name)
+        signal.raise_signal(signal.SIGINT)
+
+    previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield received
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
 
 
 class SweepFailed(RuntimeError):
