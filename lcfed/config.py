@@ -75,9 +75,11 @@ class DataConfig:
     samples_per_device: tuple[int, ...] = ()
     primary: tuple[float, ...] = (0.4, 0.6)
     secondary: tuple[float, ...] = (0.2, 0.4)
+    dirichlet_convention: str = "rebalance"
+    min_test_samples: int = 0
 
     def validate(self, prefix: str = "data") -> None:
-        from lcfed.data import PARTITIONERS, SOURCES
+        from lcfed.data import DIRICHLET_CONVENTIONS, PARTITIONERS, SOURCES
 
         require(self.dataset in SOURCES, f"{prefix}.dataset", self.dataset, f"one of {sorted(SOURCES)}")
         require(
@@ -116,6 +118,22 @@ class DataConfig:
             list(self.secondary),
             f"max primary ({self.primary[1]}) + max secondary must be <= 1",
         )
+        require(
+            self.dirichlet_convention in DIRICHLET_CONVENTIONS,
+            f"{prefix}.dirichlet_convention",
+            self.dirichlet_convention,
+            f"one of {sorted(DIRICHLET_CONVENTIONS)} (how partition=dirichlet meets min_samples; README section 2)",
+        )
+        require(self.min_test_samples >= 0, f"{prefix}.min_test_samples", self.min_test_samples,
+                "must be >= 0 (0 = no floor on a device's test set)")
+        if self.partition == "dirichlet":  # other schemes' device sizes are checked against the data
+            require(
+                self.min_test_samples < self.min_samples,
+                f"{prefix}.min_test_samples",
+                self.min_test_samples,
+                f"must be < data.min_samples ({self.min_samples}), or the smallest devices keep no training sample: "
+                f"raise data.min_samples to at least {self.min_test_samples + 1} or lower the floor",
+            )
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from lcfed.config import ConfigError, ExperimentConfig, require
-from lcfed.data import Dataset, Partition, load_dataset, make_partition, to_float
+from lcfed.data import Dataset, Partition, PartitionError, load_dataset, make_partition, partition_stats, to_float
 from lcfed.local import DeviceData, LocalWork
 from lcfed.methods import METHODS, Strategy
 from lcfed.methods.base import Federation
@@ -56,8 +56,9 @@ def load(cfg: ExperimentConfig, source: Dataset | None = None) -> Dataset:
     return ds
 
 
-def check_against_data(cfg: ExperimentConfig, ds: Dataset) -> None:
-    """The limits only the dataset knows (its size and class count), as config errors."""
+def check_against_data(cfg: ExperimentConfig, ds: Dataset) -> Partition:
+    """The limits only the dataset knows (its size and class count, the devices' sizes), as config
+    errors; returns the partition, which had to be computed for the last of these."""
     d = cfg.data
     require(
         d.num_devices * d.min_samples <= len(ds.y),
@@ -76,26 +77,38 @@ def check_against_data(cfg: ExperimentConfig, ds: Dataset) -> None:
         MODELS[cfg.model.name](ds.input_shape, ds.num_classes)
     except ValueError as exc:
         raise ConfigError("model.name", cfg.model.name, f"does not fit {ds.name}: {exc}") from None
+    return partition(cfg, ds)
+
+
+def partition(cfg: ExperimentConfig, ds: Dataset) -> Partition:
+    """The devices' train/test indices into ``ds`` (a pure function of the config and the labels);
+    settings these labels cannot meet are a :class:`ConfigError` naming the ``data.`` field."""
+    d = cfg.data
+    try:
+        return make_partition(
+            ds.y,
+            scheme=d.partition,
+            num_devices=d.num_devices,
+            alpha=d.alpha,
+            classes_per_device=d.classes_per_device,
+            min_samples=d.min_samples,
+            test_fraction=d.test_fraction,
+            seed=cfg.seed,
+            quantity=tuple(d.samples_per_device) if d.samples_per_device else None,
+            primary=tuple(d.primary),
+            secondary=tuple(d.secondary),
+            dirichlet_convention=d.dirichlet_convention,
+            min_test_samples=d.min_test_samples,
+        )
+    except PartitionError as exc:
+        raise ConfigError(f"data.{exc.param}", getattr(d, exc.param), f"does not fit {ds.name}: {exc}") from None
 
 
 def prepare(cfg: ExperimentConfig, dataset: Dataset | None = None) -> Setup:
-    """Partition the dataset and describe the federation (sizes, groups, model layout, init)."""
+    """Partition the dataset and describe the federation (sizes, groups, model layout, init,
+    partition statistics)."""
     ds = dataset if dataset is not None else load(cfg)
-    check_against_data(cfg, ds)
-    d = cfg.data
-    part = make_partition(
-        ds.y,
-        scheme=d.partition,
-        num_devices=d.num_devices,
-        alpha=d.alpha,
-        classes_per_device=d.classes_per_device,
-        min_samples=d.min_samples,
-        test_fraction=d.test_fraction,
-        seed=cfg.seed,
-        quantity=tuple(d.samples_per_device) if d.samples_per_device else None,
-        primary=tuple(d.primary),
-        secondary=tuple(d.secondary),
-    )
+    part = check_against_data(cfg, ds)
     net, init = build_network(cfg.model.name, ds.input_shape, ds.num_classes, cfg.seed)
     fed = Federation(
         num_devices=part.num_devices,
@@ -106,6 +119,7 @@ def prepare(cfg: ExperimentConfig, dataset: Dataset | None = None) -> Setup:
         num_classes=ds.num_classes,
         seed=cfg.seed,
         flops_per_sample=forward_flops(net, init, ds.input_shape),
+        partition_stats=partition_stats(part, ds.y),
     )
     return Setup(part, fed, ds.input_shape)
 

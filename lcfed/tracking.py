@@ -149,11 +149,14 @@ def ui_hint(uri: str) -> str:
 
 
 def federation_facts(fed: Federation) -> dict[str, str]:
-    """What the config alone does not say about a federation, logged as ``federation.*`` params."""
+    """What the config alone does not say about a federation, logged as ``federation.*`` params: model
+    size, and the partition's statistics as ``federation.partition.*`` (train/test sizes, classes per
+    device)."""
     return {
         "num_params": str(fed.spec.size),
         "embedding_params": str(fed.spec.embedding_size),
         "train_samples": str(int(fed.train_sizes.sum())),
+        **{f"partition.{k}": f"{v:g}" for k, v in fed.partition_stats.items()},
     }
 
 

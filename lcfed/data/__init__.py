@@ -5,12 +5,17 @@ Nothing here touches the network unless a loader is asked to download.
 
 from lcfed.data.importer import DEFAULT_IDX_DIRS, IDX_DIRS_ENV, import_idx
 from lcfed.data.partition import (
+    DIRICHLET_CONVENTIONS,
     PARTITIONERS,
     Partition,
+    PartitionError,
     PartitionParams,
     dirichlet,
+    dirichlet_niid_bench,
     dominant_label,
+    format_stats,
     make_partition,
+    partition_stats,
     pathological,
     split_train_test,
 )
@@ -18,18 +23,23 @@ from lcfed.data.sources import SOURCES, DataError, Dataset, load_dataset, to_flo
 
 __all__ = [
     "DEFAULT_IDX_DIRS",
+    "DIRICHLET_CONVENTIONS",
     "IDX_DIRS_ENV",
     "PARTITIONERS",
     "SOURCES",
     "DataError",
     "Dataset",
     "Partition",
+    "PartitionError",
     "PartitionParams",
     "dirichlet",
+    "dirichlet_niid_bench",
     "dominant_label",
+    "format_stats",
     "import_idx",
     "load_dataset",
     "make_partition",
+    "partition_stats",
     "pathological",
     "split_train_test",
     "to_float",

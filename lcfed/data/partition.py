@@ -12,17 +12,32 @@ from dataclasses import dataclass
 import numpy as np
 
 __all__ = [
+    "DIRICHLET_CONVENTIONS",
+    "NIID_BENCH_MAX_DRAWS",
     "PARTITIONERS",
     "Partition",
+    "PartitionError",
     "PartitionParams",
     "dirichlet",
+    "dirichlet_niid_bench",
     "dominant_label",
+    "format_stats",
     "make_partition",
+    "partition_stats",
     "pathological",
     "primary_secondary",
     "quantity_skew",
     "split_train_test",
 ]
+
+
+class PartitionError(ValueError):
+    """These labels cannot be partitioned with these settings; ``param`` names the setting to change
+    (a :func:`make_partition` keyword, which is also the ``data.`` config field of that name)."""
+
+    def __init__(self, param: str, message: str) -> None:
+        self.param = param
+        super().__init__(message)
 
 
 @dataclass(frozen=True, eq=False)  # eq=False: elementwise array comparison has no truth value
@@ -60,6 +75,7 @@ class PartitionParams:
     seed: int = 0
     primary: tuple[float, float] = (0.4, 0.6)
     secondary: tuple[float, float] = (0.2, 0.4)
+    dirichlet_convention: str = "rebalance"
 
 
 Partitioner = Callable[[np.ndarray, PartitionParams], tuple[list[np.ndarray], np.ndarray]]
@@ -142,6 +158,17 @@ def dirichlet(labels: np.ndarray, num_devices: int, alpha: float, min_samples: i
     ``min_samples`` by direct transfer from devices with a surplus (see :func:`_rebalance`), never
     by redrawing, which can take forever at small alpha. Every sample is used exactly once.
     """
+    labels = _check_dirichlet_args(labels, num_devices, alpha, min_samples)
+    rng = np.random.default_rng(seed)
+    _, class_of, class_sizes = np.unique(labels, return_inverse=True, return_counts=True)
+    props = rng.dirichlet(np.full(num_devices, float(alpha)), size=len(class_sizes))
+    props /= props.sum(axis=1, keepdims=True)  # multinomial rejects sums a few ulp above 1
+    counts = rng.multinomial(class_sizes, props)
+    _rebalance(counts, np.argmax(props, axis=0), min_samples, rng)
+    return _assign(class_of, counts, rng)
+
+
+def _check_dirichlet_args(labels: np.ndarray, num_devices: int, alpha: float, min_samples: int) -> np.ndarray:
     labels = _check_labels(labels, nonempty=True)
     if num_devices < 1:
         raise ValueError(f"num_devices must be >= 1, got {num_devices}")
@@ -153,13 +180,75 @@ def dirichlet(labels: np.ndarray, num_devices: int, alpha: float, min_samples: i
         raise ValueError(
             f"{num_devices} devices x {min_samples} min_samples = {num_devices * min_samples} > {len(labels)} samples"
         )
+    return labels
+
+
+#: redraws :func:`dirichlet_niid_bench` makes before giving up (NIID-Bench itself loops forever)
+NIID_BENCH_MAX_DRAWS = 1000
+
+
+def _niid_bench_counts(
+    class_sizes: np.ndarray, num_devices: int, alpha: float, min_samples: int, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray, int]:
+    """NIID-Bench's ``noniid-labeldir`` loop on counts: (counts (classes, devices), last proportions, draws).
+
+    Per class in label order: p ~ Dir(alpha 1_m), zeroed for devices that already hold >= N/m samples,
+    renormalized; the class is cut at ``floor(cumsum(p) * n_c)``. The whole draw is repeated until
+    every device holds >= ``min_samples``. A draw whose surviving proportions are all 0 (possible
+    at tiny alpha, where NIID-Bench would divide by zero) counts as failed.
+    """
+    n_total, num_classes = int(class_sizes.sum()), len(class_sizes)
+    for draw in range(1, NIID_BENCH_MAX_DRAWS + 1):
+        counts = np.zeros((num_classes, num_devices), dtype=np.int64)
+        props = np.zeros((num_classes, num_devices))
+        sizes = np.zeros(num_devices, dtype=np.int64)
+        ok = True
+        for c in range(num_classes):
+            p = rng.dirichlet(np.full(num_devices, float(alpha)))
+            p = p * (sizes < n_total / num_devices)
+            if not p.sum() > 0:
+                ok = False
+                break
+            p = p / p.sum()
+            cuts = (np.cumsum(p) * class_sizes[c]).astype(np.int64)[:-1]
+            counts[c] = np.diff(np.concatenate(([0], cuts, [class_sizes[c]])))
+            props[c] = p
+            sizes += counts[c]
+        if ok and sizes.min() >= min_samples:
+            return counts, props, draw
+    raise PartitionError(
+        "dirichlet_convention",
+        f"niid_bench drew the Dirichlet split {NIID_BENCH_MAX_DRAWS} times and never gave all {num_devices} devices "
+        f">= min_samples ({min_samples}) samples at alpha {alpha}: lower data.min_samples or data.num_devices, raise "
+        "data.alpha, or use data.dirichlet_convention=rebalance (which guarantees the minimum directly)",
+    )
+
+
+def dirichlet_niid_bench(
+    labels: np.ndarray, num_devices: int, alpha: float, min_samples: int, seed: int
+) -> list[np.ndarray]:
+    """Label-skewed split by NIID-Bench's convention (Li et al., ICDE 2022, ``noniid-labeldir``),
+    which the LCFed line of papers follows.
+
+    As :func:`dirichlet`, but a device that already holds N/m samples (N samples, m devices) gets
+    nothing of the later classes, and the minimum is met by redrawing the whole split (at most
+    :data:`NIID_BENCH_MAX_DRAWS` times, then a :class:`PartitionError`). The cap gives fewer classes
+    per device and larger small devices than :func:`dirichlet`. Every sample is used exactly once.
+    """
+    labels = _check_dirichlet_args(labels, num_devices, alpha, min_samples)
     rng = np.random.default_rng(seed)
     _, class_of, class_sizes = np.unique(labels, return_inverse=True, return_counts=True)
-    props = rng.dirichlet(np.full(num_devices, float(alpha)), size=len(class_sizes))
-    props /= props.sum(axis=1, keepdims=True)  # multinomial rejects sums a few ulp above 1
-    counts = rng.multinomial(class_sizes, props)
-    _rebalance(counts, np.argmax(props, axis=0), min_samples, rng)
+    counts, _, _ = _niid_bench_counts(class_sizes, num_devices, alpha, min_samples, rng)
     return _assign(class_of, counts, rng)
+
+
+DIRICHLET_CONVENTIONS: dict[str, Callable[[np.ndarray, int, float, int, int], list[np.ndarray]]] = {
+    # one draw, then direct transfers up to min_samples; no size cap
+    "rebalance": dirichlet,
+    # NIID-Bench: devices at N/m get no more classes; redraw until min_samples holds
+    "niid_bench": dirichlet_niid_bench,
+}
+"""How a Dirichlet(alpha) split meets ``min_samples`` and shapes device sizes; ``data.dirichlet_convention``."""
 
 
 def pathological(
@@ -282,7 +371,7 @@ def dominant_label(device_indices: Sequence[np.ndarray], labels: np.ndarray) -> 
 
 
 def split_train_test(
-    device_indices: Sequence[np.ndarray], labels: np.ndarray, test_fraction: float, seed: int
+    device_indices: Sequence[np.ndarray], labels: np.ndarray, test_fraction: float, seed: int, min_test: int = 0
 ) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """Split every device's samples into local train/test, stratified by class.
 
@@ -290,14 +379,31 @@ def split_train_test(
     Then, when ``test_fraction > 0``: a device with >= 2 samples but no test sample moves one of its
     most frequent class to test, and a device whose samples all went to test keeps one for
     training; so train is empty only for empty devices, test only for devices of 1 sample.
-    Vectorized over all devices at once.
+
+    ``min_test`` > 0 is a floor: a device whose test set came out smaller gets exactly ``min_test``
+    test samples instead, apportioned over its classes by largest remainder (so its test set keeps
+    the device's label mix); devices already at or above the floor keep the same train and test
+    samples as without it (their order, which the shuffle draws for all devices at once, may differ). A
+    device with fewer than ``min_test + 1`` samples (one must stay for training) is a
+    :class:`PartitionError`. Vectorized over all devices at once.
     """
     labels = _check_labels(labels)
     if not 0 <= test_fraction < 1:
         raise ValueError(f"test_fraction must be in [0, 1), got {test_fraction}")
+    if min_test < 0:
+        raise ValueError(f"min_test must be >= 0, got {min_test}")
     m = len(device_indices)
     rng = np.random.default_rng(seed)
     sizes = np.fromiter((len(d) for d in device_indices), dtype=np.int64, count=m)
+    if min_test > 0 and m and sizes.min() <= min_test:
+        small = int(np.argmin(sizes))
+        raise PartitionError(
+            "min_test_samples",
+            f"device {small} holds {sizes[small]} samples, so a test set of min_test_samples ({min_test}) would "
+            f"leave it no training sample ({int(np.count_nonzero(sizes <= min_test))} of {m} devices hold <= "
+            f"{min_test}): lower data.min_test_samples, or give every device more samples (data.min_samples for "
+            "dirichlet, fewer data.num_devices)",
+        )
     flat = np.concatenate([np.asarray(d, dtype=np.int64) for d in device_indices] + [np.empty(0, np.int64)])
     dev = np.repeat(np.arange(m), sizes)
     lab = labels[flat]
@@ -324,10 +430,37 @@ def split_train_test(
         n_test[largest[(dev_test[owners] == 0) & (sizes[owners] >= 2)]] += 1
         n_test[largest[dev_test[owners] == sizes[owners]]] -= 1
 
+    if min_test > 0 and len(starts):
+        _raise_to_floor(n_test, group_size, group_dev, lab[starts], sizes, min_test)
+
     is_test = rank < n_test[group_of]
     train = _by_device(flat[~is_test], dev[~is_test], m, rng)
     test = _by_device(flat[is_test], dev[is_test], m, rng)
     return train, test
+
+
+def _raise_to_floor(
+    n_test: np.ndarray, group_size: np.ndarray, group_dev: np.ndarray, group_label: np.ndarray,
+    sizes: np.ndarray, floor: int,
+) -> None:
+    """Set (in place) the per-(device, class) test counts of devices below ``floor`` test samples to
+    an apportionment of exactly ``floor``: floor(floor * count / size) each, and the remaining units
+    to the largest remainders (ties: larger class count, then smaller label). Integer arithmetic, so
+    ties are exact; no class is asked for more samples than the device holds of it."""
+    dev_test = np.bincount(group_dev, weights=n_test, minlength=len(sizes)).astype(np.int64)
+    low = dev_test[group_dev] < floor
+    if not low.any():
+        return
+    share = floor * group_size[low]
+    base, remainder = share // sizes[group_dev[low]], share % sizes[group_dev[low]]
+    devs = group_dev[low]
+    missing = floor - np.bincount(devs, weights=base, minlength=len(sizes)).astype(np.int64)
+    order = np.lexsort((group_label[low], -group_size[low], -remainder, devs))
+    first = np.searchsorted(devs[order], devs[order])  # where each device's run starts in ``order``
+    rank = np.arange(len(order)) - first
+    extra = np.zeros(len(order), dtype=np.int64)
+    extra[order] = rank < missing[devs[order]]
+    n_test[low] = base + extra
 
 
 def _by_device(flat: np.ndarray, dev: np.ndarray, m: int, rng: np.random.Generator) -> list[np.ndarray]:
@@ -338,7 +471,12 @@ def _by_device(flat: np.ndarray, dev: np.ndarray, m: int, rng: np.random.Generat
 
 
 def _dirichlet_scheme(labels: np.ndarray, p: PartitionParams) -> tuple[list[np.ndarray], np.ndarray]:
-    devices = dirichlet(labels, p.num_devices, p.alpha, p.min_samples, p.seed)
+    try:
+        split = DIRICHLET_CONVENTIONS[p.dirichlet_convention]
+    except KeyError:
+        raise ValueError(f"unknown dirichlet_convention {p.dirichlet_convention!r}; "
+                         f"known: {', '.join(sorted(DIRICHLET_CONVENTIONS))}") from None
+    devices = split(labels, p.num_devices, p.alpha, p.min_samples, p.seed)
     return devices, dominant_label(devices, labels)
 
 
@@ -379,12 +517,15 @@ def make_partition(
     quantity: Sequence[int] | None = None,
     primary: Sequence[float] = (0.4, 0.6),
     secondary: Sequence[float] = (0.2, 0.4),
+    dirichlet_convention: str = "rebalance",
+    min_test_samples: int = 0,
 ) -> Partition:
     """Partition ``labels`` across devices with ``scheme``, then split each device into train/test.
 
     The devices' samples (train + test) are exactly what ``PARTITIONERS[scheme]`` returns for the
     same seed (then cut to ``quantity = (low, high)`` samples each when given); the split uses a
-    stream derived from the seed.
+    stream derived from the seed, with at least ``min_test_samples`` test samples per device (see
+    :func:`split_train_test`). Settings these labels cannot satisfy raise :class:`PartitionError`.
     """
     try:
         partitioner = PARTITIONERS[scheme]
@@ -392,9 +533,45 @@ def make_partition(
         raise ValueError(f"unknown partition scheme {scheme!r}; known: {', '.join(sorted(PARTITIONERS))}") from None
     labels = _check_labels(labels)
     params = PartitionParams(num_devices, alpha, classes_per_device, min_samples, seed,
-                             (float(primary[0]), float(primary[1])), (float(secondary[0]), float(secondary[1])))
+                             (float(primary[0]), float(primary[1])), (float(secondary[0]), float(secondary[1])),
+                             dirichlet_convention)
     devices, groups = partitioner(labels, params)
     if quantity is not None:
         devices = quantity_skew(devices, int(quantity[0]), int(quantity[1]), seed)
-    train, test = split_train_test(devices, labels, test_fraction, _split_seed(seed))
+    train, test = split_train_test(devices, labels, test_fraction, _split_seed(seed), min_test_samples)
     return Partition(tuple(train), tuple(test), np.asarray(groups, dtype=np.int64))
+
+
+def partition_stats(part: Partition, labels: np.ndarray) -> dict[str, float]:
+    """What a partition looks like: train and test sizes (min / median / max) and the number of
+    distinct classes a device holds (train + test; mean / min / max). Logged at the start of a run,
+    since these decide how noisy the per-device accuracies are."""
+    labels = _check_labels(labels)
+    m = part.num_devices
+    train = part.sizes()
+    test = np.fromiter((len(t) for t in part.test), dtype=np.int64, count=m)
+    classes, class_of = np.unique(labels, return_inverse=True)
+    flat = np.concatenate([np.asarray(a, dtype=np.int64) for a in (*part.train, *part.test)] + [np.empty(0, np.int64)])
+    dev = np.concatenate([np.repeat(np.arange(m), train), np.repeat(np.arange(m), test)])
+    held = np.bincount(dev * len(classes) + class_of[flat], minlength=m * len(classes)).reshape(m, len(classes)) > 0
+    per_device = held.sum(axis=1)
+    out: dict[str, float] = {"devices": float(m), "samples": float(train.sum() + test.sum())}
+    for name, values in (("train", train), ("test", test)):
+        out.update({f"{name}_min": float(values.min()), f"{name}_median": float(np.median(values)),
+                    f"{name}_max": float(values.max())})
+    out.update({"classes_mean": float(per_device.mean()), "classes_min": float(per_device.min()),
+                "classes_max": float(per_device.max())})
+    return out
+
+
+def format_stats(stats: dict[str, float]) -> str:
+    """One line, e.g. ``100 devices, 70,000 samples; train 8 / 344 / 3,520 and test 2 / 86.5 / 880
+    (min / median / max); classes per device 4.60 (1-9)``."""
+
+    def n(v: float) -> str:
+        return f"{v:,.0f}" if float(v).is_integer() else f"{v:,.1f}"
+
+    sizes = " and ".join(f"{k} {n(stats[k + '_min'])} / {n(stats[k + '_median'])} / {n(stats[k + '_max'])}"
+                         for k in ("train", "test"))
+    return (f"{n(stats['devices'])} devices, {n(stats['samples'])} samples; {sizes} (min / median / max); "
+            f"classes per device {stats['classes_mean']:.2f} ({n(stats['classes_min'])}-{n(stats['classes_max'])})")

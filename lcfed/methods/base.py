@@ -32,6 +32,8 @@ class Federation:
     num_classes: int
     seed: int
     flops_per_sample: float = 0.0  # forward pass of one sample; prices simulated compute time
+    # sizes and classes per device, min / median / max (lcfed.data.partition_stats): logged, not used
+    partition_stats: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
