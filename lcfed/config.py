@@ -255,14 +255,18 @@ class EngineConfig:
 
 @dataclass(frozen=True)
 class TrackingConfig:
-    """MLflow tracking: where runs go and what they are called."""
+    """MLflow tracking: where runs go and what they are called; and how many evaluations the end-of-run
+    summary averages (``summary_evals``; the table reproductions average 3 too)."""
 
     enabled: bool = True
     uri: str | None = None
     experiment: str = "lcfed"
     run_name: str | None = None
+    summary_evals: int = 3
 
     def validate(self, prefix: str = "tracking") -> None:
+        require(self.summary_evals >= 1, f"{prefix}.summary_evals", self.summary_evals,
+                "must be >= 1 (the summary averages the last N evaluations)")
         require(bool(self.experiment), f"{prefix}.experiment", self.experiment, "must be a non-empty name")
         parts = self.experiment.split("/")
         require(

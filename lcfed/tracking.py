@@ -175,9 +175,13 @@ class MLflowObserver:
         tags: dict[str, str] | None = None,
         resume_run_id: str | None = None,
         backfill: Sequence[dict[str, float]] = (),
+        guard: bool = False,
     ) -> None:
         """``backfill``: when resuming, the checkpoint's per-round history; rounds the store lacks (e.g.
-        buffered during an outage when the process died) are logged from it."""
+        buffered during an outage when the process died) are logged from it. ``guard``: a
+        :class:`RunGuard` closes the run as FAILED if this process dies without closing it."""
+        self.guard: RunGuard | None = None
+        self.want_guard = guard
         self.uri = resolve_tracking_uri(uri)
         if self.is_server:
             for key, value in HTTP_RETRY_BUDGET.items():
@@ -238,6 +242,7 @@ class MLflowObserver:
         self.experiment_id = get_or_create_experiment(self.client, cfg.tracking.experiment, self.uri)
         if self.run_id is not None:  # resuming: same run, metrics continue at the next step
             self.client.update_run(self.run_id, status="RUNNING")
+            self._guard(cfg)
             self.client.set_tag(self.run_id, "resumed", "true")
             if self.backfill:
                 logged = {m.step for m in self.client.get_metric_history(self.run_id, "train_loss")}
@@ -250,11 +255,22 @@ class MLflowObserver:
             tags["mlflow.parentRunId"] = self.parent_run_id
         run = self.client.create_run(self.experiment_id, run_name=cfg.tracking.run_name or cfg.name, tags=tags)
         self.run_id = run.info.run_id
+        self._guard(cfg)
         params = {k: str(v) for k, v in flatten(cfg).items()}
         params.update({f"federation.{k}": str(v) for k, v in facts.items()})
         items = [Param(k, v[:6000]) for k, v in sorted(params.items())]
         for start in range(0, len(items), 100):
             self.client.log_batch(self.run_id, params=items[start : start + 100])
+
+    def _guard(self, cfg: ExperimentConfig) -> None:
+        if self.want_guard and self.guard is None and self.run_id is not None:
+            hint = "; continue it with --resume (checkpoint.dir is set)" if cfg.checkpoint.dir else ""
+            self.guard = RunGuard(self.uri, self.run_id, hint)
+
+    def release_guard(self) -> None:
+        if self.guard is not None:
+            self.guard.release()
+            self.guard = None
 
     def on_round(self, rnd: int, metrics: dict[str, float], stats: RoundStats) -> None:
         self.log_round(rnd, metrics, stats.assignment)
@@ -305,6 +321,12 @@ class MLflowObserver:
         return False
 
     def on_end(self, result: RunResult) -> None:
+        try:
+            self._end(result)
+        finally:
+            self.release_guard()
+
+    def _end(self, result: RunResult) -> None:
         assert self.run_id is not None
         self.finished = True
         result.tracking.update(self.location())
@@ -314,8 +336,13 @@ class MLflowObserver:
         self._artifacts(result)
         self.client.set_terminated(self.run_id, "FINISHED")
 
-
     def on_error(self, exc: BaseException) -> None:
+        try:
+            self._error(exc)
+        finally:
+            self.release_guard()
+
+    def _error(self, exc: BaseException) -> None:
         if self.run_id is None or self.finished:  # e.g. Tune ending a trial after its last report
             return
         if isinstance(exc, SystemExit) and exc.code in (0, None):  # a scheduler (e.g. ASHA) ended the run early
@@ -374,6 +401,55 @@ def accuracy_figure(history: list[dict[str, float]], cfg: ExperimentConfig) -> A
     fig.tight_layout()
     plt.close(fig)
     return fig
+
+
+#: The guard (run as ``python -c``): blocks on stdin until its starter closes it (or dies, which closes
+#: it too); ``q`` means the run was closed properly. Otherwise the run (and its RUNNING children) is
+#: still open with nobody to close it: mark it FAILED with the reason. MLflow is imported only then.
+_GUARD = """import sys
+uri, run_id, hint = sys.argv[1], sys.argv[2], sys.argv[3]
+if sys.stdin.buffer.read().endswith(b"q"):
+    sys.exit(0)
+import mlflow
+client = mlflow.MlflowClient(tracking_uri=uri)
+run = client.get_run(run_id)
+children = client.search_runs([run.info.experiment_id], f"tags.mlflow.parentRunId = '{run_id}'")
+reason = ("the lcfed process ended without closing this run (killed, e.g. kill -9 or out of memory, "
+          "or its Ray node died); the metrics logged until then are kept" + hint)
+for r in [run, *children]:
+    if r.info.status == "RUNNING":
+        client.set_tag(r.info.run_id, "failure_reason", reason)
+        client.set_terminated(r.info.run_id, "FAILED")
+"""
+
+
+class RunGuard:
+    """A small process that marks a run FAILED, with the reason, if this process dies without closing
+    it (``kill -9``, the OOM killer, Ray ending the driver when its raylet dies): no run stays RUNNING
+    forever. :meth:`release` once the run is closed (or deliberately left open for a replay)."""
+
+    def __init__(self, uri: str, run_id: str, hint: str = "") -> None:
+        import subprocess
+        import sys
+
+        self.proc: subprocess.Popen[bytes] | None = subprocess.Popen(
+            [sys.executable, "-c", _GUARD, uri, run_id, hint],
+            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            start_new_session=True,  # a Ctrl-C or a signal to our process group must not reach it
+        )
+
+    def release(self) -> None:
+        proc, self.proc = self.proc, None
+        if proc is None or proc.stdin is None:
+            return
+        try:
+            proc.stdin.write(b"q")
+            proc.stdin.close()
+            proc.wait(timeout=10)
+        except (OSError, ValueError):
+            pass
+        except Exception:  # subprocess.TimeoutExpired: it has nothing left to do
+            proc.kill()
 
 
 def read_unlogged(path: str | Path) -> dict[str, Any]:

@@ -82,6 +82,11 @@ def build_parser() -> argparse.ArgumentParser:
         "/usr/share/datasets/fashion-mnist and $LCFED_IDX_DIRS",
     )
     imp.set_defaults(func=cmd_data_import)
+    stats = data_sub.add_parser(
+        "stats", help="print the config's partition: train/test sizes and classes per device (what a run starts with)"
+    )
+    _config_args(stats)
+    stats.set_defaults(func=cmd_data_stats)
 
     tracking = sub.add_parser("tracking", help="tracking utilities")
     tracking_sub = tracking.add_subparsers(dest="tracking_command", required=True, metavar="ACTION")
@@ -107,7 +112,7 @@ def _observers(cfg: ExperimentConfig, args: argparse.Namespace, resume: Any) -> 
         from lcfed.tracking import MLflowObserver
 
         tracker = MLflowObserver(cfg.tracking.uri, resume_run_id=resume.tracking.get("run_id") if resume else None,
-                                 backfill=resume.history if resume else ())
+                                 backfill=resume.history if resume else (), guard=True)
         try:
             tracker.check()
         except Exception as exc:
@@ -128,7 +133,12 @@ def cmd_run(args: argparse.Namespace) -> int:
                 "no CUDA GPU is visible to this process: use auto or cpu (or run on a GPU machine)")
     from lcfed.federation import check_against_data, load
 
-    check_against_data(cfg, load(cfg))  # fail on missing data or misfit sizes before anything starts
+    ds = load(cfg)
+    part = check_against_data(cfg, ds)  # fail on missing data or misfit sizes before anything starts
+    from lcfed.data import format_stats, partition_stats
+
+    stats = partition_stats(part, ds.y)
+    print(f"partition: {partition_label(cfg)}: {format_stats(stats)}", flush=True)
     from lcfed.engine import checkpoint_path, load_resume
 
     ckpt = checkpoint_path(cfg)
@@ -151,21 +161,26 @@ def cmd_run(args: argparse.Namespace) -> int:
             from lcfed.runner import run_local
 
             result = run_local(cfg, observers, resume)
+    averaged = last_evals(result.history, cfg.tracking.summary_evals)
+    final_round = int(result.final["round"]) + 1 if "round" in result.final else None
     summary = {
         "method": cfg.method.name,
         "engine": cfg.engine.kind,
         "rounds": cfg.train.rounds,
         "seconds_per_round": result.round_seconds,
         "wall_seconds": result.wall_seconds,
+        "reports": f"the metrics at the top level are the last evaluation's (round {final_round}); last_evals "
+                   f"holds their mean over the last {averaged['evaluations']} evaluations (rounds counted from 1)",
+        "last_eval_round": final_round,
         **{k: v for k, v in result.final.items() if k != "round"},
+        "last_evals": averaged,
+        "partition": stats,
         **result.tracking,
         **({"placement": result.placement} if result.placement else {}),
     }
     print(f"\n{cfg.name}: {cfg.method.name} on {cfg.data.dataset} ({cfg.data.partition}), "
           f"{cfg.data.num_devices} devices, {cfg.train.rounds} rounds, engine {cfg.engine.kind}")
-    for key in ("acc_mean", "acc_weighted", "acc_p10", "acc_p90", "test_loss", "train_loss", "ari"):
-        if key in result.final:
-            print(f"  {key:<14} {result.final[key]:.4f}")
+    print(summary_table(result.final, averaged))
     print(f"  {'s/round':<14} {result.round_seconds:.3f}   (wall {result.wall_seconds:.1f} s)")
     if result.placement:
         print(f"  placement      {placement_line(result.placement)}")
@@ -183,6 +198,57 @@ def cmd_run(args: argparse.Namespace) -> int:
               f"{result.tracking['unlogged_metrics']}; send them with `lcfed tracking replay "
               f"{result.tracking['unlogged_metrics']}` once it is back", file=sys.stderr)
         return 1
+    return 0
+
+
+#: what the summary reports, per evaluation and averaged over the last ``tracking.summary_evals``
+SUMMARY_METRICS = ("acc_mean", "acc_weighted", "acc_std", "acc_p10", "acc_p90", "test_loss", "train_loss", "ari")
+
+
+def last_evals(history: Sequence[dict[str, float]], n: int) -> dict[str, Any]:
+    """The mean of each summary metric over the last ``n`` evaluated rounds (fewer if the run made
+    fewer), with how many were averaged and their round numbers (from 1). A single evaluation moves
+    with the smallest devices' test sets; the papers' tables average the last few (reproduce: 3)."""
+    evals = [row for row in history if "acc_mean" in row][-n:]
+    out: dict[str, Any] = {"evaluations": len(evals), "rounds": [int(row["round"]) + 1 for row in evals]}
+    for key in SUMMARY_METRICS:
+        if evals and all(key in row for row in evals):
+            out[key] = float(sum(row[key] for row in evals) / len(evals))
+    return out
+
+
+def summary_table(final: dict[str, float], averaged: dict[str, Any]) -> str:
+    """Two columns: the last evaluation and the mean of the last N, each headed by its rounds."""
+    k = averaged["evaluations"]
+    last = f"round {int(final['round']) + 1}" if "round" in final else "no evaluation"
+    rounds = ", ".join(map(str, averaged["rounds"]))
+    lines = [f"  {'':<14} {'last eval':>10}   mean of last {k} eval{'s' if k != 1 else ''}",
+             f"  {'':<14} {'(' + last + ')':>10}   (round{'s' if k != 1 else ''} {rounds})"]
+    for key in SUMMARY_METRICS:
+        if key in final:
+            mean = f"{averaged[key]:.4f}" if key in averaged else "—"
+            lines.append(f"  {key:<14} {final[key]:>10.4f}   {mean}")
+    return "\n".join(lines)
+
+
+def partition_label(cfg: ExperimentConfig) -> str:
+    """E.g. ``mnist dirichlet alpha=0.1 (niid_bench), min_samples 10, test_fraction 0.2, min_test_samples 20``."""
+    d = cfg.data
+    scheme = {"dirichlet": f"dirichlet alpha={d.alpha:g} ({d.dirichlet_convention}), min_samples {d.min_samples}",
+              "pathological": f"pathological {d.classes_per_device} classes per device"}.get(d.partition, d.partition)
+    qty = f", {d.samples_per_device[0]}-{d.samples_per_device[1]} samples per device" if d.samples_per_device else ""
+    floor = f", min_test_samples {d.min_test_samples}" if d.min_test_samples else ""
+    return f"{d.dataset} {scheme}{qty}, test_fraction {d.test_fraction:g}{floor}, seed {cfg.seed}"
+
+
+def cmd_data_stats(args: argparse.Namespace) -> int:
+    from lcfed.data import format_stats, partition_stats
+    from lcfed.federation import check_against_data, load
+
+    cfg = load_config(args.config, args.set)
+    ds = load(cfg)
+    part = check_against_data(cfg, ds)
+    print(f"{partition_label(cfg)}:\n  {format_stats(partition_stats(part, ds.y))}")
     return 0
 
 
@@ -301,6 +367,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt as exc:
         print(f"lcfed: interrupted{': ' + str(exc) if str(exc) else ''}", file=sys.stderr)
         return 130
+    except Exception as exc:
+        if not type(exc).__module__.startswith("ray."):
+            raise
+        # Ray lost a process or node the run needs (e.g. its raylet died): one line, not Ray's traceback
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        print(f"lcfed: run failed: Ray lost a process or node this command needs ({type(exc).__name__}: {first})",
+              file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

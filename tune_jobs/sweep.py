@@ -393,7 +393,7 @@ def run_sweep(
     from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
 
     from actors.engine import ensure_ray
-    from lcfed.tracking import get_or_create_experiment, open_client, resolve_tracking_uri
+    from lcfed.tracking import RunGuard, get_or_create_experiment, open_client, resolve_tracking_uri
 
     uri = resolve_tracking_uri(base.tracking.uri)
     base = base.replace(**{"tracking.uri": uri, "tracking.enabled": True})
@@ -414,6 +414,7 @@ def run_sweep(
     parent = previous[0] if previous else client.create_run(
         exp_id, run_name=name, tags={"sweep_parent": "true", "sweep_name": name, "method": base.method.name})
     parent_id = parent.info.run_id
+    guard = RunGuard(uri, parent_id, f"; the Tune state is saved: continue with --resume --name {name}")
     if not previous:
         client.log_param(parent_id, "space", yaml.safe_dump({k: str(v) for k, v in space.items()}))
         client.log_param(parent_id, "num_samples", num_samples)
@@ -468,6 +469,7 @@ def run_sweep(
         client.set_terminated(parent_id, "FAILED")
         raise
     finally:
+        guard.release()
         if started:
             ray.shutdown()
 
