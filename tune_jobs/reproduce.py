@@ -188,10 +188,10 @@ def reproduce_table1(
     out.mkdir(parents=True, exist_ok=True)
     (out / "cells").mkdir(exist_ok=True)
 
-    client, parent_id, uri = None, None, None
+    client, parent_id, uri, guard = None, None, None, None
     if track:
 
-        from lcfed.tracking import open_client, resolve_tracking_uri
+        from lcfed.tracking import RunGuard, open_client, resolve_tracking_uri
 
         uri = resolve_tracking_uri(base.tracking.uri)
         client = open_client(uri)
@@ -199,6 +199,7 @@ def reproduce_table1(
                   "method_sets": json.dumps(method_sets, sort_keys=True), "base_digest": base.digest(),
                   "rounds": str(base.train.rounds)}
         parent_id = _parent_run(client, out, base.tracking.experiment, uri, params)
+        guard = RunGuard(uri, parent_id, "; rerun the same command to resume")
 
     results: dict[str, dict[str, Any]] = {}
     started = ensure_ray(base.engine)
@@ -244,6 +245,8 @@ def reproduce_table1(
             client.set_terminated(parent_id, status)
         raise
     finally:
+        if guard is not None:
+            guard.release()
         if started:
             import ray
 
@@ -304,8 +307,11 @@ def cmd_table1(args: argparse.Namespace) -> int:
     for key in sets:
         require(any(key in {f.name for f in dataclasses.fields(METHODS[m].params)} for m in methods),
                 "--method-set", key, "a setting of at least one chosen method (see `lcfed methods`)")
-    summary = reproduce_table1(base, datasets, partitions, methods, Path(args.out), sets,
-                               track=base.tracking.enabled and not args.no_track, quiet=args.quiet)
+    from tune_jobs.cli import stop_on_signals
+
+    with stop_on_signals():  # SIGTERM/SIGHUP/Ctrl-C: the running cell stops at a round boundary, checkpointed
+        summary = reproduce_table1(base, datasets, partitions, methods, Path(args.out), sets,
+                                   track=base.tracking.enabled and not args.no_track, quiet=args.quiet)
     print(summary["table"])
     print(f"written: {Path(args.out) / 'table1.md'}, {Path(args.out) / 'table1.csv'}  "
           f"({summary['wall_seconds'] / 60:.1f} min this invocation)")
