@@ -2,8 +2,9 @@
 layer-wise aggregation.
 
 Liu, Huang, He, Cao, "Dynamic Clustering for Personalized Federated Learning on Heterogeneous Edge
-Devices" (text in ``shared/papers/dcpfl.txt``; Eq. 3-6, Sec. III-IV, V-A). DESIGN.md §4 fixes the
-constants; each is a field of :class:`DCPFLParams` with the paper's value as its default.
+Devices" (Eq. 3-6, Sec. III-IV, V-A). ``docs/methods.md`` lists the constants and the choices made
+where the paper is open; each constant is a field of :class:`DCPFLParams` with the paper's value as
+its default.
 
 What happens, in this engine's rounds (every round every device trains locally):
 

@@ -1,9 +1,9 @@
 """FedAC: LCFed's clustered training plus Cluster Number Tuning (CNT), so K changes during the run.
 
 Zhang, Chen, Lin, Chen, Zhao, "FedAC: An Adaptive Clustered Federated Learning Framework for
-Heterogeneous Data", arXiv:2403.16460, 2024 (text: ``../shared/papers/fedac.md``).
+Heterogeneous Data", arXiv:2403.16460, 2024.
 
-Everything of Alg. 1 but line 13 is :class:`~lcfed.methods.lcfed.LCFed` (DESIGN.md §4): the local
+Everything of Alg. 1 but line 13 is :class:`~lcfed.methods.lcfed.LCFed` (``docs/methods.md``): the local
 objective of Eq. 3, Φ, the PCA projector M refit sparsely (Alg. 2; the paper's "e.g. every 100
 rounds" is the default), the E-step argmax_k LrCos (Eq. 4 writes argmin, a typo) against the previous
 round's centers, and the M-step of Eq. 5. After the M-step, CNT (Alg. 3) computes per cluster

@@ -7,7 +7,7 @@ arXiv:1912.00818, 2019.
 - Device: trains (φ, h_i) with the shared local update from the downloaded φ and its own h_i, keeps
   h_i, uploads only φ_i; it downloads only φ. Both directions count φ's bytes alone.
 - Split: the paper leaves the number of personalization layers open; here it is the project's
-  decision layer h (the last linear layer), as in LCFed's comparison (DESIGN.md §4).
+  decision layer h (the last linear layer), as in LCFed's comparison (``docs/methods.md``).
 - Every h_i starts from the federation's init; the personalized model is (current φ, h_i).
 """
 

@@ -1,7 +1,8 @@
 """LCFed: low-rank clustered FL with a global embedding and cluster models.
 
 Zhang et al., "LCFed: An Efficient Clustered Federated Learning Framework for Heterogeneous Data",
-ICASSP 2025 (arXiv:2501.01850). Notes that settle the paper's ambiguities: DESIGN.md §4.
+ICASSP 2025 (arXiv:2501.01850). What the paper leaves open and what is chosen here (Φ a mean, not
+the paper's sum; argmax LrCos; local work): ``docs/methods.md``.
 
 - Device i in cluster k minimizes ``L_sup + μ/2 ||ω_i − Ω_k||² + λ/2 ||φ_i − Φ||²`` starting from its
   own ω_i (Alg. 1); it uploads ω_i and its low-rank code ``M ω_i`` (D numbers).
