@@ -181,7 +181,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(f"\n{cfg.name}: {cfg.method.name} on {cfg.data.dataset} ({cfg.data.partition}), "
           f"{cfg.data.num_devices} devices, {cfg.train.rounds} rounds, engine {cfg.engine.kind}")
     print(summary_table(result.final, averaged))
-    print(f"  {'s/round':<14} {result.round_seconds:.3f}   (wall {result.wall_seconds:.1f} s)")
+    print(f"  {'s/round':<14} {result.round_seconds:>10.3f}   (wall {result.wall_seconds:.1f} s)")
     if result.placement:
         print(f"  placement      {placement_line(result.placement)}")
     if tracker is not None:
