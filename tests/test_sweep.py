@@ -161,3 +161,47 @@ def test_a_signal_stops_the_sweep_killed_with_a_reason_and_resume_finishes_it(tm
     for child in children:  # every round logged once, across the stop and the resume
         steps = [m.step for m in client.get_metric_history(child.info.run_id, "acc_mean")]
         assert sorted(set(steps)) == list(range(rounds)), steps
+
+
+def test_auto_trial_engine_is_local_on_one_node_with_at_most_one_gpu_per_trial():
+    from tune_jobs.sweep import resolve_trial_engine
+
+    assert resolve_trial_engine("auto", 0.0, nodes=1) == "local"
+    assert resolve_trial_engine("auto", 1.0, nodes=1) == "local"
+    assert resolve_trial_engine("auto", 2.0, nodes=1) == "ray"  # one process drives one GPU
+    assert resolve_trial_engine("auto", 0.5, nodes=4) == "ray"  # device actors go to the GPU workers
+    assert resolve_trial_engine("ray", 0.0, nodes=1) == "ray"
+    assert resolve_trial_engine("local", 0.5, nodes=4) == "local"
+    with pytest.raises(ConfigError, match="--gpus-per-trial"):
+        resolve_trial_engine("local", 2.0, nodes=1)
+    with pytest.raises(ConfigError, match="--trial-engine"):
+        resolve_trial_engine("threads", 0.0, nodes=1)
+
+
+@pytest.mark.parametrize("engine", ["local", pytest.param("ray", marks=pytest.mark.slow)])  # ray: test_multinode too
+def test_trials_equal_lcfed_run_of_the_same_config_and_name_their_engine(tmp_path, tracking_uri, engine):
+    """Every trial's numbers are those of ``lcfed run`` (run_local) of its config, on either trial
+    engine; two trials one after the other: the second reuses the first's warm process (local)."""
+    from ray import tune
+
+    from lcfed.runner import run_local
+
+    base = tiny_config("train.rounds=2", "engine.num_cpus=2", "tracking.enabled=true", f"tracking.uri={tracking_uri}",
+                       "tracking.experiment=sweep-eq")
+    mus = [0.05, 0.5]
+    summary = run_sweep(base, {"method.mu": tune.grid_search(mus)}, scheduler="fifo", max_concurrent=1,
+                        name=f"eq-{engine}", storage=tmp_path / "tune", trial_engine=engine)
+    assert summary["trials"] == 2 and summary["errors"] == 0 and summary["trial_engine"] == engine
+    client = mlflow.MlflowClient(tracking_uri=tracking_uri)
+    exp = client.get_experiment_by_name("sweep-eq")
+    children = [r for r in client.search_runs([exp.experiment_id]) if "mlflow.parentRunId" in r.data.tags]
+    assert sorted(float(c.data.params["method.mu"]) for c in children) == mus
+    parent = client.get_run(summary["parent_run_id"])
+    assert parent.data.params["trial_engine"] == engine
+    for child in children:
+        assert child.data.params["engine.kind"] == engine and child.data.tags["engine"] == engine
+        assert child.data.tags["placement.device_nodes"] == child.data.tags["placement.trial_node"]
+        mu = float(child.data.params["method.mu"])
+        ref = run_local(base.replace(**{"method.mu": mu, "engine.kind": "local", "tracking.enabled": False}))
+        for key in ("acc_mean", "train_loss"):
+            assert child.data.metrics[key] == ref.final[key], (engine, mu, key)

@@ -1,10 +1,14 @@
-"""``lcfed sweep``: Ray Tune over any config field, each trial a full federation on Ray actors.
+"""``lcfed sweep``: Ray Tune over any config field, each trial a full federation.
 
-Each trial is a placement group: a small bundle for the trial's driver, one bundle per device
-actor (with its fraction of the trial's GPUs); the ServerActor takes no CPU. Every round is
-reported to Tune (so ASHA can stop poor trials early); the trial checkpoint is the engine's
-snapshot, so ``--resume`` continues interrupted trials bit-identically. MLflow gets one parent run
-per sweep and one child run per trial; the parent gets the best config and summary plots.
+A trial runs its federation one of two ways (``--trial-engine``, see :func:`resolve_trial_engine`):
+``local``, the in-process engine inside the trial's own process (one bundle: the trial's CPUs and its
+GPU share; trial processes are reused from trial to trial, so torch is imported once per slot), or
+``ray``, a placement group with a small bundle for the trial's driver and one bundle per device actor
+(with its fraction of the trial's GPUs; the ServerActor takes no CPU), as a multi-node cluster with
+GPU workers needs. Every round is reported to Tune (so ASHA can stop poor trials early); the trial
+checkpoint is the engine's snapshot, so ``--resume`` continues interrupted trials bit-identically.
+MLflow gets one parent run per sweep and one child run per trial; the parent gets the best config
+and summary plots.
 """
 
 from __future__ import annotations
@@ -91,15 +95,46 @@ def load_space(path: str | Path, base: ExperimentConfig) -> dict[str, Any]:
     return space
 
 
+TRIAL_ENGINES = ("auto", "local", "ray")
+
+
+def resolve_trial_engine(choice: str, gpus_per_trial: float, nodes: int) -> str:
+    """The engine every trial of the sweep runs: ``local`` or ``ray``.
+
+    ``auto`` is ``local`` when the whole federation fits one trial process on one node: the Ray
+    cluster has a single node and a trial takes at most one GPU (one process drives one GPU).
+    Otherwise ``ray``: on a multi-node cluster a trial's device actors go where the GPUs are
+    (e.g. GPU workers beside a CPU head), and more than one GPU per trial needs several actors.
+    """
+    require(choice in TRIAL_ENGINES, "--trial-engine", choice, f"one of {list(TRIAL_ENGINES)}")
+    if choice == "local":
+        require(gpus_per_trial <= 1, "--gpus-per-trial", gpus_per_trial,
+                "must be <= 1 with --trial-engine local (a trial in one process drives one GPU); "
+                "use --trial-engine ray for more")
+        return "local"
+    if choice == "ray":
+        return "ray"
+    return "local" if nodes == 1 and gpus_per_trial <= 1 else "ray"
+
+
 def trial_layout(cfg: ExperimentConfig, gpus_per_trial: float) -> tuple[int, float, float]:
-    """(device actors, CPUs per actor, GPUs per actor) of one trial."""
+    """(device actors, CPUs per actor, GPUs per actor) of one trial on the Ray engine."""
     n = cfg.engine.num_actors or 1
     return n, cfg.engine.cpus_per_actor, gpus_per_trial / n
 
 
-def trial_resources(cfg: ExperimentConfig, gpus_per_trial: float) -> Any:
+def local_trial_cpus(cfg: ExperimentConfig) -> int:
+    """CPUs a local-engine trial reserves: ``engine.workers`` training threads (at least one), each
+    running ``engine.torch_threads`` intra-op threads."""
+    return cfg.engine.torch_threads * max(1, cfg.engine.workers)
+
+
+def trial_resources(cfg: ExperimentConfig, gpus_per_trial: float, engine: str = "ray") -> Any:
     from ray import tune
 
+    if engine == "local":
+        return tune.PlacementGroupFactory(
+            [{"CPU": local_trial_cpus(cfg), **({"GPU": gpus_per_trial} if gpus_per_trial > 0 else {})}])
     n, cpu, gpu = trial_layout(cfg, gpus_per_trial)
     bundle = {"CPU": cpu, **({"GPU": gpu} if gpu > 0 else {})}
     return tune.PlacementGroupFactory([{"CPU": 0.5}] + [dict(bundle) for _ in range(n)])
@@ -166,38 +201,78 @@ def trial_config(config: dict[str, Any], trial_id: str) -> ExperimentConfig:
     """The experiment config of one trial: the base config with the trial's sampled values."""
     base, meta = config["__base__"], config["__sweep__"]
     overrides = {k: v for k, v in config.items() if not k.startswith("__")}
+    run_name = {"tracking.run_name": f"{meta['name']}-{trial_id}"}
+    if meta.get("trial_engine", "ray") == "local":  # sweeps from before --trial-engine ran on Ray
+        return from_dict(apply_overrides(base, {**overrides, "engine.kind": "local", **run_name}))
     n, _, gpu = trial_layout(from_dict(base), meta["gpus_per_trial"])
     return from_dict(apply_overrides(base, {**overrides, "engine.num_actors": n, "engine.gpus_per_actor": gpu,
-                                            "engine.kind": "ray", "tracking.run_name": f"{meta['name']}-{trial_id}"}))
+                                            "engine.kind": "ray", **run_name}))
 
 
 def run_trial(config: dict[str, Any], sources: dict[Any, Any] | None = None) -> None:
-    """The Tune trainable: one federation with the trial's overrides of the base config.
+    """The Tune trainable: one federation with the trial's overrides of the base config, on the
+    engine its ``engine.kind`` names (:func:`resolve_trial_engine` chose it for the sweep).
 
     ``sources`` are the datasets the sweep's driver loaded (through ``tune.with_parameters``, so the
     object store carries them): the node running the trial reads no data files.
     """
+    import shutil
+
+    import ray
     from ray import tune
 
-    from actors.engine import RayFederation
     from lcfed import checkpoint
     from lcfed.federation import load, source_key
 
     ctx = tune.get_context()
     work = tempfile.mkdtemp(prefix="lcfed-trial-")
-    cfg = trial_config(config, ctx.get_trial_id()).replace(**{"checkpoint.dir": work})
-    source = (sources or {}).get(source_key(cfg))
-    resume = None
-    prior = tune.get_checkpoint()
-    if prior is not None:
-        with prior.as_directory() as d:
-            resume = checkpoint.load(Path(d) / "latest.pt")
-    n, gpu = cfg.engine.num_actors, cfg.engine.gpus_per_actor
-    fed = RayFederation(cfg, resources=(n * cfg.engine.cpus_per_actor, n * gpu), dataset=load(cfg, source))
     try:
-        import ray
+        cfg = trial_config(config, ctx.get_trial_id()).replace(**{"checkpoint.dir": work})
+        dataset = load(cfg, (sources or {}).get(source_key(cfg)))
+        resume = None
+        prior = tune.get_checkpoint()
+        if prior is not None:
+            with prior.as_directory() as d:
+                resume = checkpoint.load(Path(d) / "latest.pt")
+        node = ray.get_runtime_context().get_node_id()
+        if cfg.engine.kind == "local":
+            _run_in_process(cfg, dataset, resume, node, config["__sweep__"]["gpus_per_trial"])
+        else:
+            _run_on_actors(cfg, dataset, resume, node)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)  # Tune has persisted every reported checkpoint
 
-        placement = {"trial_node": ray.get_runtime_context().get_node_id(), **fed.placement()}
+
+def _run_in_process(cfg: ExperimentConfig, dataset: Any, resume: Any, node: str, gpus: float) -> None:
+    """The federation in this (the trial's) process: what :func:`lcfed.runner.run_local` does, on the
+    dataset the driver shipped, with one training thread per ``torch_threads`` CPUs the trial holds."""
+    import ray
+
+    from lcfed.engine import run_rounds
+    from lcfed.federation import make_strategy, prepare, resolve_device
+    from lcfed.runner import HostedDevices, LocalPool, LocalServer, auto_workers
+
+    setup = prepare(cfg, dataset)
+    workers = auto_workers(cfg, local_trial_cpus(cfg), resolve_device(cfg.engine.device))
+    hosted = HostedDevices(cfg, setup, range(setup.federation.num_devices), dataset, workers)
+    placement = {"engine": "local", "trial_node": node, "cpus": local_trial_cpus(cfg), "gpus": gpus,
+                 "gpu_ids": [str(g) for g in ray.get_gpu_ids()], "workers": hosted.workers,
+                 "torch_device": str(hosted.where), "devices": setup.federation.num_devices}
+    try:
+        server = LocalServer(make_strategy(cfg, setup.federation))
+        run_rounds(cfg, setup.federation, server, LocalPool(hosted), [TuneReporter(cfg, placement)], resume)
+    finally:
+        hosted.close()
+
+
+def _run_on_actors(cfg: ExperimentConfig, dataset: Any, resume: Any, node: str) -> None:
+    """The federation on device actors and a server actor inside the trial's placement group."""
+    from actors.engine import RayFederation
+
+    n, gpu = cfg.engine.num_actors, cfg.engine.gpus_per_actor
+    fed = RayFederation(cfg, resources=(n * cfg.engine.cpus_per_actor, n * gpu), dataset=dataset)
+    try:
+        placement = {"engine": "ray", "trial_node": node, **fed.placement()}
         fed.run([TuneReporter(cfg, placement)], resume)
     finally:
         fed.close()
@@ -244,8 +319,8 @@ def _trial_tracker(uri: str, exp_id: str, parent_id: str, sweep_name: str, round
             if isinstance(data.get("placement"), dict):
                 place = data["placement"]
                 obs.client.set_tag(obs.run_id, "placement.trial_node", place["trial_node"])
-                obs.client.set_tag(obs.run_id, "placement.device_nodes",
-                                   ",".join(sorted({a["node_id"] for a in place["device_actors"]})))
+                device_nodes = {a["node_id"] for a in place.get("device_actors", ())} or {place["trial_node"]}
+                obs.client.set_tag(obs.run_id, "placement.device_nodes", ",".join(sorted(device_nodes)))
                 obs.client.log_dict(obs.run_id, place, "placement.json")
             rnd = int(result.get("round", 0))
             metrics = dict(data.get("metrics", {}))
@@ -386,23 +461,29 @@ def run_sweep(
     name: str | None = None,
     storage: str | Path = "~/lcfed-sweeps",
     resume: bool = False,
+    trial_engine: str = "auto",
 ) -> dict[str, Any]:
-    """Run (or resume) a sweep; return the best trial's config, metric and the MLflow parent run."""
+    """Run (or resume) a sweep; return the best trial's config, metric and the MLflow parent run.
+
+    ``trial_engine``: ``auto``, ``local`` or ``ray`` (:func:`resolve_trial_engine`).
+    """
     import ray
     from ray import tune
     from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
 
-    from actors.engine import ensure_ray
+    from actors.engine import alive_nodes, ensure_ray
     from lcfed.tracking import RunGuard, get_or_create_experiment, open_client, resolve_tracking_uri
 
     uri = resolve_tracking_uri(base.tracking.uri)
     base = base.replace(**{"tracking.uri": uri, "tracking.enabled": True})
     name = name or f"{base.name}-sweep"
     storage_uri = storage_location(storage)
+    require(trial_engine in TRIAL_ENGINES, "--trial-engine", trial_engine, f"one of {list(TRIAL_ENGINES)}")
     sources = load_sources(base, space)  # a missing dataset fails here, before any run or trial exists
     started = ensure_ray(base.engine)
     try:
         check_storage(storage_uri)
+        engine = resolve_trial_engine(trial_engine, gpus_per_trial, len(alive_nodes()))
     except BaseException:
         if started:
             ray.shutdown()
@@ -419,12 +500,14 @@ def run_sweep(
         client.log_param(parent_id, "space", yaml.safe_dump({k: str(v) for k, v in space.items()}))
         client.log_param(parent_id, "num_samples", num_samples)
         client.log_param(parent_id, "scheduler", scheduler)
+        client.log_param(parent_id, "trial_engine", engine)
 
     try:
         param_space = {**space, "__base__": to_dict(base),
-                       "__sweep__": {"parent_run_id": parent_id, "name": name, "gpus_per_trial": gpus_per_trial}}
+                       "__sweep__": {"parent_run_id": parent_id, "name": name, "gpus_per_trial": gpus_per_trial,
+                                     "trial_engine": engine}}
         trainable = tune.with_resources(tune.with_parameters(run_trial, sources=sources),
-                                        trial_resources(base, gpus_per_trial))
+                                        trial_resources(base, gpus_per_trial, engine))
         rounds = base.train.rounds
         sched = (ASHAScheduler(time_attr="training_iteration", max_t=rounds, grace_period=max(1, rounds // 4))
                  if scheduler == "asha" else FIFOScheduler())
@@ -438,7 +521,9 @@ def run_sweep(
                 trainable,
                 param_space=param_space,
                 tune_config=tune.TuneConfig(metric=METRIC, mode="max", num_samples=num_samples, scheduler=sched,
-                                            max_concurrent_trials=max_concurrent or None),
+                                            max_concurrent_trials=max_concurrent or None,
+                                            # a local trial's process (torch imported, warm) serves the next trial
+                                            reuse_actors=engine == "local"),
                 run_config=run_config,
             )
         with forward_signals_to_tune() as received:
@@ -456,7 +541,8 @@ def run_sweep(
         failed = [_error_line(str(r.error)) for r in results if r.error is not None]
         summary = {"best_config": best_cfg, "best_" + METRIC: best.metrics.get(METRIC), "parent_run_id": parent_id,
                    "experiment_id": exp_id, "tracking_uri": uri, "trials": len(results),
-                   "errors": len(failed), "first_error": failed[0] if failed else None, "storage": exp_path}
+                   "errors": len(failed), "first_error": failed[0] if failed else None, "storage": exp_path,
+                   "trial_engine": engine}
         _log_parent(client, parent_id, exp_id, results, best, best_cfg, space)
         client.set_terminated(parent_id, "FINISHED")
         return summary
@@ -605,7 +691,7 @@ def _log_assignment_heatmap(client: Any, parent_id: str, exp_id: str, best: Any)
 
 
 def add_parser(sub: Any) -> None:
-    p = sub.add_parser("sweep", help="Ray Tune sweep over config fields; each trial a federation on Ray actors")
+    p = sub.add_parser("sweep", help="Ray Tune sweep over config fields; each trial a full federation")
     p.add_argument("--config", "-c", metavar="FILE", help="base experiment config")
     p.add_argument("--set", "-s", metavar="KEY=VALUE", action="append", default=[], help="override a base field")
     p.add_argument("--space", required=True, metavar="FILE",
@@ -614,6 +700,10 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--scheduler", choices=["asha", "fifo"], default="asha")
     p.add_argument("--max-concurrent", type=int, default=0, help="trials at once (0 = as resources allow)")
     p.add_argument("--gpus-per-trial", type=float, default=0.0, help="GPUs per trial, shared by its device actors")
+    p.add_argument("--trial-engine", choices=list(TRIAL_ENGINES), default="auto",
+                   help="local: each trial's federation in the trial's process (engine.torch_threads x engine.workers "
+                   "CPUs, its GPU share); ray: device actors in the trial's placement group; auto (default): local on "
+                   "a single-node Ray with --gpus-per-trial <= 1, else ray")
     p.add_argument("--name", help="sweep name (Tune experiment and MLflow parent run); default <config name>-sweep")
     p.add_argument("--storage", default="~/lcfed-sweeps",
                    help="Tune storage: a path, or a URI every node reaches (s3://bucket/prefix, gs://..., file://...) "
@@ -638,7 +728,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     space = load_space(args.space, base)
     summary = run_sweep(base, space, num_samples=args.num_samples, scheduler=args.scheduler,
                         max_concurrent=args.max_concurrent, gpus_per_trial=args.gpus_per_trial, name=args.name,
-                        storage=args.storage, resume=args.resume)
+                        storage=args.storage, resume=args.resume, trial_engine=args.trial_engine)
     print(json.dumps(summary, indent=2, default=str))
     if args.json:
         Path(args.json).write_text(json.dumps(summary, indent=2, default=str) + "\n")
