@@ -178,6 +178,20 @@ def test_auto_trial_engine_is_local_on_one_node_with_at_most_one_gpu_per_trial()
         resolve_trial_engine("threads", 0.0, nodes=1)
 
 
+def test_a_local_trial_asks_for_its_threads_and_gpu_share_in_one_bundle():
+    from tune_jobs.sweep import trial_config, trial_resources
+
+    cfg = tiny_config("engine.torch_threads=2", "engine.workers=2")
+    assert trial_resources(cfg, 0.5, "local").bundles == [{"CPU": 4, "GPU": 0.5}]
+    assert trial_resources(tiny_config(), 0.0, "local").bundles == [{"CPU": 1}]
+    assert trial_resources(tiny_config(), 0.0, "ray").bundles == [{"CPU": 0.5}, {"CPU": 1.0}]
+    meta = {"name": "s", "gpus_per_trial": 0.0, "parent_run_id": "p"}
+    config = {"__base__": to_dict(cfg), "__sweep__": {**meta, "trial_engine": "local"}, "method.mu": 0.3}
+    local = trial_config(config, "t1")
+    assert local.engine.kind == "local" and to_dict(local)["method"]["mu"] == 0.3 and local.tracking.run_name == "s-t1"
+    assert trial_config({**config, "__sweep__": meta}, "t1").engine.kind == "ray"  # a sweep from before
+
+
 @pytest.mark.parametrize("engine", ["local", pytest.param("ray", marks=pytest.mark.slow)])  # ray: test_multinode too
 def test_trials_equal_lcfed_run_of_the_same_config_and_name_their_engine(tmp_path, tracking_uri, engine):
     """Every trial's numbers are those of ``lcfed run`` (run_local) of its config, on either trial
