@@ -103,6 +103,30 @@ def test_ray_packages_exactly_what_the_dry_run_lists(workdir, tmp_path):
     assert names == {path for path, _ in jobs.plan_upload(env).files}
 
 
+def test_a_link_to_a_file_outside_the_working_dir_is_refused(workdir, tmp_path, capsys):
+    secret = tmp_path / "elsewhere" / "credentials"
+    secret.parent.mkdir()
+    secret.write_text("aws_secret_access_key = x\n")
+    (workdir / "creds").symlink_to(secret)
+    (workdir / "main_link.py").symlink_to(workdir / "main.py")  # a link inside the directory is fine
+    env = jobs.build_runtime_env(workdir, {}, ["notes.txt"], [".env.example"])
+    from ray._private.runtime_env.packaging import create_package
+
+    target = tmp_path / "pkg.zip"  # Ray itself would ship the link's target
+    create_package(env["working_dir"], target, include_gitignore=True, excludes=env["excludes"])
+    with zipfile.ZipFile(target) as zf:
+        assert zf.read("creds") == secret.read_bytes()
+    assert jobs.plan_upload(env).outside == ["creds"]
+    closed = f"http://127.0.0.1:{free_port()}"
+    for extra in (["--dry-run"], []):
+        code = main(["submit", *extra, "--address", closed, "--working-dir", str(workdir), "--", "lcfed", "run"])
+        err = capsys.readouterr().err
+        assert code == 2 and "--working-dir" in err and "creds" in err and "cannot reach" not in err, err
+    code = main(["submit", "--dry-run", "--address", closed, "--working-dir", str(workdir), "--exclude", "creds",
+                 "--", "lcfed", "run"])
+    assert code == 0 and "creds" not in _listed(capsys.readouterr().out)
+
+
 def test_include_cannot_be_a_negation():
     with pytest.raises(jobs.JobsError, match="--include"):
         jobs.build_runtime_env(ROOT, {}, includes=["!x"])

@@ -228,6 +228,7 @@ class UploadPlan:
     files: list[tuple[str, int]]  # (path relative to the working dir, bytes), sorted
     left_out: list[str]  # excluded paths (directories end with "/"), not entered
     by_default: list[str]  # those of left_out that lcfed's DEFAULT_EXCLUDES match
+    outside: list[str] = dataclasses.field(default_factory=list)  # files reached through a link to outside the dir
 
     @property
     def total_bytes(self) -> int:
@@ -242,6 +243,7 @@ def plan_upload(runtime_env: dict[str, Any]) -> UploadPlan:
     from ray._private.runtime_env.packaging import _dir_travel, _get_excludes
 
     root = Path(runtime_env["working_dir"]).absolute()
+    real_root = root.resolve()
     matches = _get_excludes(root, list(runtime_env.get("excludes", [])))
     by_default = _get_excludes(root, DEFAULT_EXCLUDES)
     plan = UploadPlan([], [], [])
@@ -261,6 +263,8 @@ def plan_upload(runtime_env: dict[str, Any]) -> UploadPlan:
     def collect(path: Path) -> None:  # the same test as Ray's zip handler
         if path.is_file():
             plan.files.append((rel(path), path.stat().st_size))
+            if not path.resolve().is_relative_to(real_root):  # Ray zips what a link points to
+                plan.outside.append(rel(path))
         elif path.is_dir() and next(path.iterdir(), None) is None:
             plan.files.append((rel(path) + "/", 0))
 
@@ -269,7 +273,17 @@ def plan_upload(runtime_env: dict[str, Any]) -> UploadPlan:
     plan.files.sort()
     plan.left_out.sort()
     plan.by_default.sort()
+    plan.outside.sort()
     return plan
+
+
+def refuse_outside_links(plan: UploadPlan) -> None:
+    """A symbolic link in the working dir would ship the file it points to (``creds ->
+    ~/.aws/credentials``): refuse links that leave the directory, naming them and the fix."""
+    if plan.outside:
+        names = ", ".join(plan.outside[:5]) + (", ..." if len(plan.outside) > 5 else "")
+        raise JobsError(f"--working-dir: {len(plan.outside)} file(s) reached through a symbolic link to outside the "
+                        f"directory would be uploaded ({names}); remove the link or pass --exclude for each")
 
 
 def _size(n: float) -> str:
@@ -288,6 +302,7 @@ def _left_out_line(plan: UploadPlan, show: int = 4) -> str:
 def dry_run(runtime_env: dict[str, Any], entrypoint: Sequence[str]) -> int:
     """Print what ``lcfed submit`` would upload, and what it leaves out; no cluster is contacted."""
     plan = plan_upload(runtime_env)
+    refuse_outside_links(plan)
     print(f"lcfed: dry run, nothing sent: would ship {runtime_env['working_dir']}")
     for path, size in plan.files:
         print(f"{_size(size):>10}  {path}")
@@ -383,8 +398,9 @@ def cmd_submit(args: argparse.Namespace) -> int:
     if args.dry_run:
         return dry_run(runtime_env, args.entrypoint)
     entrypoint = _entrypoint(args.entrypoint)
-    client = make_client(args.address, args.allow_insecure_token)
     plan = plan_upload(runtime_env)
+    refuse_outside_links(plan)
+    client = make_client(args.address, args.allow_insecure_token)
     print(f"lcfed: shipping {runtime_env['working_dir']}: {len(plan.files)} file(s), {_size(plan.total_bytes)}; "
           f"{_left_out_line(plan)} (--dry-run lists all)", flush=True)
     job_id = client.submit_job(
