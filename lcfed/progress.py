@@ -1,8 +1,10 @@
-"""A terminal progress bar observer: round, accuracy, loss, elapsed and ETA."""
+"""Progress observer: a tqdm bar on a terminal; without one (a Ray job's log, a pipe), plain lines:
+round, accuracy, loss, elapsed and ETA."""
 
 from __future__ import annotations
 
 import sys
+import time
 from typing import Any
 
 from tqdm import tqdm
@@ -11,17 +13,35 @@ from lcfed.config import ExperimentConfig
 from lcfed.engine import RunResult
 from lcfed.methods.base import Federation, RoundStats
 
+#: seconds between plain progress lines when rounds are quick (every round is printed otherwise)
+LINE_EVERY_S = 10.0
+
+
+def _is_tty(file: Any) -> bool:
+    try:
+        return bool(file.isatty())
+    except (AttributeError, ValueError):
+        return False
+
 
 class ProgressBar:
-    """tqdm bar over rounds; shows the latest evaluated accuracy and the training loss."""
+    """tqdm bar over rounds; shows the latest evaluated accuracy and the training loss. ``disable=None``:
+    a bar on a terminal, plain lines elsewhere (so ``lcfed job logs --follow`` shows progress)."""
 
     def __init__(self, disable: bool | None = None, file: Any = None) -> None:
         self.disable = disable
         self.file = file or sys.stderr
         self.bar: tqdm | None = None
         self.acc = float("nan")
+        self.lines = disable is None and not _is_tty(self.file)
+        self.t0 = self.last_line = 0.0
+        self.rounds = 0
 
     def on_start(self, cfg: ExperimentConfig, fed: Federation) -> None:
+        self.rounds = cfg.train.rounds
+        self.t0 = self.last_line = time.monotonic()
+        if self.lines:
+            return
         self.bar = tqdm(
             total=cfg.train.rounds,
             desc=f"{cfg.method.name} {cfg.data.dataset} m={fed.num_devices}",
@@ -32,10 +52,24 @@ class ProgressBar:
         )
 
     def on_round(self, rnd: int, metrics: dict[str, float], stats: RoundStats) -> None:
-        assert self.bar is not None
         self.acc = metrics.get("acc_mean", self.acc)
+        if self.lines:
+            self._line(rnd, metrics)
+            return
+        assert self.bar is not None
         self.bar.set_postfix(acc=f"{self.acc:.4f}", loss=f"{metrics['train_loss']:.4f}", refresh=False)
         self.bar.update(1)
+
+    def _line(self, rnd: int, metrics: dict[str, float]) -> None:
+        now = time.monotonic()
+        last = rnd + 1 >= self.rounds
+        if not last and rnd > 0 and now - self.last_line < LINE_EVERY_S:
+            return
+        self.last_line = now
+        elapsed = now - self.t0
+        eta = elapsed / (rnd + 1) * (self.rounds - rnd - 1)
+        print(f"round {rnd + 1}/{self.rounds}  acc_mean {self.acc:.4f}  train_loss {metrics['train_loss']:.4f}  "
+              f"elapsed {elapsed:.0f} s  eta {eta:.0f} s", file=self.file, flush=True)
 
     def on_end(self, result: RunResult) -> None:
         if self.bar is not None:

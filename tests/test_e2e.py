@@ -7,6 +7,7 @@ from pathlib import Path
 
 import mlflow
 
+from tests.conftest import tiny_config
 from tune_jobs.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -55,3 +56,19 @@ def test_run_logs_to_mlflow_and_lcfed_beats_fedavg(tmp_path, tracking_uri, capsy
     assert (local / "metrics" / "history.csv").exists()
     # the store and its artifacts live where the URI says, not in the working directory
     assert str(tmp_path) in run.info.artifact_uri
+
+
+def test_progress_without_a_terminal_is_plain_lines_and_quiet_is_silent():
+    """In a Ray job's log there is no TTY: progress comes as lines (first round, then at most every
+    LINE_EVERY_S seconds, and the last round), not tqdm's carriage returns."""
+    import io
+
+    from lcfed.progress import ProgressBar
+    from lcfed.runner import run_local
+
+    out, quiet = io.StringIO(), io.StringIO()
+    run_local(tiny_config("train.rounds=3"), [ProgressBar(file=out), ProgressBar(disable=True, file=quiet)])
+    lines = out.getvalue().splitlines()
+    assert "\r" not in out.getvalue() and quiet.getvalue() == ""
+    assert lines[0].startswith("round 1/3  acc_mean ") and lines[-1].startswith("round 3/3  acc_mean ")
+    assert all("train_loss" in line and "eta" in line for line in lines) and 2 <= len(lines) <= 3
