@@ -48,8 +48,10 @@ def safe_name(name: Any) -> bool:
     return isinstance(name, str) and _NAME.fullmatch(name) is not None
 
 
-def _printable(text: str) -> bool:
-    return text.isprintable()
+def uri_scheme(uri: str) -> str:
+    """The URI's scheme, lower-case and without a driver (``postgresql+psycopg2://`` -> ``postgresql``);
+    ``""`` for a plain path."""
+    return uri.split("://", 1)[0].split("+", 1)[0].lower() if "://" in uri else ""
 
 
 def require(cond: bool, field_name: str, value: Any, allowed: str) -> None:
@@ -270,7 +272,7 @@ class TrackingConfig:
         require(bool(self.experiment), f"{prefix}.experiment", self.experiment, "must be a non-empty name")
         parts = self.experiment.split("/")
         require(
-            len(self.experiment) <= 256 and _printable(self.experiment) and "\\" not in self.experiment
+            len(self.experiment) <= 256 and self.experiment.isprintable() and "\\" not in self.experiment
             and all(part not in ("", ".", "..") for part in parts),
             f"{prefix}.experiment",
             self.experiment,
@@ -278,10 +280,10 @@ class TrackingConfig:
             "empty, '.' or '..' (the name becomes a directory of the artifact store) and no backslash",
         )
         if self.run_name is not None:
-            require(0 < len(self.run_name) <= 250 and _printable(self.run_name), f"{prefix}.run_name",
+            require(0 < len(self.run_name) <= 250 and self.run_name.isprintable(), f"{prefix}.run_name",
                     self.run_name, "must be null (use the config's name) or 1-250 printable characters")
         if self.uri is not None:
-            scheme = self.uri.split("://", 1)[0].split("+", 1)[0].lower() if "://" in self.uri else ""
+            scheme = uri_scheme(self.uri)
             require(
                 bool(self.uri.strip()) and (scheme == "" or scheme in TRACKING_SCHEMES),
                 f"{prefix}.uri",

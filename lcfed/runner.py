@@ -228,15 +228,32 @@ class LocalPool:
             self.hosted.set_states(states)
 
 
+class LocalFederation:
+    """The whole federation hosted in this process, on ``cpus`` CPUs (the same ``run`` / ``placement`` /
+    ``close`` as the Ray engine's federation, so a Tune trial can run either)."""
+
+    def __init__(self, cfg: ExperimentConfig, dataset: Any, cpus: int) -> None:
+        self.cfg, self.cpus = cfg, cpus
+        self.setup = prepare(cfg, dataset)
+        workers = auto_workers(cfg, cpus, resolve_device(cfg.engine.device))
+        self.hosted = HostedDevices(cfg, self.setup, range(self.setup.federation.num_devices), dataset, workers)
+
+    def placement(self) -> dict[str, Any]:
+        return {"cpus": self.cpus, "workers": self.hosted.workers, "torch_device": str(self.hosted.where),
+                "devices": self.setup.federation.num_devices}
+
+    def run(self, observers: Sequence[Observer] = (), resume: Snapshot | None = None) -> RunResult:
+        server = LocalServer(make_strategy(self.cfg, self.setup.federation))
+        return run_rounds(self.cfg, self.setup.federation, server, LocalPool(self.hosted), observers, resume)
+
+    def close(self) -> None:
+        self.hosted.close()
+
+
 def run_local(cfg: ExperimentConfig, observers: Sequence[Observer] = (), resume: Snapshot | None = None) -> RunResult:
     """Run the whole federation in this process (continuing from ``resume`` if given)."""
-    ds = load(cfg)
-    setup = prepare(cfg, ds)
-    cpus = cfg.engine.num_cpus or len(os.sched_getaffinity(0))
-    workers = auto_workers(cfg, cpus, resolve_device(cfg.engine.device))
-    hosted = HostedDevices(cfg, setup, range(setup.federation.num_devices), ds, workers)
-    server = LocalServer(make_strategy(cfg, setup.federation))
+    fed = LocalFederation(cfg, load(cfg), cfg.engine.num_cpus or len(os.sched_getaffinity(0)))
     try:
-        return run_rounds(cfg, setup.federation, server, LocalPool(hosted), observers, resume)
+        return fed.run(observers, resume)
     finally:
-        hosted.close()
+        fed.close()

@@ -61,11 +61,6 @@ def resolve_tracking_uri(uri: str | None = None) -> str:
     return uri
 
 
-def _artifact_root(uri: str) -> str | None:
-    """For a local sqlite store, artifacts go beside the database (absolute), not in the cwd."""
-    if uri.startswith("sqlite:///"):
-        return (Path(uri[len("sqlite:///") :]).parent / "mlartifacts").resolve().as_uri()
-    return None
 
 
 #: how long a process waits for others to finish opening (creating, migrating) a local sqlite store
@@ -121,6 +116,12 @@ def open_client(uri: str) -> Any:
         import mlflow.store.tracking.sqlalchemy_store  # noqa: F401
     with store_lock(uri):
         return mlflow.MlflowClient(tracking_uri=uri)
+
+
+def _artifact_root(uri: str) -> str | None:
+    """For a local sqlite store, artifacts go beside the database (absolute), not in the cwd."""
+    path = _sqlite_path(uri)
+    return (path.parent / "mlartifacts").resolve().as_uri() if path is not None else None
 
 
 def get_or_create_experiment(client: Any, name: str, uri: str) -> str:
@@ -315,9 +316,9 @@ class MLflowObserver:
                           f"points saved in {dump} ({type(exc).__name__})", stacklevel=2)
             return False
         if not self.unreachable_since:
-                self.unreachable_since = time.time()
-                warnings.warn(f"MLflow store {self.uri} unreachable ({type(exc).__name__}); buffering metrics",
-                              stacklevel=2)
+            self.unreachable_since = time.time()
+            warnings.warn(f"MLflow store {self.uri} unreachable ({type(exc).__name__}); buffering metrics",
+                          stacklevel=2)
         return False
 
     def on_end(self, result: RunResult) -> None:

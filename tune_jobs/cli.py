@@ -131,13 +131,9 @@ def cmd_run(args: argparse.Namespace) -> int:
 
         require(torch.cuda.is_available(), "engine.device", "cuda",
                 "no CUDA GPU is visible to this process: use auto or cpu (or run on a GPU machine)")
-    from lcfed.federation import check_against_data, load
+    from lcfed.data import format_stats
 
-    ds = load(cfg)
-    part = check_against_data(cfg, ds)  # fail on missing data or misfit sizes before anything starts
-    from lcfed.data import format_stats, partition_stats
-
-    stats = partition_stats(part, ds.y)
+    stats = checked_partition_stats(cfg)  # fail on missing data or misfit sizes before anything starts
     print(f"partition: {partition_label(cfg)}: {format_stats(stats)}", flush=True)
     from lcfed.engine import checkpoint_path, load_resume
 
@@ -241,14 +237,21 @@ def partition_label(cfg: ExperimentConfig) -> str:
     return f"{d.dataset} {scheme}{qty}, test_fraction {d.test_fraction:g}{floor}, seed {cfg.seed}"
 
 
-def cmd_data_stats(args: argparse.Namespace) -> int:
-    from lcfed.data import format_stats, partition_stats
+def checked_partition_stats(cfg: ExperimentConfig) -> dict[str, float]:
+    """The config's partition statistics, after checking the config against its dataset (a missing
+    dataset or sizes that do not fit are errors here)."""
+    from lcfed.data import partition_stats
     from lcfed.federation import check_against_data, load
 
-    cfg = load_config(args.config, args.set)
     ds = load(cfg)
-    part = check_against_data(cfg, ds)
-    print(f"{partition_label(cfg)}:\n  {format_stats(partition_stats(part, ds.y))}")
+    return partition_stats(check_against_data(cfg, ds), ds.y)
+
+
+def cmd_data_stats(args: argparse.Namespace) -> int:
+    from lcfed.data import format_stats
+
+    cfg = load_config(args.config, args.set)
+    print(f"{partition_label(cfg)}:\n  {format_stats(checked_partition_stats(cfg))}")
     return 0
 
 

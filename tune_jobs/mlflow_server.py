@@ -381,7 +381,7 @@ def check_args(args: argparse.Namespace) -> None:
     """Every flag checked before anything is printed, created or started."""
     import math
 
-    from lcfed.config import check_output_dir, require
+    from lcfed.config import check_output_dir, require, uri_scheme
 
     require(1 <= args.port <= 65535, "--port", args.port, "must be a TCP port in [1, 65535]")
     require(args.workers is None or args.workers >= 1, "--workers", args.workers, "must be >= 1 (server processes)")
@@ -390,7 +390,7 @@ def check_args(args: argparse.Namespace) -> None:
     check_output_dir(args.store_dir, "--store-dir")
     if args.backend_store_uri is not None:
         uri = args.backend_store_uri
-        scheme = uri.split("://", 1)[0].split("+", 1)[0].lower() if "://" in uri else ""
+        scheme = uri_scheme(uri)
         require(bool(uri.strip()) and (scheme == "" or scheme in BACKEND_SCHEMES), "--backend-store-uri", uri,
                 f"must be a local path or a URI with scheme one of {list(BACKEND_SCHEMES)}")
     if args.artifacts_destination is not None and "://" not in args.artifacts_destination:

@@ -234,48 +234,32 @@ def run_trial(config: dict[str, Any], sources: dict[Any, Any] | None = None) -> 
         if prior is not None:
             with prior.as_directory() as d:
                 resume = checkpoint.load(Path(d) / "latest.pt")
-        node = ray.get_runtime_context().get_node_id()
-        if cfg.engine.kind == "local":
-            _run_in_process(cfg, dataset, resume, node, config["__sweep__"]["gpus_per_trial"])
-        else:
-            _run_on_actors(cfg, dataset, resume, node)
+        fed = _trial_federation(cfg, dataset)
+        try:
+            placement = {"engine": cfg.engine.kind, "trial_node": ray.get_runtime_context().get_node_id(),
+                         **fed.placement()}
+            if cfg.engine.kind == "local":  # the trial's own GPU share (actors report theirs)
+                placement.update(gpus=config["__sweep__"]["gpus_per_trial"],
+                                 gpu_ids=[str(g) for g in ray.get_gpu_ids()])
+            fed.run([TuneReporter(cfg, placement)], resume)
+        finally:
+            fed.close()
     finally:
         shutil.rmtree(work, ignore_errors=True)  # Tune has persisted every reported checkpoint
 
 
-def _run_in_process(cfg: ExperimentConfig, dataset: Any, resume: Any, node: str, gpus: float) -> None:
-    """The federation in this (the trial's) process: what :func:`lcfed.runner.run_local` does, on the
-    dataset the driver shipped, with one training thread per ``torch_threads`` CPUs the trial holds."""
-    import ray
+def _trial_federation(cfg: ExperimentConfig, dataset: Any) -> Any:
+    """The trial's federation on the engine ``engine.kind`` names: in this (the trial's) process, with
+    one training thread per ``torch_threads`` CPUs the trial holds; or on device actors and a server
+    actor inside the trial's placement group."""
+    if cfg.engine.kind == "local":
+        from lcfed.runner import LocalFederation
 
-    from lcfed.engine import run_rounds
-    from lcfed.federation import make_strategy, prepare, resolve_device
-    from lcfed.runner import HostedDevices, LocalPool, LocalServer, auto_workers
-
-    setup = prepare(cfg, dataset)
-    workers = auto_workers(cfg, local_trial_cpus(cfg), resolve_device(cfg.engine.device))
-    hosted = HostedDevices(cfg, setup, range(setup.federation.num_devices), dataset, workers)
-    placement = {"engine": "local", "trial_node": node, "cpus": local_trial_cpus(cfg), "gpus": gpus,
-                 "gpu_ids": [str(g) for g in ray.get_gpu_ids()], "workers": hosted.workers,
-                 "torch_device": str(hosted.where), "devices": setup.federation.num_devices}
-    try:
-        server = LocalServer(make_strategy(cfg, setup.federation))
-        run_rounds(cfg, setup.federation, server, LocalPool(hosted), [TuneReporter(cfg, placement)], resume)
-    finally:
-        hosted.close()
-
-
-def _run_on_actors(cfg: ExperimentConfig, dataset: Any, resume: Any, node: str) -> None:
-    """The federation on device actors and a server actor inside the trial's placement group."""
+        return LocalFederation(cfg, dataset, local_trial_cpus(cfg))
     from actors.engine import RayFederation
 
     n, gpu = cfg.engine.num_actors, cfg.engine.gpus_per_actor
-    fed = RayFederation(cfg, resources=(n * cfg.engine.cpus_per_actor, n * gpu), dataset=dataset)
-    try:
-        placement = {"engine": "ray", "trial_node": node, **fed.placement()}
-        fed.run([TuneReporter(cfg, placement)], resume)
-    finally:
-        fed.close()
+    return RayFederation(cfg, resources=(n * cfg.engine.cpus_per_actor, n * gpu), dataset=dataset)
 
 
 def _trial_tracker(uri: str, exp_id: str, parent_id: str, sweep_name: str, rounds: int) -> Any:
