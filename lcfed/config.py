@@ -60,6 +60,10 @@ def require(cond: bool, field_name: str, value: Any, allowed: str) -> None:
         raise ConfigError(field_name, value, allowed)
 
 
+NORMALIZE = ("standardize", "unit")
+"""``data.normalize``: how uint8 pixels become model inputs."""
+
+
 @dataclass(frozen=True)
 class DataConfig:
     """Where the samples come from and how they are split across devices."""
@@ -79,6 +83,7 @@ class DataConfig:
     secondary: tuple[float, ...] = (0.2, 0.4)
     dirichlet_convention: str = "rebalance"
     min_test_samples: int = 0
+    normalize: str = "standardize"
 
     def validate(self, prefix: str = "data") -> None:
         from lcfed.data import DIRICHLET_CONVENTIONS, PARTITIONERS, SOURCES
@@ -125,6 +130,12 @@ class DataConfig:
             f"{prefix}.dirichlet_convention",
             self.dirichlet_convention,
             f"one of {sorted(DIRICHLET_CONVENTIONS)} (how partition=dirichlet meets min_samples; README section 2)",
+        )
+        require(
+            self.normalize in NORMALIZE,
+            f"{prefix}.normalize",
+            self.normalize,
+            f"one of {list(NORMALIZE)} (per-channel mean/std of the devices' training samples, or plain [0, 1])",
         )
         require(self.min_test_samples >= 0, f"{prefix}.min_test_samples", self.min_test_samples,
                 "must be >= 0 (0 = no floor on a device's test set)")

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from lcfed.config import ConfigError, ExperimentConfig, require
-from lcfed.data import Dataset, Partition, PartitionError, load_dataset, make_partition, partition_stats, to_float
+from lcfed.data import Dataset, Partition, PartitionError, Scaling, load_dataset, make_partition, partition_stats
 from lcfed.local import DeviceData, LocalWork
 from lcfed.methods import METHODS, Strategy
 from lcfed.methods.base import Federation
@@ -29,6 +29,7 @@ class Setup:
     partition: Partition
     federation: Federation
     input_shape: tuple[int, int, int]
+    scaling: Scaling  # pixels -> inputs, fitted on the driver so every host scales alike
 
 
 def data_dir(cfg: ExperimentConfig) -> Path:
@@ -121,7 +122,15 @@ def prepare(cfg: ExperimentConfig, dataset: Dataset | None = None) -> Setup:
         flops_per_sample=forward_flops(net, init, ds.input_shape),
         partition_stats=partition_stats(part, ds.y),
     )
-    return Setup(part, fed, ds.input_shape)
+    return Setup(part, fed, ds.input_shape, input_scaling(cfg, ds, part))
+
+
+def input_scaling(cfg: ExperimentConfig, ds: Dataset, part: Partition) -> Scaling:
+    """``data.normalize``: standardize with the per-channel mean/std of the devices' training
+    samples (never their test samples), or plain [0, 1]."""
+    if cfg.data.normalize == "unit":
+        return Scaling.unit(ds.input_shape[0])
+    return Scaling.fit(ds.x, np.concatenate([np.zeros(0, np.int64), *part.train]))
 
 
 def forward_flops(net: Network, weights: torch.Tensor, input_shape: tuple[int, ...]) -> float:
@@ -174,16 +183,18 @@ def resolve_device(kind: str) -> torch.device:
     return torch.device("cpu")
 
 
-def device_data(ds: Dataset, part: Partition, devices: Iterable[int], where: torch.device) -> dict[int, DeviceData]:
-    """The local train/test tensors of the given devices, placed once on ``where``."""
+def device_data(
+    ds: Dataset, part: Partition, devices: Iterable[int], where: torch.device, scaling: Scaling
+) -> dict[int, DeviceData]:
+    """The local train/test tensors of the given devices, scaled and placed once on ``where``."""
     y = torch.from_numpy(np.asarray(ds.y, dtype=np.int64))
     out = {}
     for dev in devices:
         tr, te = part.train[dev], part.test[dev]
         out[dev] = DeviceData(
-            to_float(ds.x[tr]).to(where),
+            scaling.apply(ds.x[tr]).to(where),
             y[tr].to(where),
-            to_float(ds.x[te]).to(where),
+            scaling.apply(ds.x[te]).to(where),
             y[te].to(where),
         )
     return out

@@ -100,7 +100,7 @@ class HostedDevices:
         self.setup = setup
         self.where = resolve_device(cfg.engine.device)
         ds = dataset if dataset is not None else load(cfg)
-        self.data = device_data(ds, setup.partition, devices, self.where)
+        self.data = device_data(ds, setup.partition, devices, self.where, setup.scaling)
         self.net = self._new_net()
         self.strategy = make_strategy(cfg, setup.federation)
         self.init = setup.federation.init

@@ -19,7 +19,7 @@ from lcfed.data.partition import (
     pathological,
     split_train_test,
 )
-from lcfed.data.sources import SOURCES, DataError, Dataset, load_dataset, to_float
+from lcfed.data.sources import SOURCES, DataError, Dataset, Scaling, load_dataset, to_float
 
 __all__ = [
     "DEFAULT_IDX_DIRS",
@@ -42,5 +42,6 @@ __all__ = [
     "partition_stats",
     "pathological",
     "split_train_test",
+    "Scaling",
     "to_float",
 ]
