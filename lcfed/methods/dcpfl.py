@@ -77,9 +77,11 @@ WARMUP, TRAIN, UPLOAD, TRIAL = "warmup", "train", "upload", "trial"
 
 @dataclass(frozen=True)
 class DCPFLParams:
-    """Warm-up rounds averaging the discrepancy (T_start), smoothing window (s), rounds r must stay
-    above its minimum (t_obv), rounds before a rejected split is retried (t_sp), gamma~ step (λ_γ),
-    base aggregation interval (τ), interval factor of low-discrepancy layers (α), low-layer ratio."""
+    """Warm-up rounds averaging the discrepancy (T_start), smoothing window (s), rounds the knee must
+    lie behind the latest round (t_obv), rounds before a rejected split is retried (t_sp), gamma~ step
+    (λ_γ), base aggregation interval (τ), interval factor of low-discrepancy layers (α), low-layer
+    ratio; the rapid-decrease detector's smallest relative drop and smallest bend (not in the paper,
+    see :func:`rdp_end`)."""
 
     t_start: int = 5
     window: int = 5
@@ -89,6 +91,8 @@ class DCPFLParams:
     tau: int = 5
     alpha: int = 3
     low_ratio: float = 0.1
+    min_drop: float = 0.05
+    min_bend: float = 0.25
 
     def validate(self, cfg: ExperimentConfig, prefix: str = "method") -> None:
         require(self.t_start >= 1, f"{prefix}.t_start", self.t_start, "must be >= 1 (rounds averaging the discrepancy)")
@@ -99,6 +103,8 @@ class DCPFLParams:
         require(self.tau >= 1, f"{prefix}.tau", self.tau, "must be >= 1 (rounds)")
         require(self.alpha >= 1, f"{prefix}.alpha", self.alpha, "must be >= 1 (1 = no layer-wise aggregation)")
         require(self.low_ratio >= 0, f"{prefix}.low_ratio", self.low_ratio, "must be >= 0")
+        require(0 <= self.min_drop < 1, f"{prefix}.min_drop", self.min_drop, "must be in [0, 1) (fraction of the loss)")
+        require(0 < self.min_bend < 1, f"{prefix}.min_bend", self.min_bend, "must be in (0, 1) (gap below the chord)")
         require(
             cfg.train.participation == 1,
             "train.participation",
@@ -196,29 +202,55 @@ def next_split(tree: np.ndarray, groups: np.ndarray, level: int, step: float) ->
     return None
 
 
-def curvature_radii(losses: Sequence[float], window: int) -> np.ndarray:
-    """Radius of curvature r(t) of the smoothed loss curve (Eq. 4); NaN where not yet defined."""
+def smoothed_losses(losses: Sequence[float], window: int) -> np.ndarray:
+    """The paper's l_w: the mean of the last ``window`` losses, from the first full window on
+    (entry j is l_w at round ``j + window - 1``)."""
     loss = np.asarray(losses, dtype=np.float64)
-    n = len(loss)
-    r = np.full(n, np.nan)
-    if n < window + 2:
-        return r
-    smooth = np.convolve(loss, np.ones(window) / window, mode="valid")  # smooth[j] = l_w(j + window - 1)
-    d1 = np.diff(smooth)
-    d2 = np.diff(d1)
-    with np.errstate(divide="ignore"):
-        r[window + 1 :] = (1 + d1[1:] ** 2) ** 1.5 / np.abs(d2)
-    return r
+    if len(loss) < window:
+        return np.zeros(0)
+    return np.convolve(loss, np.ones(window) / window, mode="valid")
 
 
-def rdp_ended(losses: Sequence[float], window: int, t_obv: int) -> bool:
-    """Whether the latest loss reveals the end of the rapid-decrease period: r(t) < r(t') for the
-    ``t_obv`` rounds t' after t = (last round - t_obv)."""
-    r = curvature_radii(losses, window)
-    t = len(r) - 1 - t_obv
-    if t < window + 1:
-        return False
-    return bool(np.all(r[t] < r[t + 1 :]))
+def knee(curve: Sequence[float]) -> tuple[int, float]:
+    """The knee of a decreasing curve and how pronounced it is, in units where both axes run over
+    [0, 1]: x = (j - 0) / (n - 1), y = (c_j - min c) / (max c - min c). The knee is the point farthest
+    below the chord from (0, 1) to (1, 0), i.e. argmax of ``1 - x - y`` (Kneedle, Satopaa et al. 2011:
+    where the normalized slope is -1, the turn from steep to flat); the bend is that largest gap,
+    0 for a straight line, towards 1 for a sharp L. A constant curve has its knee at 0 with bend 0."""
+    c = np.asarray(curve, dtype=np.float64)
+    n = len(c)
+    span = float(c.max() - c.min()) if n else 0.0
+    if n < 3 or span <= 0:
+        return 0, 0.0
+    gap = (1 - np.arange(n) / (n - 1)) - (c - c.min()) / span
+    j = int(np.argmax(gap))
+    return j, float(gap[j])
+
+
+def rdp_end(
+    losses: Sequence[float], window: int, t_obv: int, min_drop: float, min_bend: float
+) -> int | None:
+    """Whether the rapid-decrease period that began with ``losses[0]`` has ended by the latest loss,
+    and where: the round (index into ``losses``) of its knee, or ``None`` while it goes on.
+
+    The smoothed loss is taken from its highest value on (the decrease starts there) to the latest
+    round and normalized over that observed window, both axes to [0, 1] (:func:`knee`). The period
+    has ended when (1) the smoothed loss fell by at least ``min_drop`` of its starting value (a flat
+    or noisy curve has no rapid decrease), (2) the curve lies at least ``min_bend`` below its chord
+    (it has flattened: a decrease still going at its own pace is a straight line in these units),
+    and (3) the knee is at least ``t_obv`` rounds old. For l = a exp(-t/s) + c, (2) holds once the
+    window spans about 2.1 s rounds (bend 0.25), with the knee near 0.85 s: both scale with s."""
+    smooth = smoothed_losses(losses, window)
+    if len(smooth) < 3:
+        return None
+    start = int(np.argmax(smooth))
+    seg = smooth[start:]
+    if seg[0] - seg.min() < min_drop * abs(seg[0]):
+        return None
+    j, bend = knee(seg)
+    if bend < min_bend or j > len(seg) - 1 - t_obv:
+        return None
+    return start + j + window - 1
 
 
 # --- state and messages --------------------------------------------------------------------------
@@ -469,7 +501,9 @@ class DCPFL(Strategy):
     def _detect(self, state: DCPFLState, rnd: int) -> DCPFLState:
         """Schedule a split trial for the next round if the rapid-decrease period just ended."""
         p = self.params
-        if state.tree is None or state.upload_at >= 0 or not rdp_ended(state.losses, p.window, p.t_obv):
+        if state.tree is None or state.upload_at >= 0:
+            return state
+        if rdp_end(state.losses, p.window, p.t_obv, p.min_drop, p.min_bend) is None:
             return state
         if next_split(state.tree, state.groups, state.level, p.gamma_step) is None:
             return state
