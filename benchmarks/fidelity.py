@@ -23,6 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from lcfed.config import load_config  # noqa: E402
+from lcfed.progress import ProgressBar  # noqa: E402
 from lcfed.runner import run_local  # noqa: E402
 
 COMMON = ["train.local_steps=50", "train.eval_every=5", "train.participation=1.0"]  # mu = lambda = 0.1 in the configs
@@ -55,7 +56,8 @@ def run(name: str, data_dir: str, out: Path, extra: list[str]) -> None:
     cfg = load_config(ROOT / path, [*COMMON, f"method.name={method}", f"train.rounds={rounds}",
                                     f"data.data_dir={data_dir}", *extra])
     t0 = time.perf_counter()
-    result = run_local(cfg)
+    print(f"{name}: {path} method={method} rounds={rounds}", flush=True)
+    result = run_local(cfg, [ProgressBar()])
     row = {"name": name, "config": path, "method": method, "rounds": rounds, "overrides": extra,
            "seconds": round(time.perf_counter() - t0, 1),
            "acc_mean": {int(r["round"]) + 1: r["acc_mean"] for r in result.history if "acc_mean" in r}}
