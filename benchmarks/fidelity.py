@@ -33,6 +33,7 @@ DIR, PATH = "configs/mnist_dirichlet.yaml", "configs/mnist_pathological.yaml"
 RUNS: dict[str, tuple[str, str, int]] = {
     "lcfed-dir100": (DIR, "lcfed", 100),
     "standalone-dir100": (DIR, "standalone", 100),
+    "standalone-dir": (DIR, "standalone", 20),
     "fedavg-dir": (DIR, "fedavg", 20),
     "lcfed-path": (PATH, "lcfed", 20),
     "standalone-path": (PATH, "standalone", 20),
@@ -51,13 +52,32 @@ REFERENCE: dict[tuple[str, str, int], float] = {
 }
 
 
+class EvalLog:
+    """Appends each evaluation to ``<out>.evals`` as it happens, so long runs show their round-20
+    figure (and an interrupted one its last) before they end."""
+
+    def __init__(self, name: str, out: Path) -> None:
+        self.name, self.path = name, out.with_suffix(".evals")
+
+    def on_start(self, cfg: object, fed: object) -> None:
+        pass
+
+    def on_round(self, rnd: int, metrics: dict[str, float], stats: object) -> None:
+        if "acc_mean" in metrics:
+            with self.path.open("a") as f:
+                f.write(json.dumps({"name": self.name, "round": rnd + 1, "acc_mean": metrics["acc_mean"]}) + "\n")
+
+    def on_end(self, result: object) -> None:
+        pass
+
+
 def run(name: str, data_dir: str, out: Path, extra: list[str]) -> None:
     path, method, rounds = RUNS[name]
     cfg = load_config(ROOT / path, [*COMMON, f"method.name={method}", f"train.rounds={rounds}",
                                     f"data.data_dir={data_dir}", *extra])
     t0 = time.perf_counter()
     print(f"{name}: {path} method={method} rounds={rounds}", flush=True)
-    result = run_local(cfg, [ProgressBar()])
+    result = run_local(cfg, [ProgressBar(), EvalLog(name, out)])
     row = {"name": name, "config": path, "method": method, "rounds": rounds, "overrides": extra,
            "seconds": round(time.perf_counter() - t0, 1),
            "acc_mean": {int(r["round"]) + 1: r["acc_mean"] for r in result.history if "acc_mean" in r}}
@@ -67,7 +87,12 @@ def run(name: str, data_dir: str, out: Path, extra: list[str]) -> None:
 
 
 def report(out: Path) -> None:
-    rows = [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
+    rows = [json.loads(line) for line in out.read_text().splitlines() if line.strip()] if out.exists() else []
+    evals = out.with_suffix(".evals")
+    for line in evals.read_text().splitlines() if evals.exists() else []:
+        e = json.loads(line)
+        path, method, _ = RUNS[e["name"]]
+        rows.append({"config": path, "method": method, "acc_mean": {str(e["round"]): e["acc_mean"]}})
     print("| data, partition | method | round | this project | independent | diff |")
     print("|---|---|---|---|---|---|")
     for (path, method, rnd), ref in REFERENCE.items():
