@@ -22,10 +22,12 @@ What happens, in this engine's rounds (every round every device trains locally):
   mapping) and receive the group's sample-weighted average of it at the start of the next round,
   which overwrites their own copy; between aggregations devices keep training their own weights and
   upload only their loss. The clock counts rounds trained since the last full synchronization.
-- Rapid-decrease period (Sec. III-C): l(t) = plain mean of the devices' losses; smoothed by a
-  window of ``window`` rounds; l' and l'' are successive differences; radius of curvature
-  ``r = (1 + l'^2)^1.5 / |l''|``. The period ends at t when r(t) < r(t') for t' = t+1 .. t+t_obv,
-  which the server sees at round t + t_obv.
+- Rapid-decrease period (Sec. III-C): l(t) = plain mean of the devices' losses, smoothed by a
+  window of ``window`` rounds. The period ends at the knee of the smoothed curve, the point of
+  sharpest bend, found in units where both axes run over [0, 1] on the rounds observed since the
+  period's highest smoothed loss (:func:`rdp_end`); the server declares it once the curve has
+  flattened past the knee (it lies ``min_bend`` below its chord), the knee is ``t_obv`` rounds old
+  and the drop stands out from the noise.
 - Split trial: the round after the detection every device uploads its full model; the server forms
   the group models under the current structure G0 and the next one G1. The round after, every device
   receives both of its group models, trains each (same batches) and reports both losses. G1 is kept
@@ -40,9 +42,14 @@ Decisions where the paper leaves room (the simplest faithful reading):
   over devices (the paper's 1/n sum); ``RoundStats.train_loss`` stays sample-weighted like every
   other method's.
 - Smoothed loss = mean of the last ``window`` losses (the paper's sum from t-s to t has s+1 terms
-  over s); r(t) needs ``window + 2`` losses. r uses |l''| (a radius is not negative); l'' = 0 gives
-  r = inf. The loss history restarts when the group structure changes (a new RDP is monitored),
-  so the earliest detection is ``window + 1 + t_obv`` rounds into a period.
+  over s). Eq. 4 taken literally, in rounds and raw loss units, is no knee detector: |l'| << 1
+  makes r ~ 1/|l''|, whose minimum sits at the first rounds whatever the curve (decay scales of 5,
+  15 and 40 rounds all ended at round 9, and runs split on a fixed cadence). The radius of
+  curvature depends on the axes' units; normalized as in :func:`knee`, the knee is where the
+  curve turns from steep (slope below -1) to flat. It is located as the point farthest below the
+  chord, not by Eq. 4 on second differences, which noise of 0.5 % of the decrease already pulls
+  to the first rounds of a slow curve. The loss history restarts when the group structure changes
+  (a new RDP is monitored).
 - "Split at the end of an RDP": gamma~ goes down in steps of ``gamma_step`` until the cut really
   changes the groups (a level that gives the current groups is no split); if no level above 0 does,
   the structure is final and no more trials run. A rejected trial is retried with the same G1:
@@ -80,8 +87,8 @@ class DCPFLParams:
     """Warm-up rounds averaging the discrepancy (T_start), smoothing window (s), rounds the knee must
     lie behind the latest round (t_obv), rounds before a rejected split is retried (t_sp), gamma~ step
     (λ_γ), base aggregation interval (τ), interval factor of low-discrepancy layers (α), low-layer
-    ratio; the rapid-decrease detector's smallest relative drop and smallest bend (not in the paper,
-    see :func:`rdp_end`)."""
+    ratio; the rapid-decrease detector's smallest drop (relative, and in noise standard deviations)
+    and smallest bend (not in the paper: see :func:`rdp_end`)."""
 
     t_start: int = 5
     window: int = 5
@@ -92,6 +99,7 @@ class DCPFLParams:
     alpha: int = 3
     low_ratio: float = 0.1
     min_drop: float = 0.05
+    min_snr: float = 8.0
     min_bend: float = 0.25
 
     def validate(self, cfg: ExperimentConfig, prefix: str = "method") -> None:
@@ -104,6 +112,7 @@ class DCPFLParams:
         require(self.alpha >= 1, f"{prefix}.alpha", self.alpha, "must be >= 1 (1 = no layer-wise aggregation)")
         require(self.low_ratio >= 0, f"{prefix}.low_ratio", self.low_ratio, "must be >= 0")
         require(0 <= self.min_drop < 1, f"{prefix}.min_drop", self.min_drop, "must be in [0, 1) (fraction of the loss)")
+        require(self.min_snr >= 0, f"{prefix}.min_snr", self.min_snr, "must be >= 0 (noise standard deviations)")
         require(0 < self.min_bend < 1, f"{prefix}.min_bend", self.min_bend, "must be in (0, 1) (gap below the chord)")
         require(
             cfg.train.participation == 1,
@@ -211,12 +220,22 @@ def smoothed_losses(losses: Sequence[float], window: int) -> np.ndarray:
     return np.convolve(loss, np.ones(window) / window, mode="valid")
 
 
-def knee(curve: Sequence[float]) -> tuple[int, float]:
-    """The knee of a decreasing curve and how pronounced it is, in units where both axes run over
-    [0, 1]: x = (j - 0) / (n - 1), y = (c_j - min c) / (max c - min c). The knee is the point farthest
-    below the chord from (0, 1) to (1, 0), i.e. argmax of ``1 - x - y`` (Kneedle, Satopaa et al. 2011:
-    where the normalized slope is -1, the turn from steep to flat); the bend is that largest gap,
-    0 for a straight line, towards 1 for a sharp L. A constant curve has its knee at 0 with bend 0."""
+def noise_level(losses: Sequence[float]) -> float:
+    """Round-to-round noise of a loss curve, robust to its trend: the standard deviation a Gaussian
+    noise would have given the median absolute deviation of successive differences
+    (``1.4826 * MAD(diff) / sqrt(2)``); 0 with fewer than 3 losses."""
+    d = np.diff(np.asarray(losses, dtype=np.float64))
+    if len(d) < 2:
+        return 0.0
+    return float(1.4826 * np.median(np.abs(d - np.median(d))) / np.sqrt(2))
+
+
+def knee(curve: Sequence[float] | np.ndarray) -> tuple[int, float]:
+    """The knee of a decreasing curve and its bend, with both axes normalized to [0, 1] over the
+    given points: x_j = j / (n - 1), y_j = (c_j - min c) / (max c - min c). The knee is the point
+    farthest below the chord from (0, 1) to (1, 0), the argmax of ``1 - x - y`` (Kneedle: where the
+    normalized slope is -1, the turn from steep to flat); the bend is that largest gap: 0 for a
+    straight line, towards 1 for a sharp L. Fewer than 3 points or a constant curve: ``(0, 0.0)``."""
     c = np.asarray(curve, dtype=np.float64)
     n = len(c)
     span = float(c.max() - c.min()) if n else 0.0
@@ -227,30 +246,33 @@ def knee(curve: Sequence[float]) -> tuple[int, float]:
     return j, float(gap[j])
 
 
-def rdp_end(
-    losses: Sequence[float], window: int, t_obv: int, min_drop: float, min_bend: float
-) -> int | None:
+def rdp_end(losses: Sequence[float], p: DCPFLParams) -> int | None:
     """Whether the rapid-decrease period that began with ``losses[0]`` has ended by the latest loss,
     and where: the round (index into ``losses``) of its knee, or ``None`` while it goes on.
 
-    The smoothed loss is taken from its highest value on (the decrease starts there) to the latest
-    round and normalized over that observed window, both axes to [0, 1] (:func:`knee`). The period
-    has ended when (1) the smoothed loss fell by at least ``min_drop`` of its starting value (a flat
-    or noisy curve has no rapid decrease), (2) the curve lies at least ``min_bend`` below its chord
-    (it has flattened: a decrease still going at its own pace is a straight line in these units),
-    and (3) the knee is at least ``t_obv`` rounds old. For l = a exp(-t/s) + c, (2) holds once the
-    window spans about 2.1 s rounds (bend 0.25), with the knee near 0.85 s: both scale with s."""
-    smooth = smoothed_losses(losses, window)
+    The smoothed loss l_w (window ``p.window``) is taken from its highest value (the decrease starts
+    there) to the latest round; :func:`knee` normalizes that observed window, both axes to [0, 1].
+    The period has ended when
+    (1) the decrease is real: l_w fell from that peak by at least ``p.min_drop`` of the peak and by
+    at least ``p.min_snr`` standard deviations of the smoothed noise (``noise_level / sqrt(window)``),
+    so that a flat or noisy curve never ends a period;
+    (2) the curve has flattened: it lies ``p.min_bend`` or more below its chord (a decrease still
+    going at one pace is a straight line in these units, bend 0);
+    (3) the knee is at least ``p.t_obv`` rounds old.
+    For l = a exp(-t/s) + c, (2) holds once l_w spans about 2.1 s rounds (bend 0.25), with the knee
+    near 0.87 s into it: both scale with s."""
+    smooth = smoothed_losses(losses, p.window)
     if len(smooth) < 3:
         return None
     start = int(np.argmax(smooth))
     seg = smooth[start:]
-    if seg[0] - seg.min() < min_drop * abs(seg[0]):
+    drop = float(seg[0] - seg.min())
+    if drop < p.min_drop * abs(seg[0]) or drop < p.min_snr * noise_level(losses) / np.sqrt(p.window):
         return None
     j, bend = knee(seg)
-    if bend < min_bend or j > len(seg) - 1 - t_obv:
+    if bend < p.min_bend or j > len(seg) - 1 - p.t_obv:
         return None
-    return start + j + window - 1
+    return start + j + p.window - 1
 
 
 # --- state and messages --------------------------------------------------------------------------
@@ -503,7 +525,7 @@ class DCPFL(Strategy):
         p = self.params
         if state.tree is None or state.upload_at >= 0:
             return state
-        if rdp_end(state.losses, p.window, p.t_obv, p.min_drop, p.min_bend) is None:
+        if rdp_end(state.losses, p) is None:
             return state
         if next_split(state.tree, state.groups, state.level, p.gamma_step) is None:
             return state
