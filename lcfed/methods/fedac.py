@@ -6,44 +6,51 @@ Heterogeneous Data", arXiv:2403.16460, 2024.
 Everything of Alg. 1 but line 13 is :class:`~lcfed.methods.lcfed.LCFed` (``docs/methods.md``): the local
 objective of Eq. 3, Φ, the PCA projector M refit sparsely (Alg. 2; the paper's "e.g. every 100
 rounds" is the default), the E-step argmax_k LrCos (Eq. 4 writes argmin, a typo) against the previous
-round's centers, and the M-step of Eq. 5. After the M-step, CNT (Alg. 3) computes per cluster
+round's centers, and the M-step of Eq. 5. After the M-step, CNT (Alg. 3) computes a gap ratio G_k
+per cluster, merges k into its nearest cluster when G_k < a (``gap_low``) and splits k in two when
+G_k > b (``gap_high``); the paper's range is (a, b) = (0.2, 0.8) (§5.5).
 
-    G_k = Dist_intra^k / Dist_inter^k,
+The gap ratio follows Alg. 3: squared L2 over the full models, each center the mean of all its
+members' latest models (Eq. 5 over i in [m]). With R_ik = 1 when device i is in cluster k, n_k = Σ_i R_ik
+and ω_i the latest model device i uploaded (a device not sampled this round keeps its last one):
 
-merges k into its nearest cluster when G_k < a (``gap_low``) and splits k in two when G_k > b
-(``gap_high``); the paper's range is (a, b) = (0.2, 0.8) (§5.5).
+    Ω_k            = (1/n_k) Σ_i R_ik ω_i
+    Dist_intra^k   = (1/n_k) Σ_i R_ik ‖ω_i − Ω_k‖²
+    Dist_inter^k   = 1/(K−1) Σ_{j≠k} ‖Ω_k − Ω_j‖²      (the mean over the other K−1 centers)
+    G_k            = Dist_intra^k / Dist_inter^k.
+
+The thresholds a, b belong to this scale. (Measured on the low-rank codes instead, G came out 1.4-3x
+smaller: 0.18-0.54 against 0.41-0.77 on digits, 20 devices, K = 4, D = 5, so clusters merged where
+Alg. 3 changes nothing.)
 
 Where the paper is unclear, this module decides:
 
-- Distance: Alg. 3's squared L2, on the low-rank codes P(w) = M(w − mean) that LrCos also uses, so
-  ‖P(ω_i) − P(Ω_k)‖² is the squared L2 of ω_i − Ω_k within the PCA subspace (D numbers, not dim(ω)).
-  Dist_intra^k = mean over k's measured members of ‖P(ω_i) − P(Ω_k)‖²;
-  Dist_inter^k = 1/(K−1) Σ_{j≠k} ‖P(Ω_k) − P(Ω_j)‖².
-- Whose codes: the server keeps each device's latest code (D numbers). A personal model changes only
-  when its device trains, so that code stays exact until M is refit; a refit keeps only the codes of
-  that round's participants (re-projected by the server). A device is "measured" while its code is valid.
-- Unmeasurable clusters: G_k is NaN (no change) when fewer than min(2, size) members are measured. A
-  lone device's cluster gets the plain formula: its center is its own model whenever it trained last
-  (Dist_intra = 0), so it merges; it can never be split.
+- Whose models: devices already upload their full ω_i (LCFed's message: ω_i and its code); the server
+  keeps each device's latest upload (``FedACState.models``, references to the uploaded tensors, m
+  models at most). Every assigned device has one: a device is assigned when it uploads. Ω_k of the
+  gap ratio is this all-member mean, not LCFed's training center (the mean of the members that took
+  part this round), which CNT leaves alone for clusters it does not change.
+- Empty clusters: dropped before the G's (a merge with nobody to move), K permitting; one kept because
+  K = ``min_clusters`` has G = NaN (no change). A lone device's cluster has Dist_intra = 0, so it merges;
+  it can never be split. Coincident centers give G = inf (split) or NaN (no spread either).
 - When: after the aggregation of round ``tune_start`` and every ``tune_every`` rounds after it
-  (Alg. 1 runs CNT every round: ``tune_every = 1``; 0 turns CNT off). Before the G's, clusters with
-  no device are dropped (a merge with nobody to move). K stays in [``min_clusters``,
+  (Alg. 1 runs CNT every round: ``tune_every = 1``; 0 turns CNT off). K stays in [``min_clusters``,
   ``max_clusters``]; ``min_clusters >= 2`` because Dist_inter needs a second cluster.
 - Order: every G_k is computed first, then Alg. 3's loop runs over k in index order; a cluster takes
   part in at most one change per tuning (an absorbing or split cluster is not revisited), so merges
   do not cascade.
-- Merge: k's devices join the cluster j with the nearest center code (ties: lower index; never one
-  removed or split in this tuning); Ω_j becomes the device-count-weighted mean of Ω_j and Ω_k, what
-  Eq. 5 gives when each center is its members' mean.
+- Merge: k's devices join the cluster j with the nearest Ω_j (squared L2; ties: lower index; never one
+  removed or split in this tuning); the merged center is the mean of the union's latest models
+  ((n_j Ω_j + n_k Ω_k) / (n_j + n_k), Eq. 5).
 - Split ("initializing two new centers and conducting one re-clustering iteration", §4.5): the two
-  new centers start at the codes of the two measured members farthest apart (squared L2; ties: first
-  pair). One E-step by LrCos follows (ties to the first seed), then one M-step in code space: each
-  half's center is Ω_k + Mᵀ(mean code of the half − P(Ω_k)), i.e. Ω_k moved within the PCA subspace
-  to its half's mean (the server holds no full model of members that did not train this round). Half
-  0 keeps index k, half 1 is appended; unmeasured members stay in half 0 until their next E-step. A
-  split whose E-step leaves a half empty (all codes parallel) is skipped.
+  new centers start at the codes P(ω_i) of the two members farthest apart (squared L2 of the codes;
+  ties: first pair). One E-step by LrCos follows (ties to the first seed), then one M-step: each half's
+  center is the mean of its members' latest models. Half 0 keeps index k, half 1 is appended. A split
+  whose E-step leaves a half empty (all codes parallel) is skipped.
 - After a tuning the clusters are renumbered (survivors in order, then new ones) so that K = number
   of centers, which :class:`RoundStats` reports as ``num_clusters`` every round.
+- Cost: the server holds up to m models (m dim floats, also in checkpoints); a tuning is O(m dim)
+  plus K² dim for the center distances, with K float64 centers alive while it runs.
 - Communication: as LCFed (``configure`` is inherited); CNT is server-side, and a device whose
   cluster changed simply downloads its new cluster's center next time it takes part.
 """
@@ -61,7 +68,7 @@ from lcfed.clustering import assign_by_cosine
 from lcfed.config import ExperimentConfig, require
 from lcfed.methods.base import Message, RoundPlan, RoundStats
 from lcfed.methods.lcfed import LCFed, LCFedMessage, LCFedParams, LCFedState
-from lcfed.similarity import Projector
+from lcfed.similarity import Projector, sq_dist_matrix
 
 
 @dataclass(frozen=True)
@@ -112,52 +119,68 @@ class FedACParams(LCFedParams):
 
 @dataclass(frozen=True)
 class FedACState(LCFedState):
-    codes: torch.Tensor  # (m, D): each device's latest code P(ω_i) under the current projector
-    coded: np.ndarray  # (m,) bool: codes[i] is valid (uploaded or projected since the last refit)
+    # each device's latest uploaded full model ω_i (None before its first upload): Alg. 3's input
+    models: tuple[torch.Tensor | None, ...]
 
 
-# --- Cluster Number Tuning: pure functions over codes ----------------------------------------------
+# --- Cluster Number Tuning: pure functions over the members' latest models -------------------------
 
 
-def _sq_dists(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """Exact squared L2 between every row of ``a`` and of ``b`` (float64)."""
-    return (a.double()[:, None, :] - b.double()[None, :, :]).pow(2).sum(-1)
+@dataclass(frozen=True)
+class Gaps:
+    """Alg. 3's quantities for K clusters (float64): Ω_k, Dist_intra^k, Dist_inter^k and G_k."""
+
+    centers: torch.Tensor  # (K, dim) Ω_k, the mean of the members' models (the fallback where none)
+    intra: np.ndarray  # (K,) Dist_intra^k
+    inter: np.ndarray  # (K,) Dist_inter^k
+    sq_dists: np.ndarray  # (K, K) ‖Ω_k − Ω_j‖²
+
+    @property
+    def ratios(self) -> np.ndarray:
+        """G_k = Dist_intra^k / Dist_inter^k; NaN for a cluster without members."""
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return self.intra / self.inter  # coincident centers: inf (split) or, with no spread either, NaN
 
 
-def gap_ratios(
-    codes: torch.Tensor, labels: np.ndarray, centers: torch.Tensor, sizes: np.ndarray | None = None
-) -> np.ndarray:
-    """G_k = Dist_intra^k / Dist_inter^k of Alg. 3, squared L2 on codes, for each of the K centers.
+def gap_ratios(models: Sequence[torch.Tensor], labels: np.ndarray, fallback: torch.Tensor) -> Gaps:
+    """Alg. 3's gap ratios over full models: ``models[i]`` (dim,) is the latest model of a member of
+    cluster ``labels[i]``; ``fallback`` (K >= 2, dim) stands in as Ω_k of a cluster without members
+    (whose Dist_intra is NaN).
 
-    ``codes`` (n, D) are the measured members with clusters ``labels``; ``centers`` (K >= 2, D) the
-    center codes; ``sizes`` the devices per cluster (default: the measured counts). NaN where fewer
-    than min(2, size) members are measured.
+    Ω_k = mean of k's members' models; Dist_intra^k = mean over k's members of ‖ω_i − Ω_k‖²;
+    Dist_inter^k = Σ_{j≠k} ‖Ω_k − Ω_j‖² / (K − 1); all in float64.
     """
-    k = centers.shape[0]
+    k = fallback.shape[0]
     if k < 2:
         raise ValueError("gap ratios need at least two clusters (Dist_inter)")
     lab = np.asarray(labels, dtype=np.int64)
-    measured = np.bincount(lab, minlength=k)
-    sizes = measured if sizes is None else np.asarray(sizes)
-    to_own = (codes.double() - centers.double()[torch.from_numpy(lab)]).pow(2).sum(1).numpy()
-    intra = np.bincount(lab, weights=to_own, minlength=k) / np.maximum(measured, 1)
-    inter = _sq_dists(centers, centers).sum(1).numpy() / (k - 1)
+    if len(models) != len(lab):
+        raise ValueError(f"{len(models)} models but {len(lab)} labels")
+    counts = np.bincount(lab, minlength=k)
+    centers = fallback.to(torch.float64, copy=True)
+    centers[torch.from_numpy(counts > 0)] = 0
+    for w, c in zip(models, lab, strict=True):
+        centers[c] += w.double()
+    filled = torch.from_numpy(counts > 0)
+    centers[filled] /= torch.from_numpy(counts[counts > 0]).double()[:, None]
+    intra = np.zeros(k)
+    for w, c in zip(models, lab, strict=True):
+        intra[c] += float((w.double() - centers[c]).pow(2).sum())
     with np.errstate(divide="ignore", invalid="ignore"):
-        gaps = intra / inter  # coincident centers: inf (split) or, with no spread either, NaN
-    gaps[measured < np.minimum(2, sizes)] = np.nan
-    return gaps
+        intra /= counts  # no members: NaN
+    sq = sq_dist_matrix(centers).cpu().numpy()
+    return Gaps(centers, intra, sq.sum(1) / (k - 1), sq)
 
 
 def cnt_decisions(
-    gaps: np.ndarray, centers: torch.Tensor, low: float, high: float, k_min: int, k_max: int
+    gaps: np.ndarray, sq_dists: np.ndarray, low: float, high: float, k_min: int, k_max: int
 ) -> tuple[list[tuple[int, int]], list[int]]:
     """Alg. 3's loop: ``(k, into j)`` merges and the clusters to split, in index order.
 
-    Each cluster takes part in at most one change; a merge target is the nearest center (squared L2
-    of codes, lower index on ties) not removed or split here; K stays within [k_min, k_max].
+    Each cluster takes part in at most one change; a merge target is the nearest center (``sq_dists``,
+    lower index on ties) not removed or split here; K stays within [k_min, k_max].
     """
     k = len(gaps)
-    dist = _sq_dists(centers, centers).numpy()
     count = k
     touched: set[int] = set()
     gone: set[int] = set()  # merged away or split: no longer a merge target
@@ -170,7 +193,7 @@ def cnt_decisions(
             targets = [j for j in range(k) if j != c and j not in gone]
             if not targets:
                 continue
-            j = min(targets, key=lambda t: (dist[c, t], t))
+            j = min(targets, key=lambda t: (sq_dists[c, t], t))
             merges.append((c, j))
             touched |= {c, j}
             gone.add(c)
@@ -190,7 +213,7 @@ def split_labels(codes: torch.Tensor) -> np.ndarray | None:
     """
     if codes.shape[0] < 2:
         return None
-    d = torch.triu(_sq_dists(codes, codes), diagonal=1)
+    d = torch.triu(sq_dist_matrix(codes), diagonal=1)
     i, j = divmod(int(d.argmax()), d.shape[1])  # first maximal pair in row-major order
     if d[i, j] <= 0:
         return None
@@ -198,10 +221,12 @@ def split_labels(codes: torch.Tensor) -> np.ndarray | None:
     return labels if labels.min() != labels.max() else None
 
 
-def lift(center: torch.Tensor, code: torch.Tensor, projector: Projector) -> torch.Tensor:
-    """``center`` moved within the PCA subspace so that its code becomes ``code``: Ω + Mᵀ(code − P(Ω))."""
-    shift = (code.double() - projector(center).double()) @ projector.components.double()
-    return (center.double() + shift).to(center.dtype)
+def _mean(models: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Mean of the models, summed in float64, in their dtype."""
+    total = torch.zeros_like(models[0], dtype=torch.float64)
+    for w in models:
+        total += w.double()
+    return (total / len(models)).to(models[0].dtype)
 
 
 @dataclass(frozen=True)
@@ -210,7 +235,7 @@ class Tuning:
 
     centers: torch.Tensor
     assignment: np.ndarray
-    gaps: np.ndarray  # G_k of the clusters left after dropping empty ones
+    gaps: Gaps  # Alg. 3's quantities for the clusters left after dropping empty ones
     dropped: tuple[int, ...]
     merges: tuple[tuple[int, int], ...]
     splits: tuple[int, ...]
@@ -227,15 +252,16 @@ def _renumber(centers: torch.Tensor, assignment: np.ndarray, keep: Sequence[int]
 def tune_clusters(
     centers: torch.Tensor,
     assignment: np.ndarray,
-    codes: torch.Tensor,
-    coded: np.ndarray,
+    models: Sequence[torch.Tensor | None],
     projector: Projector,
     low: float,
     high: float,
     k_min: int,
     k_max: int,
 ) -> Tuning:
-    """Cluster Number Tuning (Alg. 3) on full centers (K, dim) and the assignment of all m devices."""
+    """Cluster Number Tuning (Alg. 3): ``centers`` (K, dim) are the training centers, ``assignment``
+    (m,) the clusters of all m devices (-1: none yet), ``models`` their latest models (one for every
+    assigned device). Unchanged clusters keep their center; merged and split ones get Eq. 5's."""
     k = centers.shape[0]
     sizes = np.bincount(assignment[assignment >= 0], minlength=k)
     keep = list(range(k))
@@ -244,29 +270,35 @@ def tune_clusters(
             keep.remove(c)
     dropped = tuple(c for c in range(k) if c not in keep)
     centers, assignment = _renumber(centers, assignment, keep)
-    sizes = sizes[keep]
-    center_codes = projector(centers)
-    measured = coded & (assignment >= 0)
-    gaps = gap_ratios(codes[torch.from_numpy(measured)], assignment[measured], center_codes, sizes)
-    merges, splits = cnt_decisions(gaps, center_codes, low, high, k_min, k_max)
+    members = np.flatnonzero(assignment >= 0)
+    latest: list[torch.Tensor] = []
+    for i in members:
+        w = models[int(i)]
+        if w is None:
+            raise ValueError(f"device {i} is assigned to cluster {assignment[i]} but has no model")
+        latest.append(w)
+    gaps = gap_ratios(latest, assignment[members], centers)
+    merges, splits = cnt_decisions(gaps.ratios, gaps.sq_dists, low, high, k_min, k_max)
 
     rows = list(centers.unbind(0))
-    sizes = sizes.astype(np.int64)
+    omega = list(gaps.centers.unbind(0))  # Ω_k, float64
+    counts = np.bincount(assignment[members], minlength=len(rows)).astype(np.float64)
     for c, j in merges:
-        rows[j] = (rows[j].double() * sizes[j] + rows[c].double() * sizes[c]).div(sizes[j] + sizes[c]).to(rows[j].dtype)
+        omega[j] = (omega[j] * counts[j] + omega[c] * counts[c]) / (counts[j] + counts[c])
+        rows[j] = omega[j].to(centers.dtype)
         assignment[assignment == c] = j
-        sizes[j] += sizes[c]
+        counts[j] += counts[c]
     done_splits = []
     for c in splits:
-        members = np.flatnonzero((assignment == c) & coded)
-        halves = split_labels(codes[torch.from_numpy(members)])
+        part = np.flatnonzero(assignment == c)
+        part_models = [latest[int(t)] for t in np.searchsorted(members, part)]
+        halves = split_labels(projector(torch.stack(part_models)))
         if halves is None:
             continue
-        member_codes = codes[torch.from_numpy(members)].double()
-        new_rows = [lift(rows[c], member_codes[torch.from_numpy(halves == h)].mean(0), projector) for h in (0, 1)]
-        rows[c] = new_rows[0]
-        rows.append(new_rows[1])
-        assignment[members[halves == 1]] = len(rows) - 1
+        new_rows = [_mean([part_models[t] for t in np.flatnonzero(halves == h)]) for h in (0, 1)]
+        rows[c] = new_rows[0].to(centers.dtype)
+        rows.append(new_rows[1].to(centers.dtype))
+        assignment[part[halves == 1]] = len(rows) - 1
         done_splits.append(c)
     removed = {c for c, _ in merges}
     survivors = [c for c in range(len(rows)) if c not in removed]
@@ -283,8 +315,7 @@ class FedAC(LCFed):
 
     def init(self) -> FedACState:
         base = super().init()
-        m, d = self.fed.num_devices, self.params.rank
-        return FedACState(**_fields(base), codes=torch.zeros(m, d), coded=np.zeros(m, dtype=bool))
+        return FedACState(**_fields(base), models=(None,) * self.fed.num_devices)
 
     def tunes(self, rnd: int) -> bool:
         """Whether CNT runs after this round's aggregation."""
@@ -296,30 +327,23 @@ class FedAC(LCFed):
         new, stats = super().aggregate(state, plan, msgs)
         projector = new.projector
         assert projector is not None  # LCFed fits M in the first aggregation
-        devices = torch.tensor([m.device for m in msgs], dtype=torch.long)
         lmsgs: Sequence[LCFedMessage] = msgs  # type: ignore[assignment]
-        coded = state.coded.copy()
-        if new.fitted_at == plan.rnd:  # M was (re)fitted now: older codes are in another basis
-            round_codes = projector(torch.stack([m.weights for m in lmsgs]))
-            codes = torch.zeros_like(state.codes)
-            coded[:] = False
-        else:
-            round_codes = torch.stack([m.code for m in lmsgs])  # type: ignore[misc]
-            codes = state.codes.clone()
-        codes[devices] = round_codes.to(codes.dtype)
-        coded[devices.numpy()] = True
+        latest = list(state.models)
+        for m in lmsgs:
+            latest[m.device] = m.weights
+        models = tuple(latest)
 
         centers, assignment = new.centers, new.assignment
         if self.tunes(plan.rnd):
             p = self.params
             tuned = tune_clusters(
-                centers, assignment, codes, coded, projector, p.gap_low, p.gap_high, p.min_clusters, p.max_clusters
+                centers, assignment, models, projector, p.gap_low, p.gap_high, p.min_clusters, p.max_clusters
             )
             centers, assignment = tuned.centers, tuned.assignment
         # tuned centers have no kept codes: LCFed projects them in the next round
         kept = new.center_codes if centers is new.centers else None
         out = FedACState(**{**_fields(new), "centers": centers, "assignment": assignment, "center_codes": kept},
-                         codes=codes, coded=coded)
+                         models=models)
         return out, dataclasses.replace(stats, assignment=assignment, num_clusters=int(centers.shape[0]))
 
 
