@@ -93,6 +93,7 @@ class Snapshot:
     history: list[dict[str, float]] = field(default_factory=list)
     config_digest: str = ""
     tracking: dict[str, str] = field(default_factory=dict)
+    trained: tuple[int, ...] = ()  # devices that have trained at least once (scored in acc_*)
 
 
 def save(path: str | Path, snap: Snapshot) -> Path:
@@ -106,6 +107,7 @@ def save(path: str | Path, snap: Snapshot) -> Path:
         "history": encode(snap.history),
         "config_digest": snap.config_digest,
         "tracking": encode(snap.tracking),
+        "trained": list(snap.trained),
     }
     buf = io.BytesIO()
     torch.save(content, buf)
@@ -155,6 +157,7 @@ def load(path: str | Path) -> Snapshot:
             history=decode(raw["history"]),
             config_digest=str(raw["config_digest"]),
             tracking=decode(raw["tracking"]),
+            trained=tuple(int(d) for d in raw.get("trained", ())),
         )
     except CheckpointError:
         raise

@@ -20,7 +20,7 @@ from lcfed import checkpoint
 from lcfed.config import ExperimentConfig
 from lcfed.local import EvalResult
 from lcfed.methods.base import Federation, RoundStats
-from lcfed.metrics import accuracy_metrics, adjusted_rand
+from lcfed.metrics import accuracy_metrics, adjusted_rand, label_homogeneity
 
 
 class Server(Protocol):
@@ -153,8 +153,13 @@ def run_rounds(
 TOTALS = ("bytes_up_total", "bytes_down_total", "sim_seconds_total")
 
 
-def _restore(result: RunResult, snap: checkpoint.Snapshot | None) -> tuple[int, dict[str, float]]:
-    """Reset ``result`` to ``snap`` (or to nothing); return (next round, running totals)."""
+def _restore(
+    result: RunResult, snap: checkpoint.Snapshot | None, trained: np.ndarray
+) -> tuple[int, dict[str, float]]:
+    """Reset ``result`` and ``trained`` to ``snap`` (or to nothing); return (next round, running totals)."""
+    trained[:] = False
+    if snap is not None:
+        trained[list(snap.trained)] = True
     result.history = list(snap.history) if snap is not None else []
     evaluated = [row for row in result.history if "acc_mean" in row]
     result.final = dict(evaluated[-1]) if evaluated else {}
@@ -189,6 +194,7 @@ def _metrics(
     evaluation: dict[int, EvalResult] | None,
     fed: Federation,
     totals: dict[str, float],
+    trained: np.ndarray,
 ) -> dict[str, float]:
     comm, compute = simulated_seconds(cfg, fed, stats)
     metrics: dict[str, float] = {
@@ -210,9 +216,15 @@ def _metrics(
         metrics["num_clusters"] = float(stats.num_clusters)
         assigned = stats.assignment >= 0
         if assigned.any():
-            metrics["ari"] = adjusted_rand(fed.groups[assigned], stats.assignment[assigned])
+            truth, found = fed.groups[assigned], stats.assignment[assigned]
+            # ARI only where K clusters can express the true groups (pathological class sets cannot)
+            if len(np.unique(truth)) <= max(stats.num_clusters, len(np.unique(found))):
+                metrics["ari"] = adjusted_rand(truth, found)
+            if fed.label_dist is not None:
+                metrics["label_homogeneity"] = label_homogeneity(fed.label_dist[assigned], found)
+    metrics["coverage"] = float(trained.mean())
     if evaluation is not None:
-        metrics.update(accuracy_metrics(evaluation))
+        metrics.update(accuracy_metrics(evaluation, trained))
     return metrics
 
 
@@ -224,12 +236,14 @@ def _save(
     pool: DevicePool,
     history: list[dict[str, float]],
     observers: Sequence[Observer],
+    trained: np.ndarray,
 ) -> checkpoint.Snapshot:
     """Checkpoint the state before ``next_round``, with where the observers log the run."""
     tracking: dict[str, str] = {}
     for obs in observers:
         tracking.update(getattr(obs, "location", dict)())
-    snap = checkpoint.Snapshot(next_round, server.get_state(), pool.get_states(), history, cfg.digest(), tracking)
+    snap = checkpoint.Snapshot(next_round, server.get_state(), pool.get_states(), history, cfg.digest(), tracking,
+                               tuple(int(d) for d in np.flatnonzero(trained)))
     checkpoint.save(path, snap)
     return snap
 
@@ -244,7 +258,8 @@ def _loop(
 ) -> RunResult:
     t_start = time.perf_counter()
     result = RunResult(final={})
-    rnd, totals = _restore(result, resume)
+    trained = np.zeros(fed.num_devices, dtype=bool)
+    rnd, totals = _restore(result, resume, trained)
     ckpt = checkpoint_path(cfg)
     # the state to fall back to when a host is lost: the last checkpoint, else the start
     last_snap = resume
@@ -256,14 +271,16 @@ def _loop(
         try:
             plan = server.configure(rnd)
             stats = server.aggregate(plan, pool.train(plan))
+            now_trained = trained.copy()
+            now_trained[list(plan.devices)] = True
             evaluation = pool.evaluate(server.eval_payload()) if should_evaluate(cfg, rnd) else None
             if not np.isfinite(stats.train_loss):
                 raise DivergenceError(f"round {rnd}: training loss is {stats.train_loss}; lower train.lr or check the data")
-            metrics = _metrics(cfg, rnd, stats, evaluation, fed, totals)
+            metrics = _metrics(cfg, rnd, stats, evaluation, fed, totals, now_trained)
             metrics["round_seconds"] = time.perf_counter() - t0
             history = [*result.history, metrics]
             if ckpt is not None and ((rnd + 1) % cfg.checkpoint.every == 0 or rnd == cfg.train.rounds - 1):
-                last_snap = _save(ckpt, cfg, rnd + 1, server, pool, history, observers)
+                last_snap = _save(ckpt, cfg, rnd + 1, server, pool, history, observers, now_trained)
         except HostFailure as exc:
             failures += 1
             if failures > cfg.engine.max_failures:
@@ -273,9 +290,10 @@ def _loop(
             server.recover(last_snap.server_state if last_snap is not None else None)
             pool.recover(last_snap.device_states if last_snap is not None else None)
             result.failures.append({"round": rnd, "replayed_from": back_to, "error": str(exc)})
-            rnd, totals = _restore(result, last_snap)
+            rnd, totals = _restore(result, last_snap, trained)
             continue
         totals = {k: metrics[k] for k in TOTALS}
+        trained = now_trained
         result.history = history
         round_times.append(metrics["round_seconds"])
         if stats.assignment is not None:
@@ -290,7 +308,7 @@ def _loop(
         if STOP.reason is not None and rnd < cfg.train.rounds:
             saved = last_snap is not None and last_snap.next_round == rnd
             if ckpt is not None and not saved:
-                _save(ckpt, cfg, rnd, server, pool, result.history, observers)
+                _save(ckpt, cfg, rnd, server, pool, result.history, observers, trained)
             raise Stopped(STOP.reason, rnd, ckpt is not None)
     result.wall_seconds = time.perf_counter() - t_start
     result.round_seconds = float(np.mean(round_times)) if round_times else 0.0

@@ -121,8 +121,15 @@ def prepare(cfg: ExperimentConfig, dataset: Dataset | None = None) -> Setup:
         seed=cfg.seed,
         flops_per_sample=forward_flops(net, init, ds.input_shape),
         partition_stats=partition_stats(part, ds.y),
+        label_dist=label_distributions(part, ds.y, ds.num_classes),
     )
     return Setup(part, fed, ds.input_shape, input_scaling(cfg, ds, part))
+
+
+def label_distributions(part: Partition, labels: np.ndarray, num_classes: int) -> np.ndarray:
+    """(devices, classes): the share of each class in each device's training samples."""
+    counts = np.stack([np.bincount(labels[idx], minlength=num_classes) for idx in part.train]).astype(np.float64)
+    return counts / np.maximum(counts.sum(axis=1, keepdims=True), 1.0)
 
 
 def input_scaling(cfg: ExperimentConfig, ds: Dataset, part: Partition) -> Scaling:

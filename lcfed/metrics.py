@@ -9,13 +9,15 @@ import numpy as np
 from lcfed.local import EvalResult
 
 
-def accuracy_metrics(results: Mapping[int, EvalResult]) -> dict[str, float]:
+def accuracy_metrics(results: Mapping[int, EvalResult], trained: np.ndarray | None = None) -> dict[str, float]:
     """Mean (unweighted and sample-weighted) and 10th/90th percentile of per-device test accuracy.
 
-    Devices without test samples are left out. The weighted mean is steadier: devices with a dozen
-    samples make the unweighted mean jump between evaluations.
+    Only devices that have trained at least once (``trained[d]``; all if None) count: under partial
+    participation the others would be scored with fallback models they never shaped. Devices without
+    test samples are left out. The weighted mean is steadier: devices with a dozen samples make the
+    unweighted mean jump between evaluations.
     """
-    rows = [r for r in results.values() if r.total > 0]
+    rows = [r for d, r in results.items() if r.total > 0 and (trained is None or trained[d])]
     if not rows:
         return {}
     acc = np.array([r.correct / r.total for r in rows])
@@ -36,6 +38,25 @@ def adjusted_rand(truth: np.ndarray, labels: np.ndarray) -> float:
     from sklearn.metrics import adjusted_rand_score  # lazy: scikit-learn costs ~2.5 s to import per worker
 
     return float(adjusted_rand_score(truth, labels))
+
+
+def label_homogeneity(label_dist: np.ndarray, labels: np.ndarray) -> float:
+    """How much of the spread of the devices' label distributions the clustering explains.
+
+    ``1 - W / T`` with ``T = sum_i ||p_i - mean p||^2`` over devices and ``W`` the same sum around
+    each device's cluster mean (an R^2 of the label distributions ``p_i``): 1 when every cluster
+    holds devices with identical label distributions, 0 when the clusters are no better than one.
+    Unlike ARI it needs no ground-truth group ids, so it means the same under every partition
+    (pathological class sets outnumber any K); like any R^2 it rises with K, so compare at equal K.
+    A federation whose devices all share one distribution (T = 0) scores 1.
+    """
+    p = np.asarray(label_dist, dtype=np.float64)
+    total = float(((p - p.mean(axis=0)) ** 2).sum())
+    within = 0.0
+    for c in np.unique(labels):
+        members = p[labels == c]
+        within += float(((members - members.mean(axis=0)) ** 2).sum())
+    return 1.0 if total <= 1e-12 else max(0.0, 1.0 - within / total)
 
 
 def cluster_sizes(assignment: np.ndarray, k: int) -> np.ndarray:

@@ -39,7 +39,7 @@ def test_run_logs_to_mlflow_and_lcfed_beats_fedavg(tmp_path, tracking_uri, capsy
     assert run.data.params["method.name"] == "lcfed" and run.data.params["method.mu"] == "0.1"
     assert run.data.params["data.partition"] == "pathological"
     for key in ("acc_mean", "acc_weighted", "acc_p10", "acc_p90", "train_loss", "bytes_up", "bytes_down",
-                "cluster_size_0", "num_clusters", "ari"):
+                "cluster_size_0", "num_clusters", "label_homogeneity", "coverage"):
         assert key in run.data.metrics, key
     history = client.get_metric_history(lc["run_id"], "acc_mean")
     assert [m.step for m in history] == list(range(12))

@@ -198,7 +198,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 #: what the summary reports, per evaluation and averaged over the last ``tracking.summary_evals``
-SUMMARY_METRICS = ("acc_mean", "acc_weighted", "acc_std", "acc_p10", "acc_p90", "test_loss", "train_loss", "ari")
+SUMMARY_METRICS = ("acc_mean", "acc_weighted", "acc_std", "acc_p10", "acc_p90", "test_loss", "train_loss",
+                   "label_homogeneity", "ari", "coverage")
 
 
 def last_evals(history: Sequence[dict[str, float]], n: int) -> dict[str, Any]:
@@ -218,12 +219,12 @@ def summary_table(final: dict[str, float], averaged: dict[str, Any]) -> str:
     k = averaged["evaluations"]
     last = f"round {int(final['round']) + 1}" if "round" in final else "no evaluation"
     rounds = ", ".join(map(str, averaged["rounds"]))
-    lines = [f"  {'':<14} {'last eval':>10}   mean of last {k} eval{'s' if k != 1 else ''}",
-             f"  {'':<14} {'(' + last + ')':>10}   (round{'s' if k != 1 else ''} {rounds})"]
+    lines = [f"  {'':<17} {'last eval':>10}   mean of last {k} eval{'s' if k != 1 else ''}",
+             f"  {'':<17} {'(' + last + ')':>10}   (round{'s' if k != 1 else ''} {rounds})"]
     for key in SUMMARY_METRICS:
         if key in final:
             mean = f"{averaged[key]:.4f}" if key in averaged else "—"
-            lines.append(f"  {key:<14} {final[key]:>10.4f}   {mean}")
+            lines.append(f"  {key:<17} {final[key]:>10.4f}   {mean}")
     return "\n".join(lines)
 
 

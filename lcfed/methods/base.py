@@ -34,6 +34,8 @@ class Federation:
     flops_per_sample: float = 0.0  # forward pass of one sample; prices simulated compute time
     # sizes and classes per device, min / median / max (lcfed.data.partition_stats): logged, not used
     partition_stats: Mapping[str, float] = field(default_factory=dict)
+    # each device's label distribution over its training samples: cluster-quality metrics only
+    label_dist: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
