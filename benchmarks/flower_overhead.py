@@ -49,7 +49,6 @@ import overhead  # noqa: E402
 from scale import TreeMemory  # noqa: E402
 
 from lcfed.config import ExperimentConfig  # noqa: E402
-from lcfed.data import to_float  # noqa: E402
 from lcfed.federation import load, prepare  # noqa: E402
 from lcfed.methods.base import select_devices  # noqa: E402
 
@@ -112,7 +111,7 @@ def write_spec(args: argparse.Namespace, path: Path) -> dict[str, Any]:
     test_idx, test_off = flat([np.asarray(part.test[d]) for d in range(m)])
     selections = np.array([select_devices(m, cfg.train.participation, cfg.seed, r) for r in range(cfg.train.rounds)])
     np.savez(
-        path, x=to_float(ds.x).numpy(), y=np.asarray(ds.y, dtype=np.int64), train_idx=train_idx, train_off=train_off,
+        path, x=setup.scaling.apply(ds.x).numpy(), y=np.asarray(ds.y, dtype=np.int64), train_idx=train_idx, train_off=train_off,
         test_idx=test_idx, test_off=test_off, init=fed.init.numpy(), selections=selections, num_devices=m,
         rounds=cfg.train.rounds, seed=cfg.seed, lr=cfg.train.lr, batch_size=cfg.train.batch_size,
         local_steps=int(cfg.train.local_steps or 0), torch_threads=cfg.engine.torch_threads, actors=args.actors,
