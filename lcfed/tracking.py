@@ -6,7 +6,6 @@ log from one process (sweeps, reproductions) without stepping on each other.
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import time
@@ -198,6 +197,7 @@ class MLflowObserver:
         self.finished = False
         self.experiment_id: str | None = None
         self.assignments: list[np.ndarray] = []
+        self.assignment_rounds: list[int] = []  # the round (MLflow step) of each entry of ``assignments``
 
     @property
     def is_server(self) -> bool:
@@ -285,6 +285,7 @@ class MLflowObserver:
         values = {k: v for k, v in metrics.items() if k != "round"}
         if assignment is not None:
             self.assignments.append(np.asarray(assignment).copy())
+            self.assignment_rounds.append(int(rnd))
             k = getattr(self.cfg.method.params, "num_clusters", int(assignment.max()) + 1)
             for c, size in enumerate(cluster_sizes(assignment, max(k, int(assignment.max()) + 1))):
                 values[f"cluster_size_{c}"] = float(size)
@@ -363,16 +364,16 @@ class MLflowObserver:
 
     def _artifacts(self, result: RunResult) -> None:
         assert self.run_id is not None
-        keys = sorted({k for row in result.history for k in row})
-        lines = [",".join(keys)] + [",".join(_fmt(row.get(k)) for k in keys) for row in result.history]
-        self.client.log_text(self.run_id, "\n".join(lines) + "\n", "metrics/history.csv")
+        self.client.log_text(self.run_id, history_csv(result.history), "metrics/history.csv")
         if result.assignment is not None:
             rows = ["device,cluster"] + [f"{d},{c}" for d, c in enumerate(result.assignment)]
             self.client.log_text(self.run_id, "\n".join(rows) + "\n", "clusters/assignment.csv")
-            hist = np.stack(self.assignments) if self.assignments else result.assignment[None]
-            buf = io.StringIO()
-            np.savetxt(buf, hist, fmt="%d", delimiter=",", header="row = round, column = device", comments="# ")
-            self.client.log_text(self.run_id, buf.getvalue(), "clusters/assignment_history.csv")
+            if self.assignments:
+                hist, rounds = np.stack(self.assignments), self.assignment_rounds
+            else:  # only the final assignment is known: it belongs to the last round
+                last = int(result.history[-1].get("round", 0)) if result.history else 0
+                hist, rounds = np.asarray(result.assignment)[None], [last]
+            self.client.log_text(self.run_id, assignment_history_csv(hist, rounds), "clusters/assignment_history.csv")
         self.client.log_figure(self.run_id, accuracy_figure(result.history, self.cfg), "plots/accuracy.png")
 
 
@@ -380,26 +381,67 @@ def _fmt(v: Any) -> str:
     return "" if v is None else f"{v:.6g}" if isinstance(v, float) else str(v)
 
 
-def accuracy_figure(history: list[dict[str, float]], cfg: ExperimentConfig) -> Any:
-    """Personalized test accuracy (mean, weighted mean, 10th-90th percentile band) per round."""
+def history_csv(history: Sequence[dict[str, float]]) -> str:
+    """One row per round, one column per metric (sorted, ``round`` = MLflow step); a plain CSV whose
+    first line is the header."""
+    keys = sorted({k for row in history for k in row})
+    if "round" in keys:
+        keys.remove("round")
+        keys.insert(0, "round")
+    lines = [",".join(keys)] + [",".join(_fmt(row.get(k)) for k in keys) for row in history]
+    return "\n".join(lines) + "\n"
+
+
+def assignment_history_csv(hist: np.ndarray, rounds: Sequence[int]) -> str:
+    """The cluster of every device per round: header ``round,device_0,device_1,...`` (no comment line,
+    so MLflow's preview and any CSV reader take the first line as the header); ``round`` is the
+    MLflow step, a cluster of -1 means unassigned."""
+    hist = np.asarray(hist, dtype=np.int64).reshape(len(rounds), -1)
+    header = ",".join(["round"] + [f"device_{d}" for d in range(hist.shape[1])])
+    lines = [header] + [",".join(str(int(v)) for v in (r, *row)) for r, row in zip(rounds, hist, strict=True)]
+    return "\n".join(lines) + "\n"
+
+
+def read_assignment_history(text: str) -> tuple[np.ndarray, np.ndarray]:
+    """``(rounds, assignment)`` from an ``assignment_history.csv``: the plain CSV that
+    :func:`assignment_history_csv` writes, or the older form (a ``#`` comment, no round column,
+    rows = rounds from 0)."""
+    lines = [ln for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
+    if lines and lines[0].split(",")[0].strip() == "round":
+        data = np.array([[int(v) for v in ln.split(",")] for ln in lines[1:]], dtype=np.int64).reshape(len(lines) - 1, -1)
+        return data[:, 0], data[:, 1:]
+    data = np.array([[int(float(v)) for v in ln.split(",")] for ln in lines], dtype=np.int64).reshape(len(lines), -1)
+    return np.arange(len(data)), data
+
+
+#: x-axis label of plots over rounds: rounds are numbered from 0, as MLflow's metric steps are
+ROUND_AXIS = "round (MLflow step, from 0)"
+
+
+def accuracy_figure(history: Sequence[dict[str, float]], cfg: ExperimentConfig) -> Any:
+    """Personalized test accuracy (mean, weighted mean, 10th-90th percentile band) per round. The
+    x values are the rounds as logged (0-based, equal to the MLflow step); the legend sits below
+    the axes so it never hides the band."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     rows = [r for r in history if "acc_mean" in r]
-    fig, ax = plt.subplots(figsize=(6, 4), dpi=100)
+    fig, ax = plt.subplots(figsize=(6, 4.4), dpi=100, layout="constrained")
     if rows:
-        x = [r["round"] + 1 for r in rows]
+        x = [int(r["round"]) for r in rows]
         ax.fill_between(x, [r["acc_p10"] for r in rows], [r["acc_p90"] for r in rows], alpha=0.2, label="p10–p90")
         ax.plot(x, [r["acc_mean"] for r in rows], label="mean")
         ax.plot(x, [r["acc_weighted"] for r in rows], "--", label="sample-weighted mean")
-    ax.set_xlabel("round")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel(ROUND_AXIS)
     ax.set_ylabel("personalized test accuracy")
     ax.set_title(f"{cfg.method.name} on {cfg.data.dataset} ({cfg.data.partition})")
     ax.grid(alpha=0.3)
-    ax.legend(loc="lower right")
-    fig.tight_layout()
+    if rows:
+        fig.legend(loc="outside lower center", ncols=3, frameon=False)
     plt.close(fig)
     return fig
 

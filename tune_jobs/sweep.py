@@ -20,7 +20,7 @@ import re
 import signal
 import sys
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -605,13 +605,15 @@ def _log_parent(client: Any, parent_id: str, exp_id: str, results: Any, best: An
     client.log_metric(parent_id, f"best_{METRIC}", float(best.metrics.get(METRIC, float("nan"))))
     client.log_dict(parent_id, {"best_config": best_cfg, f"best_{METRIC}": best.metrics.get(METRIC)}, "best.json")
 
+    from lcfed.tracking import ROUND_AXIS
+
     rows = []
     for r in results:
         df = r.metrics_dataframe
         if r.metrics is None or df is None or METRIC not in df:  # e.g. a trial that failed in its first round
             continue
         rows.append((r.metrics.get(METRIC, float("nan")), {k: v for k, v in r.config.items() if not k.startswith("__")},
-                     df["round"].to_numpy() + 1 if "round" in df else np.arange(len(df)) + 1, df[METRIC].to_numpy()))
+                     df["round"].to_numpy() if "round" in df else np.arange(len(df)), df[METRIC].to_numpy()))
     rows.sort(key=lambda t: -t[0] if math.isfinite(t[0]) else math.inf)
 
     fig, ax = plt.subplots(figsize=(6, 4), dpi=100)
@@ -619,7 +621,7 @@ def _log_parent(client: Any, parent_id: str, exp_id: str, results: Any, best: An
         label = ", ".join(f"{k.split('.')[-1]}={v:.3g}" if isinstance(v, float) else f"{k.split('.')[-1]}={v}"
                           for k, v in cfg.items())
         ax.plot(x, y, label=f"{acc:.3f}: {label}"[:60])
-    ax.set_xlabel("round")
+    ax.set_xlabel(ROUND_AXIS)
     ax.set_ylabel(METRIC)
     ax.set_title("top trials")
     ax.grid(alpha=0.3)
@@ -629,30 +631,118 @@ def _log_parent(client: Any, parent_id: str, exp_id: str, results: Any, best: An
     plt.close(fig)
 
     if "method.mu" in space and "method.lam" in space and rows:
-        fig, ax = plt.subplots(figsize=(5, 4), dpi=100)
-        mu = [c.get("method.mu") for _, c, _, _ in rows]
-        lam = [c.get("method.lam") for _, c, _, _ in rows]
-        acc = [a for a, _, _, _ in rows]
-        sc = ax.scatter(mu, lam, c=acc, cmap="viridis", s=80, edgecolors="k")
-        fig.colorbar(sc, ax=ax, label=METRIC)
-        if all(v and v > 0 for v in mu + lam):
-            ax.set_xscale("log")
-            ax.set_yscale("log")
-        ax.set_xlabel("μ (cluster proximal weight)")
-        ax.set_ylabel("λ (global embedding weight)")
-        ax.set_title("μ–λ accuracy map")
-        fig.tight_layout()
+        trials = [{"mu": c.get("method.mu"), "lam": c.get("method.lam"), "rounds": x, "values": y}
+                  for _, c, x, y in rows]
+        fig = mu_lambda_figure(trials)
         client.log_figure(parent_id, fig, "plots/mu_lambda_heatmap.png")
         plt.close(fig)
 
     _log_assignment_heatmap(client, parent_id, exp_id, best)
 
 
+def comparable_values(trials: Sequence[Mapping[str, Any]]) -> tuple[int | None, list[float | None]]:
+    """The round every trial is compared at and each trial's value there (None: not comparable).
+
+    Trials hold ``rounds`` and ``values`` (a metric per reported round). The round is the furthest
+    any trial reached with a finite value; trials that stopped before it (ASHA, a failure) get None
+    rather than an earlier round's value, which no later round's value can be compared with."""
+    last: list[dict[int, float]] = []
+    for t in trials:
+        last.append({int(r): float(v) for r, v in zip(t["rounds"], t["values"], strict=True)
+                     if v is not None and math.isfinite(float(v))})
+    reached = [max(d) for d in last if d]
+    if not reached:
+        return None, [None] * len(trials)
+    at = max(reached)
+    return at, [d.get(at) for d in last]
+
+
+def mu_lambda_figure(trials: Sequence[Mapping[str, Any]]) -> Any:
+    """μ–λ map of a sweep's trials (each a mapping with ``mu``, ``lam``, ``rounds``, ``values``).
+
+    Filled markers, coloured by the metric, are the trials that reached the last round, all at that
+    same round (named in the title); trials stopped earlier are hollow and uncoloured."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    at, values = comparable_values(trials)
+    mu = [t["mu"] for t in trials]
+    lam = [t["lam"] for t in trials]
+    done = [i for i, v in enumerate(values) if v is not None]
+    early = [i for i, v in enumerate(values) if v is None]
+    fig, ax = plt.subplots(figsize=(5.5, 4.4), dpi=100, layout="constrained")
+    if done:
+        sc = ax.scatter([mu[i] for i in done], [lam[i] for i in done], c=[values[i] for i in done], cmap="viridis",
+                        s=80, edgecolors="k", label=f"reached round {at}")
+        fig.colorbar(sc, ax=ax, label=f"{METRIC} at round {at}")
+    if early:
+        ax.scatter([mu[i] for i in early], [lam[i] for i in early], facecolors="none", edgecolors="0.4", s=80,
+                   linewidths=1.2, label=f"stopped before round {at} (not coloured)")
+    if all(isinstance(v, (int, float)) and v > 0 for v in mu + lam):
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+    ax.set_xlabel("μ (cluster proximal weight)")
+    ax.set_ylabel("λ (global embedding weight)")
+    ax.set_title(f"μ–λ map: {METRIC} at round {at} (MLflow step)" if at is not None else "μ–λ map")
+    if early:
+        fig.legend(loc="outside lower center", fontsize=8, frameon=False)
+    plt.close(fig)
+    return fig
+
+
+def assignment_figure(hist: np.ndarray, rounds: Sequence[int] | None = None, title: str = "") -> Any:
+    """Cluster assignment per round (rows = rounds, columns = devices) with one categorical colour
+    per cluster id (a discrete colour bar, integer ticks); unassigned (-1) is grey."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import BoundaryNorm, ListedColormap
+    from matplotlib.ticker import FuncFormatter, MaxNLocator
+
+    from lcfed.tracking import ROUND_AXIS
+
+    hist = np.asarray(hist, dtype=np.int64)
+    if hist.ndim == 1:
+        hist = hist[None]
+    ids = [int(v) for v in np.unique(hist) if v >= 0]
+    pool = [c for name in ("tab20", "tab20b", "tab20c") for c in plt.get_cmap(name).colors]
+    if len(ids) <= 10:
+        colours = list(plt.get_cmap("tab10").colors[:len(ids)])
+    elif len(ids) <= len(pool):
+        colours = pool[:len(ids)]
+    else:
+        colours = list(plt.get_cmap("turbo")(np.linspace(0, 1, len(ids))))
+    labels = [str(i) for i in ids]
+    if (hist < 0).any():
+        colours, labels, ids = [(0.75, 0.75, 0.75)] + colours, ["unassigned"] + labels, [-1] + ids
+    codes = np.searchsorted(np.asarray(ids), np.where(hist < 0, -1, hist))
+    n = max(len(ids), 1)
+    cmap = ListedColormap(colours or [(0.75, 0.75, 0.75)], name="clusters")
+    norm = BoundaryNorm(np.arange(n + 1) - 0.5, n)
+    fig, ax = plt.subplots(figsize=(7, 3.5), dpi=100, layout="constrained")
+    im = ax.imshow(codes, aspect="auto", interpolation="nearest", cmap=cmap, norm=norm)
+    ax.set_xlabel("device")
+    ax.set_ylabel(ROUND_AXIS)
+    steps = list(range(len(hist))) if rounds is None else [int(r) for r in rounds]
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: str(steps[int(y)]) if 0 <= int(y) < len(steps) else ""))
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_title(title or "cluster assignment")
+    bar = fig.colorbar(im, ax=ax, label="cluster", ticks=np.arange(n))
+    bar.ax.set_yticklabels(labels or ["none"])
+    bar.ax.tick_params(length=0)
+    plt.close(fig)
+    return fig
+
+
 def _log_assignment_heatmap(client: Any, parent_id: str, exp_id: str, best: Any) -> None:
     """The best trial's cluster assignment per round (rows = rounds, columns = devices)."""
-    import io
-
     import matplotlib.pyplot as plt
+
+    from lcfed.tracking import read_assignment_history
 
     trial_id = best.metrics.get("trial_id")
     runs = client.search_runs([exp_id], f"tags.tune_trial_id = '{trial_id}'") if trial_id else []
@@ -662,14 +752,8 @@ def _log_assignment_heatmap(client: Any, parent_id: str, exp_id: str, best: Any)
         text = client.download_artifacts(runs[0].info.run_id, "clusters/assignment_history.csv")
     except Exception:
         return  # methods without clusters have no assignment
-    hist = np.loadtxt(io.StringIO(Path(text).read_text()), delimiter=",", ndmin=2, comments="#")
-    fig, ax = plt.subplots(figsize=(7, 3.5), dpi=100)
-    im = ax.imshow(hist, aspect="auto", interpolation="nearest", cmap="tab20")
-    ax.set_xlabel("device")
-    ax.set_ylabel("round")
-    ax.set_title("cluster assignment of the best trial")
-    fig.colorbar(im, ax=ax, label="cluster")
-    fig.tight_layout()
+    rounds, hist = read_assignment_history(Path(text).read_text())
+    fig = assignment_figure(hist, rounds, title="cluster assignment of the best trial")
     client.log_figure(parent_id, fig, "plots/assignment_heatmap.png")
     plt.close(fig)
 
