@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 
 import mlflow
 import pytest
@@ -11,7 +13,7 @@ import yaml
 from lcfed.config import ConfigError, to_dict
 from tests.conftest import tiny_config
 from tune_jobs.cli import main
-from tune_jobs.sweep import load_space, run_sweep
+from tune_jobs.sweep import load_space, restore_results, run_sweep
 
 
 def test_space_files_are_validated_against_the_base_config(tmp_path):
@@ -53,6 +55,27 @@ def test_sweep_of_four_trials_logs_children_and_parent(tmp_path, tracking_uri):
     plots = {a.path for a in client.list_artifacts(parent[0].info.run_id, "plots")}
     assert plots == {"plots/top_trials.png", "plots/mu_lambda_heatmap.png", "plots/assignment_heatmap.png"}
     assert parent[0].data.tags["best.method.mu"] == str(summary["best_config"]["method.mu"])
+    # the parent row: the best trial's metrics and swept values under the children's names, the space readable
+    best_child = next(c for c in children if c.data.tags["tune_trial_id"] == summary["best_trial_id"])
+    p = parent[0].data
+    assert p.params["method.mu"] == best_child.data.params["method.mu"] == str(summary["best_config"]["method.mu"])
+    assert p.params["method.lam"] == best_child.data.params["method.lam"]
+    assert p.metrics["acc_mean"] == best_child.data.metrics["acc_mean"] == summary["best_acc_mean"]
+    assert p.metrics["train_loss"] == best_child.data.metrics["train_loss"]
+    assert p.tags["best_run_id"] == best_child.info.run_id
+    assert p.params["space.method.mu"] == p.params["space.method.lam"] == "loguniform(0.001, 1)"
+    assert (p.params["metric"], p.params["mode"], p.params["scheduler"]) == ("acc_mean", "max", "fifo")
+    assert "grace_period" not in p.params
+    text = Path(client.download_artifacts(summary["parent_run_id"], "space.yaml")).read_text()
+    assert yaml.safe_load(text) == {"method.mu": {"loguniform": [0.001, 1.0]}, "method.lam": {"loguniform": [0.001, 1.0]}}
+    names = [c.info.run_name for c in children]  # the method and the swept values, unique
+    assert len(set(names)) == 4 and all(re.fullmatch(r"lcfed mu=[\d.e-]+ lam=[\d.e-]+( #\d+)?", n) for n in names)
+    assert best_child.info.run_name.startswith(f"lcfed mu={float(best_child.data.params['method.mu']):.2g} ")
+    # Tune's own view of the sweep agrees: Tuner.restore(path, trainable).get_results()
+    grid = restore_results(summary["storage"])
+    assert len(grid) == 4 and grid.get_best_result().metrics["trial_id"] == summary["best_trial_id"]
+    best = grid.get_best_result("acc_mean", "max")
+    assert {k: best.config[k] for k in ("method.mu", "method.lam")} == summary["best_config"]
 
 
 def test_a_diverging_trial_fails_alone_and_the_sweep_exits_1(tmp_path, tracking_uri, capsys):
@@ -76,6 +99,44 @@ def test_a_diverging_trial_fails_alone_and_the_sweep_exits_1(tmp_path, tracking_
     assert children["0.05"].info.status == "FINISHED"
     assert children["1000000.0"].info.status == "FAILED"
     assert "DivergenceError" in children["1000000.0"].data.tags["failure_reason"]
+
+
+def test_asha_on_a_loss_stops_the_worse_trial_early_and_finished(tmp_path, tracking_uri):
+    """--metric test_loss (mode min by default) drives ASHA (grace period 1), the best trial, the summary and
+    the parent run; the stopped trial ends FINISHED, tagged stopped_early with its round, not KILLED."""
+    base = tiny_config("train.rounds=3", "engine.num_cpus=2", "tracking.enabled=true", f"tracking.uri={tracking_uri}",
+                       "tracking.experiment=sweep-asha")
+    config, space = tmp_path / "base.yaml", tmp_path / "space.yaml"
+    config.write_text(yaml.safe_dump(to_dict(base)))
+    space.write_text("train.lr: {grid: [0.05, 0.00001]}\n")  # the second barely learns: stopped at the rung
+    out = tmp_path / "summary.json"
+    assert main(["sweep", "-c", str(config), "--space", str(space), "--metric", "test_loss", "--grace-period", "1",
+                 "--max-concurrent", "1", "--name", "asha", "--storage", str(tmp_path / "tune"), "--json", str(out)]) == 0
+    summary = json.loads(out.read_text())
+    assert (summary["metric"], summary["mode"], summary["scheduler"]) == ("test_loss", "min", "asha")
+    assert (summary["grace_period"], summary["max_t"]) == (1, 3)
+    assert summary["best_config"] == {"train.lr": 0.05} and summary["errors"] == 0
+    client = mlflow.MlflowClient(tracking_uri=tracking_uri)
+    exp = client.get_experiment_by_name("sweep-asha")
+    children = {r.data.params["train.lr"]: r for r in client.search_runs([exp.experiment_id])
+                if "mlflow.parentRunId" in r.data.tags}
+    kept, stopped = children["0.05"], children["1e-05"]
+    assert kept.info.status == "FINISHED" and "stopped_early" not in kept.data.tags
+    assert stopped.info.status == "FINISHED"
+    assert stopped.data.tags["stopped_early"] == "true" and stopped.data.tags["stopped_at_round"] == "0"
+    assert [m.step for m in client.get_metric_history(stopped.info.run_id, "test_loss")] == [0]
+    assert (kept.info.run_name, stopped.info.run_name) == ("lcfed lr=0.05", "lcfed lr=1e-05")
+    parent = client.get_run(summary["parent_run_id"])
+    assert parent.data.params["train.lr"] == "0.05" and parent.data.params["space.train.lr"] == "grid([0.05, 1e-05])"
+    assert (parent.data.params["metric"], parent.data.params["mode"], parent.data.params["grace_period"],
+            parent.data.params["max_t"]) == ("test_loss", "min", "1", "3")
+    assert parent.data.metrics["test_loss"] == kept.data.metrics["test_loss"] == summary["best_test_loss"]
+    assert parent.data.metrics["best_test_loss"] == summary["best_test_loss"]
+    assert parent.data.metrics["acc_mean"] == kept.data.metrics["acc_mean"]
+    grid = restore_results(summary["storage"])
+    best = grid.get_best_result("test_loss", "min")
+    assert best.config["train.lr"] == 0.05 and best.metrics["test_loss"] == summary["best_test_loss"]
+    assert grid.get_best_result().config["train.lr"] == 0.05  # the sweep's metric and mode are Tune's defaults
 
 
 def test_missing_dataset_fails_before_anything_is_created(tmp_path, capsys):

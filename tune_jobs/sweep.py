@@ -20,7 +20,9 @@ import re
 import signal
 import sys
 import tempfile
+import time
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +47,20 @@ from lcfed.config import (
 from lcfed.engine import Stopped
 
 SPACES_DIR = Path(__file__).resolve().parent / "spaces"
-METRIC = "acc_mean"
+METRIC = "acc_mean"  # the default --metric
+
+#: the per-round metrics a trial reports (``lcfed.engine`` and ``lcfed.metrics``) -> the better direction
+#: (None: no natural one, --mode must be given). Accuracies exist on evaluation rounds (``train.eval_every``,
+#: carried forward to the rounds between); num_clusters / label_homogeneity only for clustered methods, ari
+#: only where the clusters can express the true groups.
+METRICS: dict[str, str | None] = {
+    "acc_mean": "max", "acc_weighted": "max", "acc_p10": "max", "acc_p90": "max", "acc_std": "min",
+    "test_loss": "min", "train_loss": "min", "label_homogeneity": "max", "ari": "max", "coverage": "max",
+    "num_clusters": None, "bytes_up": "min", "bytes_down": "min", "bytes_up_total": "min",
+    "bytes_down_total": "min", "sim_comm_seconds": "min", "sim_compute_seconds": "min", "sim_seconds_total": "min",
+    "round_seconds": "min",
+}
+SCHEDULERS = ("asha", "hyperband", "fifo")
 
 #: search-space file keywords -> how to build the Tune domain from the listed arguments
 DOMAINS = {
@@ -117,6 +132,117 @@ def resolve_trial_engine(choice: str, gpus_per_trial: float, nodes: int) -> str:
     return "local" if nodes == 1 and gpus_per_trial <= 1 else "ray"
 
 
+@dataclass(frozen=True)
+class Objective:
+    """What the sweep optimises and how trials are stopped early: the scheduler, the best trial and the
+    parent run's summary all use this one ``metric`` / ``mode``."""
+
+    metric: str = METRIC
+    mode: str = "max"
+    scheduler: str = "asha"
+    grace_period: int | None = None  # asha / hyperband: rounds before a trial may be stopped (or paused)
+    max_t: int | None = None  # asha / hyperband: rounds a trial may run at most
+
+    def as_params(self) -> dict[str, str]:
+        return {k: str(v) for k, v in vars(self).items() if v is not None}
+
+
+def resolve_objective(rounds: int, metric: str = METRIC, mode: str | None = None, scheduler: str = "asha",
+                      grace_period: int | None = None, max_t: int | None = None) -> Objective:
+    """Check the sweep's metric, mode and scheduler flags against ``train.rounds`` and fill the defaults.
+
+    ``mode``: the metric's natural direction unless given (max for accuracies, label_homogeneity, ari and
+    coverage; min for losses, acc_std, bytes and seconds). ``max_t``: ``rounds``. ``grace_period``:
+    ``max(1, max_t // 2)``: ASHA and HyperBand compare trials no earlier than half-way, where early
+    rounds' near-ties (0.4290 vs 0.4302 at round 2) no longer decide which trial stops.
+    """
+    require(metric in METRICS, "--metric", metric, f"a per-round metric the trials report: one of {sorted(METRICS)}")
+    require(mode in (None, "max", "min"), "--mode", mode, "max or min")
+    mode = mode or METRICS[metric]
+    require(mode is not None, "--mode", mode, f"must be given for --metric {metric} (max or min: it has no natural "
+            "direction)")
+    require(scheduler in SCHEDULERS, "--scheduler", scheduler, f"one of {list(SCHEDULERS)}")
+    if scheduler == "fifo":
+        require(grace_period is None, "--grace-period", grace_period, "only with --scheduler asha or hyperband "
+                "(fifo never stops a trial)")
+        require(max_t is None, "--max-t", max_t, "only with --scheduler asha or hyperband (fifo runs every trial "
+                "for train.rounds)")
+        return Objective(metric, str(mode), scheduler)
+    max_t = rounds if max_t is None else max_t
+    require(isinstance(max_t, int) and 1 <= max_t <= rounds, "--max-t", max_t,
+            f"must be between 1 and train.rounds ({rounds})")
+    grace = max(1, max_t // 2) if grace_period is None else grace_period
+    require(isinstance(grace, int) and 1 <= grace <= max_t, "--grace-period", grace_period,
+            f"must be between 1 and --max-t ({max_t}) rounds")
+    return Objective(metric, str(mode), scheduler, grace, max_t)
+
+
+def make_scheduler(obj: Objective) -> Any:
+    """Tune's scheduler for the objective (metric and mode come from the TuneConfig)."""
+    from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, HyperBandScheduler
+
+    if obj.scheduler == "asha":
+        return ASHAScheduler(time_attr="training_iteration", max_t=obj.max_t, grace_period=obj.grace_period)
+    if obj.scheduler == "hyperband":
+        sched = HyperBandScheduler(time_attr="training_iteration", max_t=obj.max_t)
+        # Tune's HyperBand has no grace period: its brackets' first rung is max_t / 3^s rounds; no earlier
+        # than grace_period here, so no trial is paused or stopped before it
+        first_rung = sched._get_r0
+        sched._get_r0 = lambda s: max(int(obj.grace_period or 1), first_rung(s))
+        return sched
+    return FIFOScheduler()
+
+
+def space_spec(domain: Any) -> Any:
+    """A search-space entry (a Tune domain, a grid or a value) in the ``--space`` file's form."""
+    from ray.tune.search.sample import Categorical, Float, Integer, LogUniform, Quantized
+
+    if isinstance(domain, Mapping) and set(domain) == {"grid_search"}:
+        return {"grid": list(domain["grid_search"])}
+    if isinstance(domain, Categorical):
+        return {"choice": list(domain.categories)}
+    if isinstance(domain, (Float, Integer)):
+        sampler, q = domain.get_sampler(), None
+        if isinstance(sampler, Quantized):
+            sampler, q = sampler.sampler, sampler.q
+        log = isinstance(sampler, LogUniform)
+        if isinstance(domain, Integer):
+            kind = "lograndint" if log else "randint"
+        else:
+            kind = "loguniform" if log else "uniform"
+        if q is not None:
+            kind = "q" + kind
+        return {kind: [domain.lower, domain.upper] + ([q] if q is not None else [])}
+    return domain
+
+
+def describe_domain(domain: Any) -> str:
+    """``loguniform(0.001, 1)``, ``choice([2, 4])``, ``grid([0.05, 0.2])`` or the fixed value."""
+    spec = space_spec(domain)
+    if isinstance(spec, dict) and len(spec) == 1:
+        kind, args = next(iter(spec.items()))
+        if isinstance(args, list) and kind not in ("choice", "grid"):
+            return f"{kind}({', '.join(f'{a:g}' if isinstance(a, float) else str(a) for a in args)})"
+        return f"{kind}({args})"
+    return str(spec)
+
+
+def swept_keys(space: Mapping[str, Any]) -> list[str]:
+    """The space's keys that vary between trials (not fixed values)."""
+    return [k for k, v in space.items() if space_spec(v) is not v]
+
+
+def _short(v: Any) -> str:
+    return f"{v:.2g}" if isinstance(v, float) else str(v)
+
+
+def child_name(method: str, values: Mapping[str, Any]) -> str:
+    """``lcfed mu=0.031 lam=0.2``: the method and each swept value (last part of its key, 2 digits)."""
+    tails = [k.split(".")[-1] for k in values]
+    keys = [t if tails.count(t) == 1 else k for k, t in zip(values, tails, strict=True)]
+    return " ".join([method] + [f"{k}={_short(v)}" for k, v in zip(keys, values.values(), strict=True)])
+
+
 def trial_layout(cfg: ExperimentConfig, gpus_per_trial: float) -> tuple[int, float, float]:
     """(device actors, CPUs per actor, GPUs per actor) of one trial on the Ray engine."""
     n = cfg.engine.num_actors or 1
@@ -147,16 +273,18 @@ REPORT_KEY = "lcfed"
 class TuneReporter:
     """Reports every round to Tune, attaching the engine's checkpoint on rounds that wrote one.
 
-    Besides the scheduler's metric at the top level, each report carries under ``lcfed`` the round's
+    Besides the sweep's metric at the top level (its last value: accuracies exist on evaluation rounds
+    only; NaN before the first), each report carries under ``lcfed`` the round's
     metrics, the cluster assignment and (first report) the federation's facts: the driver's
     :class:`TrialTracker` logs them to MLflow, so trial processes never talk to a tracking server.
     The last round is reported from ``on_end``: Tune ends a trial that reached its last iteration
     from inside ``report`` (``SystemExit``).
     """
 
-    def __init__(self, cfg: ExperimentConfig, placement: dict[str, Any] | None = None) -> None:
+    def __init__(self, cfg: ExperimentConfig, placement: dict[str, Any] | None = None, metric: str = METRIC) -> None:
         self.cfg = cfg
-        self.acc = float("nan")
+        self.metric = metric
+        self.value = float("nan")
         self.facts: dict[str, str] | None = None
         self.placement = placement
         self.pending: tuple[dict[str, Any], bool] | None = None
@@ -167,7 +295,7 @@ class TuneReporter:
         self.facts = federation_facts(fed)
 
     def on_round(self, rnd: int, metrics: dict[str, float], stats: Any) -> None:
-        self.acc = metrics.get(METRIC, self.acc)
+        self.value = float(metrics.get(self.metric, self.value))
         scalars = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))}
         data: dict[str, Any] = {"metrics": scalars}
         if stats.assignment is not None:
@@ -176,7 +304,7 @@ class TuneReporter:
             data["federation"], self.facts = self.facts, None
         if self.placement is not None:
             data["placement"], self.placement = self.placement, None
-        report = {METRIC: self.acc, "round": rnd, REPORT_KEY: data}
+        report = {self.metric: self.value, "round": rnd, REPORT_KEY: data}
         ck = self.cfg.checkpoint
         saved = bool(ck.dir) and ((rnd + 1) % ck.every == 0 or rnd == self.cfg.train.rounds - 1)
         if rnd == self.cfg.train.rounds - 1:
@@ -241,7 +369,7 @@ def run_trial(config: dict[str, Any], sources: dict[Any, Any] | None = None) -> 
             if cfg.engine.kind == "local":  # the trial's own GPU share (actors report theirs)
                 placement.update(gpus=config["__sweep__"]["gpus_per_trial"],
                                  gpu_ids=[str(g) for g in ray.get_gpu_ids()])
-            fed.run([TuneReporter(cfg, placement)], resume)
+            fed.run([TuneReporter(cfg, placement, config["__sweep__"].get("metric", METRIC))], resume)
         finally:
             fed.close()
     finally:
@@ -262,7 +390,8 @@ def _trial_federation(cfg: ExperimentConfig, dataset: Any) -> Any:
     return RayFederation(cfg, resources=(n * cfg.engine.cpus_per_actor, n * gpu), dataset=dataset)
 
 
-def _trial_tracker(uri: str, exp_id: str, parent_id: str, sweep_name: str, rounds: int) -> Any:
+def _trial_tracker(uri: str, exp_id: str, parent_id: str, sweep_name: str, rounds: int,
+                   swept: Sequence[str] = ()) -> Any:
     from ray.tune import Callback
 
     from lcfed.engine import RunResult
@@ -277,6 +406,19 @@ def _trial_tracker(uri: str, exp_id: str, parent_id: str, sweep_name: str, round
             self.history: dict[str, list[dict[str, float]]] = {}
             self.assignment: dict[str, np.ndarray] = {}
             self.last_round: dict[str, int] = {}
+            self.names: set[str] | None = None  # child run names in use (unique within the sweep)
+
+        def _name(self, client: Any, trial: Any, cfg: ExperimentConfig) -> str:
+            """``<method> <param>=<value> ...`` of the swept values; `` #<trial index>`` where two round alike."""
+            if self.names is None:
+                children = client.search_runs([exp_id], f"tags.mlflow.parentRunId = '{parent_id}'")
+                self.names = {r.info.run_name for r in children}
+            name = child_name(cfg.method.name, {k: trial.config[k] for k in swept if k in trial.config})
+            if name in self.names:
+                index = trial.trial_id.rsplit("_", 1)[-1]
+                name = f"{name} #{int(index) if index.isdigit() else index}"
+            self.names.add(name)
+            return name
 
         def _run(self, trial: Any, facts: dict[str, str]) -> MLflowObserver:
             tid = trial.trial_id
@@ -290,7 +432,10 @@ def _trial_tracker(uri: str, exp_id: str, parent_id: str, sweep_name: str, round
                 tags = {"tune_trial_id": tid, "sweep": sweep_name, **{f"space.{k}": str(v) for k, v in overrides.items()}}
                 obs = MLflowObserver(uri, parent_run_id=parent_id, tags=tags,
                                      resume_run_id=earlier[0].info.run_id if earlier else None)
-                obs.start(trial_config(trial.config, tid), facts)
+                cfg = trial_config(trial.config, tid)
+                if not earlier:
+                    cfg = cfg.replace(**{"tracking.run_name": self._name(client, trial, cfg)})
+                obs.start(cfg, facts)
                 self.runs[tid] = obs
                 self.history[tid] = []
             return self.runs[tid]
@@ -325,6 +470,7 @@ def _trial_tracker(uri: str, exp_id: str, parent_id: str, sweep_name: str, round
             obs.on_end(RunResult(final=final, history=hist, assignment=self.assignment.get(tid)))
             if self.last_round.get(tid, -1) < rounds - 1:  # the scheduler stopped it: not a failure
                 obs.client.set_tag(obs.run_id, "stopped_early", "true")
+                obs.client.set_tag(obs.run_id, "stopped_at_round", str(self.last_round.get(tid, -1)))
 
         def close_open(self, reason: str) -> None:
             """Mark the runs of trials the sweep left unfinished KILLED, with the reason."""
@@ -446,18 +592,24 @@ def run_sweep(
     storage: str | Path = "~/lcfed-sweeps",
     resume: bool = False,
     trial_engine: str = "auto",
+    metric: str = METRIC,
+    mode: str | None = None,
+    grace_period: int | None = None,
+    max_t: int | None = None,
 ) -> dict[str, Any]:
     """Run (or resume) a sweep; return the best trial's config, metric and the MLflow parent run.
 
-    ``trial_engine``: ``auto``, ``local`` or ``ray`` (:func:`resolve_trial_engine`).
+    ``trial_engine``: ``auto``, ``local`` or ``ray`` (:func:`resolve_trial_engine`). ``metric``, ``mode``,
+    ``scheduler``, ``grace_period``, ``max_t``: :func:`resolve_objective` (one metric and mode for the
+    scheduler, the best trial and the parent run). A resumed sweep keeps the objective it started with.
     """
     import ray
     from ray import tune
-    from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
 
     from actors.engine import alive_nodes, ensure_ray
     from lcfed.tracking import RunGuard, get_or_create_experiment, open_client, resolve_tracking_uri
 
+    obj = resolve_objective(base.train.rounds, metric, mode, scheduler, grace_period, max_t)
     uri = resolve_tracking_uri(base.tracking.uri)
     base = base.replace(**{"tracking.uri": uri, "tracking.enabled": True})
     name = name or f"{base.name}-sweep"
@@ -479,23 +631,32 @@ def run_sweep(
     parent = previous[0] if previous else client.create_run(
         exp_id, run_name=name, tags={"sweep_parent": "true", "sweep_name": name, "method": base.method.name})
     parent_id = parent.info.run_id
+    if previous:  # Tune restores the scheduler it started with: the flags must agree with it
+        logged = previous[0].data.params
+        for key, value in obj.as_params().items():
+            if key in logged and logged[key] != value:
+                if started:
+                    ray.shutdown()
+                raise ConfigError(f"--{key.replace('_', '-')}", value,
+                                  f"sweep {name} was started with {logged[key]}: resume it with the same")
     guard = RunGuard(uri, parent_id, f"; the Tune state is saved: continue with --resume --name {name}")
     if not previous:
-        client.log_param(parent_id, "space", yaml.safe_dump({k: str(v) for k, v in space.items()}))
-        client.log_param(parent_id, "num_samples", num_samples)
-        client.log_param(parent_id, "scheduler", scheduler)
-        client.log_param(parent_id, "trial_engine", engine)
+        from mlflow.entities import Param
+
+        params = {**{f"space.{k}": describe_domain(v) for k, v in space.items()}, "num_samples": str(num_samples),
+                  "trial_engine": engine, **obj.as_params()}
+        client.log_batch(parent_id, params=[Param(k, v[:6000]) for k, v in params.items()])
+        client.log_text(parent_id, yaml.safe_dump({k: space_spec(v) for k, v in space.items()}, sort_keys=False),
+                        "space.yaml")
 
     try:
         param_space = {**space, "__base__": to_dict(base),
                        "__sweep__": {"parent_run_id": parent_id, "name": name, "gpus_per_trial": gpus_per_trial,
-                                     "trial_engine": engine}}
+                                     "trial_engine": engine, "metric": obj.metric}}
         trainable = tune.with_resources(tune.with_parameters(run_trial, sources=sources),
                                         trial_resources(base, gpus_per_trial, engine))
         rounds = base.train.rounds
-        sched = (ASHAScheduler(time_attr="training_iteration", max_t=rounds, grace_period=max(1, rounds // 4))
-                 if scheduler == "asha" else FIFOScheduler())
-        tracker = _trial_tracker(uri, exp_id, parent_id, name, rounds)
+        tracker = _trial_tracker(uri, exp_id, parent_id, name, rounds, swept_keys(space))
         run_config = tune.RunConfig(name=name, storage_path=storage_uri, callbacks=[tracker], verbose=1)
         exp_path = _join(storage_uri, name)
         if resume and tune.Tuner.can_restore(exp_path):
@@ -504,7 +665,8 @@ def run_sweep(
             tuner = tune.Tuner(
                 trainable,
                 param_space=param_space,
-                tune_config=tune.TuneConfig(metric=METRIC, mode="max", num_samples=num_samples, scheduler=sched,
+                tune_config=tune.TuneConfig(metric=obj.metric, mode=obj.mode, num_samples=num_samples,
+                                            scheduler=make_scheduler(obj),
                                             max_concurrent_trials=max_concurrent or None,
                                             # a local trial's process (torch imported, warm) serves the next trial
                                             reuse_actors=engine == "local"),
@@ -520,14 +682,16 @@ def run_sweep(
                    f"continue with the same command plus --resume --name {name}")
             tracker.close_open(why)
             raise SweepInterrupted(reason, why)
-        best = _best_result(results)
+        best = _best_result(results, obj.metric, obj.mode)
         best_cfg = {k: v for k, v in best.config.items() if not k.startswith("__")}
         failed = [_error_line(str(r.error)) for r in results if r.error is not None]
-        summary = {"best_config": best_cfg, "best_" + METRIC: best.metrics.get(METRIC), "parent_run_id": parent_id,
-                   "experiment_id": exp_id, "tracking_uri": uri, "trials": len(results),
+        summary = {"best_config": best_cfg, "best_" + obj.metric: best.metrics.get(obj.metric),
+                   "metric": obj.metric, "mode": obj.mode, "best_trial_id": best.metrics.get("trial_id"),
+                   "parent_run_id": parent_id, "experiment_id": exp_id, "tracking_uri": uri, "trials": len(results),
                    "errors": len(failed), "first_error": failed[0] if failed else None, "storage": exp_path,
-                   "trial_engine": engine}
-        _log_parent(client, parent_id, exp_id, results, best, best_cfg, space)
+                   "trial_engine": engine, "scheduler": obj.scheduler, "grace_period": obj.grace_period,
+                   "max_t": obj.max_t}
+        _log_parent(client, parent_id, exp_id, results, best, best_cfg, space, obj.metric, obj.mode)
         client.set_terminated(parent_id, "FINISHED")
         return summary
     except KeyboardInterrupt as exc:
@@ -542,6 +706,15 @@ def run_sweep(
         guard.release()
         if started:
             ray.shutdown()
+
+
+def restore_results(path: str) -> Any:
+    """Tune's results of a sweep (its ``storage`` in the summary): ``tune.Tuner.restore(path, run_trial)
+    .get_results()``; ``get_best_result()`` uses the sweep's metric and mode. Config keys are the space's
+    (``method.mu``), besides ``__base__`` (the base config) and ``__sweep__``."""
+    from ray import tune
+
+    return tune.Tuner.restore(path, run_trial).get_results()
 
 
 class SweepInterrupted(Stopped):
@@ -581,58 +754,98 @@ class SweepFailed(RuntimeError):
     """No trial of the sweep produced the metric; the message says how many failed and why."""
 
 
-def _best_result(results: Any) -> Any:
-    """Highest last-round metric; ties go to the lowest trial id so a resumed sweep names the same best."""
-    scored = [r for r in results if r.metrics and isinstance(r.metrics.get(METRIC), (int, float))
-              and math.isfinite(r.metrics[METRIC])]
+def _best_result(results: Any, metric: str = METRIC, mode: str = "max") -> Any:
+    """The best last-reported ``metric`` (as ``ResultGrid.get_best_result(metric, mode)``); ties go to the
+    lowest trial id so a resumed sweep names the same best."""
+    scored = [r for r in results if r.metrics and _number(r.metrics.get(metric))]
     if not scored:
         errors = [_error_line(str(r.error)) for r in results if r.error is not None]
         why = f"; first error: {errors[0]}" if errors else ""
-        raise SweepFailed(f"no trial of {len(results)} reported a finite {METRIC} ({len(errors)} failed){why}")
-    return min(scored, key=lambda r: (-r.metrics[METRIC], str(r.metrics.get("trial_id", ""))))
+        raise SweepFailed(f"no trial of {len(results)} reported a finite {metric} ({len(errors)} failed){why}")
+    sign = -1.0 if mode == "max" else 1.0
+    return min(scored, key=lambda r: (sign * r.metrics[metric], str(r.metrics.get("trial_id", ""))))
 
 
-def _log_parent(client: Any, parent_id: str, exp_id: str, results: Any, best: Any, best_cfg: dict, space: dict) -> None:
-    """Best config and summary plots on the sweep's parent run."""
+def _child_run(client: Any, exp_id: str, result: Any) -> Any:
+    """The MLflow child run of a Tune result (found by its ``tune_trial_id`` tag), or None."""
+    trial_id = result.metrics.get("trial_id") if result.metrics else None
+    runs = client.search_runs([exp_id], f"tags.tune_trial_id = '{trial_id}'") if trial_id else []
+    return runs[0] if runs else None
+
+
+def _log_parent(client: Any, parent_id: str, exp_id: str, results: Any, best: Any, best_cfg: dict, space: dict,
+                metric: str = METRIC, mode: str = "max") -> None:
+    """The best trial on the sweep's parent run, and summary plots.
+
+    Metrics: the best trial's child run's metrics under their own names (the parent row shows its
+    ``acc_mean``), plus ``best_<metric>``. Params: its swept values under the children's names
+    (``method.mu``), so the collapsed parent row fills those columns. Tags ``best.*`` and ``best.json`` too."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from mlflow.entities import Metric, Param
+    from mlflow.exceptions import MlflowException
 
-    # tags, not params: a resumed sweep may find a new best and params are write-once
+    value = float(best.metrics.get(metric, float("nan")))
+    step = int(best.metrics.get("round", 0))
+    ts = int(time.time() * 1000)
+    child = _child_run(client, exp_id, best)
+    points = [Metric(f"best_{metric}", value, ts, step)]
+    if child is not None:
+        points += [Metric(k, float(v), ts, step) for k, v in child.data.metrics.items() if math.isfinite(v)]
+        client.set_tag(parent_id, "best_run_id", child.info.run_id)
+        client.set_tag(parent_id, "best_run_name", child.info.run_name)
+    client.log_batch(parent_id, metrics=points)
     for k, v in best_cfg.items():
         client.set_tag(parent_id, f"best.{k}", str(v))
-    client.log_metric(parent_id, f"best_{METRIC}", float(best.metrics.get(METRIC, float("nan"))))
-    client.log_dict(parent_id, {"best_config": best_cfg, f"best_{METRIC}": best.metrics.get(METRIC)}, "best.json")
+    swept = [k for k in swept_keys(space) if k in best_cfg]
+    try:  # params are write-once: a resumed sweep whose errored trials now win keeps the first best's
+        client.log_batch(parent_id, params=[Param(k, str(best_cfg[k])[:6000]) for k in swept])
+    except MlflowException:
+        client.set_tag(parent_id, "best_params_stale", "true: see the best.* tags")
+    client.set_tag(parent_id, "best_trial_id", str(best.metrics.get("trial_id")))
+    client.log_dict(parent_id, {"best_config": best_cfg, f"best_{metric}": best.metrics.get(metric), "metric": metric,
+                                "mode": mode, "best_trial_id": best.metrics.get("trial_id")}, "best.json")
 
     from lcfed.tracking import ROUND_AXIS
+
+    def column(df: Any, name: str) -> Any:
+        for col in (name, f"{REPORT_KEY}/metrics/{name}"):  # the top-level metric, or one of the nested ones
+            if col in df:
+                return df[col].to_numpy(dtype=float)
+        return None
 
     rows = []
     for r in results:
         df = r.metrics_dataframe
-        if r.metrics is None or df is None or METRIC not in df:  # e.g. a trial that failed in its first round
+        y = column(df, metric) if r.metrics is not None and df is not None else None
+        if y is None:  # e.g. a trial that failed in its first round
             continue
-        rows.append((r.metrics.get(METRIC, float("nan")), {k: v for k, v in r.config.items() if not k.startswith("__")},
-                     df["round"].to_numpy() if "round" in df else np.arange(len(df)), df[METRIC].to_numpy()))
-    rows.sort(key=lambda t: -t[0] if math.isfinite(t[0]) else math.inf)
+        x = df["round"].to_numpy() if "round" in df else np.arange(len(df))
+        rows.append((float(r.metrics.get(metric, float("nan"))),
+                     {k: v for k, v in r.config.items() if not k.startswith("__")}, x, y, column(df, METRIC)))
+    sign = -1.0 if mode == "max" else 1.0
+    rows.sort(key=lambda t: sign * t[0] if math.isfinite(t[0]) else math.inf)
 
     fig, ax = plt.subplots(figsize=(6, 4), dpi=100)
-    for acc, cfg, x, y in rows[:5]:
+    for val, cfg, x, y, _ in rows[:5]:
         label = ", ".join(f"{k.split('.')[-1]}={v:.3g}" if isinstance(v, float) else f"{k.split('.')[-1]}={v}"
                           for k, v in cfg.items())
-        ax.plot(x, y, label=f"{acc:.3f}: {label}"[:60])
+        ax.plot(x, y, label=f"{val:.3g}: {label}"[:60])
     ax.set_xlabel(ROUND_AXIS)
-    ax.set_ylabel(METRIC)
-    ax.set_title("top trials")
+    ax.set_ylabel(metric)
+    ax.set_title(f"top trials ({mode} {metric})")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="lower right")
+    ax.legend(fontsize=7, loc="lower right" if mode == "max" else "upper right")
     fig.tight_layout()
     client.log_figure(parent_id, fig, "plots/top_trials.png")
     plt.close(fig)
 
-    if "method.mu" in space and "method.lam" in space and rows:
-        trials = [{"mu": c.get("method.mu"), "lam": c.get("method.lam"), "rounds": x, "values": y}
-                  for _, c, x, y in rows]
+    acc_rows = [t for t in rows if t[4] is not None]
+    if "method.mu" in space and "method.lam" in space and acc_rows:  # the map shows acc_mean whatever the metric
+        trials = [{"mu": c.get("method.mu"), "lam": c.get("method.lam"), "rounds": x, "values": acc}
+                  for _, c, x, _, acc in acc_rows]
         fig = mu_lambda_figure(trials)
         client.log_figure(parent_id, fig, "plots/mu_lambda_heatmap.png")
         plt.close(fig)
@@ -765,7 +978,18 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--space", required=True, metavar="FILE",
                    help="search space YAML (a path, or a bundled name under tune_jobs/spaces/, e.g. mu_lambda.yaml)")
     p.add_argument("--num-samples", type=int, default=1, help="samples per grid point (default %(default)s)")
-    p.add_argument("--scheduler", choices=["asha", "fifo"], default="asha")
+    p.add_argument("--metric", default=METRIC,
+                   help=f"the per-round metric to optimise (default %(default)s); one of: {', '.join(METRICS)}")
+    p.add_argument("--mode", choices=["max", "min"],
+                   help="max or min (default: the metric's direction: max for acc_*, label_homogeneity, ari, "
+                   "coverage; min for *_loss, acc_std, bytes and seconds)")
+    p.add_argument("--scheduler", choices=list(SCHEDULERS), default="asha",
+                   help="asha (default): Tune's ASHAScheduler stops trials behind at a rung; hyperband: "
+                   "HyperBandScheduler (pauses and stops trials in brackets); fifo: every trial runs all rounds")
+    p.add_argument("--grace-period", type=int, metavar="N",
+                   help="rounds a trial runs before asha/hyperband may stop it (default max(1, max_t // 2))")
+    p.add_argument("--max-t", type=int, metavar="N",
+                   help="rounds a trial runs at most under asha/hyperband (default train.rounds)")
     p.add_argument("--max-concurrent", type=int, default=0, help="trials at once (0 = as resources allow)")
     p.add_argument("--gpus-per-trial", type=float, default=0.0, help="GPUs per trial, shared by its device actors")
     p.add_argument("--trial-engine", choices=list(TRIAL_ENGINES), default="auto",
@@ -793,10 +1017,12 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     require(args.num_samples >= 1, "--num-samples", args.num_samples, "must be >= 1")
     require(args.max_concurrent >= 0, "--max-concurrent", args.max_concurrent, "must be >= 0")
     require(args.gpus_per_trial >= 0, "--gpus-per-trial", args.gpus_per_trial, "must be >= 0")
+    resolve_objective(base.train.rounds, args.metric, args.mode, args.scheduler, args.grace_period, args.max_t)
     space = load_space(args.space, base)
     summary = run_sweep(base, space, num_samples=args.num_samples, scheduler=args.scheduler,
                         max_concurrent=args.max_concurrent, gpus_per_trial=args.gpus_per_trial, name=args.name,
-                        storage=args.storage, resume=args.resume, trial_engine=args.trial_engine)
+                        storage=args.storage, resume=args.resume, trial_engine=args.trial_engine,
+                        metric=args.metric, mode=args.mode, grace_period=args.grace_period, max_t=args.max_t)
     print(json.dumps(summary, indent=2, default=str))
     if args.json:
         Path(args.json).write_text(json.dumps(summary, indent=2, default=str) + "\n")

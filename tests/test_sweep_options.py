@@ -1,0 +1,107 @@
+"""`lcfed sweep`'s objective flags (--metric, --mode, --scheduler, --grace-period, --max-t), the readable
+search space and child run names: checked without starting Ray."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from lcfed.config import ConfigError
+from tests.conftest import tiny_config
+from tune_jobs.sweep import (
+    METRICS,
+    Objective,
+    _best_result,
+    child_name,
+    describe_domain,
+    make_scheduler,
+    resolve_objective,
+    space_spec,
+    swept_keys,
+)
+
+
+def test_defaults_half_way_grace_and_the_metrics_direction():
+    assert resolve_objective(10) == Objective("acc_mean", "max", "asha", 5, 10)
+    assert resolve_objective(1) == Objective("acc_mean", "max", "asha", 1, 1)
+    assert resolve_objective(10, max_t=6).grace_period == 3
+    for metric, mode in [("acc_weighted", "max"), ("label_homogeneity", "max"), ("ari", "max"),
+                         ("test_loss", "min"), ("train_loss", "min"), ("acc_std", "min")]:
+        assert resolve_objective(4, metric).mode == mode, metric
+    assert resolve_objective(4, "test_loss", "max").mode == "max"  # an explicit --mode wins
+    assert resolve_objective(4, "num_clusters", "min").mode == "min"
+    assert resolve_objective(4, scheduler="fifo") == Objective("acc_mean", "max", "fifo", None, None)
+    assert resolve_objective(8, scheduler="hyperband", grace_period=2, max_t=4) == Objective(
+        "acc_mean", "max", "hyperband", 2, 4)
+
+
+@pytest.mark.parametrize("kwargs,flag", [
+    ({"metric": "accuracy"}, "--metric"),
+    ({"metric": "cluster_size_0"}, "--metric"),
+    ({"metric": "num_clusters"}, "--mode"),  # no natural direction
+    ({"mode": "up"}, "--mode"),
+    ({"scheduler": "pbt"}, "--scheduler"),
+    ({"grace_period": 0}, "--grace-period"),
+    ({"grace_period": 5, "max_t": 4}, "--grace-period"),
+    ({"max_t": 9}, "--max-t"),
+    ({"max_t": 0}, "--max-t"),
+    ({"scheduler": "fifo", "grace_period": 1}, "--grace-period"),
+    ({"scheduler": "fifo", "max_t": 4}, "--max-t"),
+])
+def test_bad_objectives_name_their_flag(kwargs, flag):
+    with pytest.raises(ConfigError, match=flag):
+        resolve_objective(8, **kwargs)
+
+
+def test_schedulers_get_the_grace_period_and_max_t():
+    import ray
+    from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, HyperBandScheduler
+
+    asha = make_scheduler(resolve_objective(12, grace_period=3))
+    assert isinstance(asha, ASHAScheduler) and asha._max_t == 12 and asha._brackets[0]._rungs[-1][0] == 3
+    hb = make_scheduler(resolve_objective(27, scheduler="hyperband", grace_period=4))
+    assert isinstance(hb, HyperBandScheduler) and hb._max_t_attr == 27
+    assert [hb._get_r0(s) for s in range(4)] == [27, 9, 4, 4]  # first rungs: no earlier than the grace period
+    assert isinstance(make_scheduler(resolve_objective(5, scheduler="fifo")), FIFOScheduler)
+    assert not ray.is_initialized()
+
+
+def test_the_space_is_logged_in_its_file_form():
+    from ray import tune
+
+    space = {"method.mu": tune.loguniform(0.001, 1.0), "method.lam": tune.uniform(0.0, 0.5),
+             "train.lr": tune.grid_search([0.05, 0.1]), "method.num_clusters": tune.choice([2, 4]),
+             "method.rank": tune.randint(2, 6), "train.local_steps": tune.qrandint(2, 8, 2), "seed": 3}
+    assert [describe_domain(v) for v in space.values()] == [
+        "loguniform(0.001, 1)", "uniform(0, 0.5)", "grid([0.05, 0.1])", "choice([2, 4])", "randint(2, 6)",
+        "qrandint(2, 8, 2)", "3"]
+    assert space_spec(space["method.mu"]) == {"loguniform": [0.001, 1.0]}
+    assert space_spec(space["train.lr"]) == {"grid": [0.05, 0.1]}
+    assert swept_keys(space) == list(space)[:-1]  # a fixed value is not swept
+
+
+def test_child_names_carry_the_swept_values():
+    assert child_name("lcfed", {"method.mu": 0.03124, "method.lam": 0.2}) == "lcfed mu=0.031 lam=0.2"
+    assert child_name("fedac", {"method.num_clusters": 4, "train.lr": 1e-5}) == "fedac num_clusters=4 lr=1e-05"
+    assert child_name("lcfed", {"train.lr": 0.1, "method.lr": 0.2}) == "lcfed train.lr=0.1 method.lr=0.2"
+    assert child_name("fedavg", {}) == "fedavg"
+
+
+def test_the_best_trial_follows_the_mode_and_ties_go_to_the_lowest_trial_id():
+    results = [SimpleNamespace(metrics={"test_loss": v, "trial_id": t}, error=None)
+               for v, t in [(0.5, "a_00002"), (0.3, "a_00001"), (0.3, "a_00000"), (float("nan"), "a_00003")]]
+    assert _best_result(results, "test_loss", "min").metrics["trial_id"] == "a_00000"
+    assert _best_result(results, "test_loss", "max").metrics["trial_id"] == "a_00002"
+    with pytest.raises(Exception, match="finite ari"):
+        _best_result(results, "ari", "max")
+
+
+def test_every_sweepable_metric_is_one_a_run_reports():
+    """The --metric names are the engine's per-round metrics (besides per-layer bytes and cluster sizes)."""
+    from lcfed.runner import run_local
+
+    result = run_local(tiny_config("train.rounds=1", "data.partition=dirichlet", "data.alpha=0.5"))
+    reported = {k for row in result.history for k in row if k != "round" and "." not in k}
+    assert reported <= set(METRICS), reported - set(METRICS)
+    assert set(METRICS) - reported <= {"ari"}, set(METRICS) - reported  # ari: where K clusters can express groups
