@@ -209,9 +209,9 @@ def _metrics(
         "sim_seconds_total": totals["sim_seconds_total"] + comm + compute,
     }
     for layer, nbytes in sorted(stats.layers_up.items()):
-        metrics[f"bytes_up.{layer}"] = float(nbytes)
+        metrics[f"bytes_up/{layer}"] = float(nbytes)
     for layer, nbytes in sorted(stats.layers_down.items()):
-        metrics[f"bytes_down.{layer}"] = float(nbytes)
+        metrics[f"bytes_down/{layer}"] = float(nbytes)
     if stats.assignment is not None:
         metrics["num_clusters"] = float(stats.num_clusters)
         assigned = stats.assignment >= 0

@@ -49,18 +49,18 @@ def test_round_metrics_carry_layer_bytes_and_simulated_time(method):
     first, second = result.history
     n = 4  # half of 8 devices
     for row in result.history:
-        ups = {k.split(".", 1)[1]: v for k, v in row.items() if k.startswith("bytes_up.")}
-        downs = {k.split(".", 1)[1]: v for k, v in row.items() if k.startswith("bytes_down.")}
+        ups = {k.split("/", 1)[1]: v for k, v in row.items() if k.startswith("bytes_up/")}
+        downs = {k.split("/", 1)[1]: v for k, v in row.items() if k.startswith("bytes_down/")}
         assert sum(ups.values()) == row["bytes_up"] and sum(downs.values()) == row["bytes_down"]
         # 3 local steps x batch 32, forward + backward = 3 forward passes, at 5 GFLOP/s
         assert row["sim_compute_seconds"] == pytest.approx(3 * 32 * 3 * 2 * MACS / 5e9)
         assert row["sim_comm_seconds"] == pytest.approx((row["bytes_up"] + row["bytes_down"]) / n * 8 / 2e6)
     if method == "fedavg":  # every participant sends and receives the whole model
-        assert {k: first[f"bytes_up.{k}"] for k in LAYERS} == {k: n * 4 * v for k, v in LAYERS.items()}
+        assert {k: first[f"bytes_up/{k}"] for k in LAYERS} == {k: n * 4 * v for k, v in LAYERS.items()}
         assert first["sim_comm_seconds"] == pytest.approx(2 * 61_706 * 4 * 8 / 2e6)
     if method == "fedper":  # the decision layer stays on the device
-        assert "bytes_up.fc3" not in first and "bytes_down.fc3" not in first
+        assert "bytes_up/fc3" not in first and "bytes_down/fc3" not in first
     if method == "lcfed":  # round 1: assigned devices also get their cluster model; codes are "other"
-        assert second["bytes_up.other"] > 0 and second["bytes_down.fc3"] > 0
+        assert second["bytes_up/other"] > 0 and second["bytes_down/fc3"] > 0
     assert second["sim_seconds_total"] == pytest.approx(
         first["sim_comm_seconds"] + first["sim_compute_seconds"] + second["sim_comm_seconds"] + second["sim_compute_seconds"])
