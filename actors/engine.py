@@ -85,6 +85,9 @@ class DeviceActor:
     def evaluate(self, payload: Any) -> dict[int, EvalResult]:
         return self.hosted.evaluate(payload)
 
+    def personalized(self, payload: Any) -> dict[int, torch.Tensor]:
+        return self.hosted.personalized(payload)
+
     def get_states(self) -> dict[int, Any]:
         return self.hosted.get_states()
 
@@ -357,6 +360,9 @@ class RayPool:
 
     def evaluate(self, payload_ref: Any) -> dict[int, EvalResult]:
         return self._gather("evaluate", payload_ref)
+
+    def personalized(self, payload_ref: Any) -> dict[int, torch.Tensor]:
+        return self._gather("personalized", payload_ref)
 
     def get_states(self) -> dict[int, Any]:
         return self._gather("get_states")

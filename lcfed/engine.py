@@ -93,6 +93,24 @@ class RunResult:
     tracking: dict[str, str] = field(default_factory=dict)
     failures: list[dict[str, Any]] = field(default_factory=list)
     placement: dict[str, Any] = field(default_factory=dict)  # where an engine ran it (Ray: nodes, GPUs)
+    # the last evaluation per device and which devices had trained by then (the devices acc_mean counts)
+    evaluation: dict[int, EvalResult] = field(default_factory=dict)
+    trained: np.ndarray | None = None
+    models: FinalModels | None = None  # only when an observer asks (``wants_models``)
+
+
+@dataclass
+class FinalModels:
+    """The models at the end of a run: the server's state and each device's personalized weights
+    (those it is evaluated with; empty when the pool cannot give them)."""
+
+    server_state: Any
+    personal: dict[int, Any]
+
+
+def final_models(server: Server, pool: DevicePool) -> FinalModels:
+    personalized = getattr(pool, "personalized", None)
+    return FinalModels(server.get_state(), personalized(server.eval_payload()) if personalized is not None else {})
 
 
 def should_evaluate(cfg: ExperimentConfig, rnd: int) -> bool:
@@ -300,6 +318,7 @@ def _loop(
             result.assignment = stats.assignment
         if evaluation is not None:
             result.final = dict(metrics)
+            result.evaluation, result.trained = evaluation, now_trained
         if rnd >= reported:  # a replayed round reproduces what observers already have
             for obs in observers:
                 obs.on_round(rnd, metrics, stats)
@@ -312,6 +331,8 @@ def _loop(
             raise Stopped(STOP.reason, rnd, ckpt is not None)
     result.wall_seconds = time.perf_counter() - t_start
     result.round_seconds = float(np.mean(round_times)) if round_times else 0.0
+    if any(getattr(obs, "wants_models", False) for obs in observers):
+        result.models = final_models(server, pool)
     for obs in observers:
         obs.on_end(result)
     return result

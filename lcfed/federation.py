@@ -122,6 +122,7 @@ def prepare(cfg: ExperimentConfig, dataset: Dataset | None = None) -> Setup:
         flops_per_sample=forward_flops(net, init, ds.input_shape),
         partition_stats=partition_stats(part, ds.y),
         label_dist=label_distributions(part, ds.y, ds.num_classes),
+        input_shape=ds.input_shape,
     )
     return Setup(part, fed, ds.input_shape, input_scaling(cfg, ds, part))
 

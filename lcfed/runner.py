@@ -198,6 +198,10 @@ class HostedDevices:
         devices = list(self.data)
         return dict(zip(devices, self._map(one, devices), strict=True))
 
+    def personalized(self, payload: Any) -> dict[int, torch.Tensor]:
+        """Each device's personalized weights (on the CPU): the model :meth:`evaluate` evaluates."""
+        return {dev: self.strategy.personalized(self.context(dev, -1), self.states[dev], payload).cpu() for dev in self.data}
+
     def close(self) -> None:
         for pool in (self._pool, self._vpool):
             if pool is not None:
@@ -215,6 +219,9 @@ class LocalPool:
 
     def evaluate(self, payload: Any) -> dict[int, EvalResult]:
         return self.hosted.evaluate(payload)
+
+    def personalized(self, payload: Any) -> dict[int, torch.Tensor]:
+        return self.hosted.personalized(payload)
 
     def get_states(self) -> dict[int, Any]:
         return self.hosted.get_states()

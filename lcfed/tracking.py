@@ -6,6 +6,7 @@ log from one process (sweeps, reproductions) without stepping on each other.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import time
@@ -17,11 +18,13 @@ from typing import Any
 from urllib.parse import urlparse
 
 import numpy as np
+import torch
 
 from lcfed.config import ConfigError, ExperimentConfig, flatten, require
 from lcfed.engine import RunResult
 from lcfed.methods.base import Federation, RoundStats
 from lcfed.metrics import cluster_sizes
+from lcfed.models import ParamSpec
 
 
 class TrackingError(RuntimeError):
@@ -39,6 +42,17 @@ HTTP_RETRY_BUDGET = {
 
 #: metrics drawn in the accuracy-vs-round plot
 PLOTTED = ("acc_mean", "acc_weighted", "acc_p10", "acc_p90")
+
+#: seconds between two samples of the system metrics (``system/cpu_utilization_percentage``, memory,
+#: disk, network, GPU): MLflow's default; ``MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL`` overrides it and
+#: ``MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING=false`` turns them off
+SYSTEM_METRICS_INTERVAL_S = 10.0
+
+#: server-state fields logged as models at the end of a run, and their names under ``models/``
+SERVER_MODELS = {"weights": "global", "centers": "clusters", "embedding": "embedding"}
+
+#: the personalized models are logged only up to this size (devices x parameters x 4 bytes)
+MAX_PERSONAL_BYTES = 512 * 2**20
 
 
 def resolve_tracking_uri(uri: str | None = None) -> str:
@@ -123,22 +137,66 @@ def _artifact_root(uri: str) -> str | None:
     return (path.parent / "mlartifacts").resolve().as_uri() if path is not None else None
 
 
+#: the experiment tag MLflow 3's UI reads to choose its layout: ``custom_model_development`` opens an
+#: experiment on its runs table (classic ML); without it the UI may infer ``genai_development`` and
+#: open on the GenAI overview (traces, "Detect issues")
+EXPERIMENT_KIND = ("mlflow.experimentKind", "custom_model_development")
+
+
 def get_or_create_experiment(client: Any, name: str, uri: str) -> str:
-    """The id of experiment ``name``, created (artifacts beside a local sqlite store) if missing."""
+    """The id of experiment ``name``, created (artifacts beside a local sqlite store) if missing, as a
+    classic ML experiment (:data:`EXPERIMENT_KIND`; an existing experiment without the tag gets it)."""
+    key, kind = EXPERIMENT_KIND
     with store_lock(uri):  # processes on one sqlite file create the experiment once
         exp = client.get_experiment_by_name(name)
         if exp is not None:
+            if key not in exp.tags:
+                client.set_experiment_tag(exp.experiment_id, key, kind)
             return str(exp.experiment_id)
         root = _artifact_root(uri)
         location = f"{root}/{name}" if root else None
         try:
-            return str(client.create_experiment(name, artifact_location=location))
+            return str(client.create_experiment(name, artifact_location=location, tags={key: kind}))
         except Exception:
             # another process (on a server, where no lock is shared) created it between lookup and create
             exp = client.get_experiment_by_name(name)
             if exp is None:
                 raise
             return str(exp.experiment_id)
+
+
+@functools.cache
+def git_commit(where: str | None = None) -> str | None:
+    """``git rev-parse HEAD`` of the checkout holding ``where`` (default: this package); None when
+    it is not a git checkout or git is missing."""
+    import subprocess
+
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=where or Path(__file__).resolve().parent,
+                             capture_output=True, text=True, timeout=5, check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out if len(out) == 40 else None
+
+
+def source_tags() -> dict[str, str]:
+    """MLflow's source tags, which its fluent API sets and an explicit client does not: the command
+    (``mlflow.source.name``, ``.type``), the code's git commit when it runs from a checkout, the user."""
+    import getpass
+    import sys
+
+    from mlflow.utils import mlflow_tags as mt
+
+    argv0 = sys.argv[0] if sys.argv and sys.argv[0] not in ("", "-c", "-m") else "python"
+    tags = {mt.MLFLOW_SOURCE_NAME: argv0, mt.MLFLOW_SOURCE_TYPE: "LOCAL"}
+    commit = git_commit()
+    if commit:
+        tags[mt.MLFLOW_GIT_COMMIT] = commit
+    try:
+        tags[mt.MLFLOW_USER] = getpass.getuser()
+    except Exception:  # no user name in the environment (e.g. a container's uid without passwd entry)
+        pass
+    return tags
 
 
 def ui_hint(uri: str) -> str:
@@ -176,10 +234,24 @@ class MLflowObserver:
         resume_run_id: str | None = None,
         backfill: Sequence[dict[str, float]] = (),
         guard: bool = False,
+        log_models: bool = True,
+        system_metrics: bool | None = None,
     ) -> None:
         """``backfill``: when resuming, the checkpoint's per-round history; rounds the store lacks (e.g.
         buffered during an outage when the process died) are logged from it. ``guard``: a
-        :class:`RunGuard` closes the run as FAILED if this process dies without closing it."""
+        :class:`RunGuard` closes the run as FAILED if this process dies without closing it.
+        ``log_models``: log the final models (:meth:`log_models`). ``system_metrics``: sample this
+        machine's CPU/memory/GPU while the run trains (default: unless
+        ``MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING`` is false)."""
+        if system_metrics is None:
+            system_metrics = os.environ.get("MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING", "true").lower() not in ("false", "0")
+        self.log_models_enabled = log_models
+        self.system_metrics = system_metrics
+        self.monitor: Any = None  # mlflow's SystemMetricsMonitor while it runs
+        self.wants_models = False  # read by the engine: collect the final models for on_end
+        self.fed: Federation | None = None
+        self.model_uris: dict[str, str] = {}
+        self.model_seconds = 0.0  # time spent logging models (reported, kept small)
         self.guard: RunGuard | None = None
         self.want_guard = guard
         self.uri = resolve_tracking_uri(uri)
@@ -233,7 +305,47 @@ class MLflowObserver:
         self.client.search_experiments(max_results=1)
 
     def on_start(self, cfg: ExperimentConfig, fed: Federation) -> None:
+        """The run of a training process: params, tags, the dataset input, system metrics."""
+        self.fed = fed
+        resumed = self.run_id is not None
         self.start(cfg, federation_facts(fed))
+        assert self.run_id is not None
+        self.client.log_inputs(self.run_id, datasets=[dataset_input(cfg, fed)])
+        self.wants_models = self.log_models_enabled and bool(fed.input_shape)
+        if self.system_metrics:
+            self._start_system_metrics(resumed)
+
+    def _start_system_metrics(self, resumed: bool) -> None:
+        """MLflow's system-metrics sampler (a thread) on this run; never fails the run."""
+        try:
+            from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
+            self.monitor = SystemMetricsMonitor(self.run_id, sampling_interval=SYSTEM_METRICS_INTERVAL_S,
+                                                resume_logging=resumed, tracking_uri=self.uri)
+            self.monitor.start()
+        except Exception as exc:  # e.g. psutil missing: the run goes on without them
+            self.monitor = None
+            warnings.warn(f"system metrics not logged: {type(exc).__name__}: {exc}", stacklevel=2)
+
+    def stop_system_metrics(self, flush: bool = True) -> None:
+        """Stop the sampler: its thread ends within a second; what it holds is sent only when
+        ``flush`` (when the store is gone it would wait out the client's retries)."""
+        monitor, self.monitor = self.monitor, None
+        if monitor is None:
+            return
+        monitor._shutdown_event.set()
+        thread = getattr(monitor, "_process", None)
+        if thread is not None:
+            thread.join(timeout=5.0)
+        monitor._process = None
+        if flush:
+            try:
+                pending = monitor.aggregate_metrics()  # samples since the last logged point (a short run's only one)
+                if pending:
+                    monitor.publish_metrics(pending)
+                monitor.mlflow_logger.flush()
+            except Exception as exc:
+                warnings.warn(f"last system metrics not logged: {type(exc).__name__}: {exc}", stacklevel=2)
 
     def start(self, cfg: ExperimentConfig, facts: dict[str, str]) -> None:
         """Create (or reopen, when resuming) the run; ``facts`` are logged as ``federation.*`` params."""
@@ -251,7 +363,8 @@ class MLflowObserver:
                     if int(row["round"]) not in logged:
                         self.log_round(int(row["round"]), dict(row), None)
             return
-        tags = {"method": cfg.method.name, "dataset": cfg.data.dataset, "engine": cfg.engine.kind, **self.tags}
+        tags = {**source_tags(), "method": cfg.method.name, "dataset": cfg.data.dataset, "engine": cfg.engine.kind,
+                **self.tags}
         if self.parent_run_id:
             tags["mlflow.parentRunId"] = self.parent_run_id
         run = self.client.create_run(self.experiment_id, run_name=cfg.tracking.run_name or cfg.name, tags=tags)
@@ -326,6 +439,7 @@ class MLflowObserver:
         try:
             self._end(result)
         finally:
+            self.stop_system_metrics(flush=False)  # already stopped unless _end failed
             self.release_guard()
 
     def _end(self, result: RunResult) -> None:
@@ -333,13 +447,19 @@ class MLflowObserver:
         self.finished = True
         result.tracking.update(self.location())
         if not self._flush(final=True):  # the run's artifacts and status wait for a replay
+            self.stop_system_metrics(flush=False)
             result.tracking["unlogged_metrics"] = str(self.unlogged)
+            if result.models is not None:
+                warnings.warn("the final models were not logged: the MLflow store is unreachable", stacklevel=2)
             return
+        self.stop_system_metrics(flush=True)
         self._artifacts(result)
+        self.log_models(result)
         self.client.set_terminated(self.run_id, "FINISHED")
 
     def on_error(self, exc: BaseException) -> None:
         try:
+            self.stop_system_metrics(flush=self.monitor is not None and self._healthy())
             self._error(exc)
         finally:
             self.release_guard()
@@ -375,6 +495,186 @@ class MLflowObserver:
                 hist, rounds = np.asarray(result.assignment)[None], [last]
             self.client.log_text(self.run_id, assignment_history_csv(hist, rounds), "clusters/assignment_history.csv")
         self.client.log_figure(self.run_id, accuracy_figure(result.history, self.cfg), "plots/accuracy.png")
+        if result.evaluation:
+            self.client.log_text(self.run_id, devices_csv(result), "metrics/devices.csv")
+
+    def log_models(self, result: RunResult) -> None:
+        """The final models as MLflow PyTorch models of this run (``mlflow.pytorch.load_model``):
+        ``global`` (one model), ``clusters`` and ``personal`` (a :class:`StackedModels`: model ``i``
+        is ``m(x, i)``, device ``d``'s personalized model is ``personal``'s row ``d``), ``embedding``
+        (the shared layers φ, the decision layer replaced by an identity). Their URIs are tags
+        ``model.<name>``. A failure here warns and leaves the run's metrics and artifacts as they are."""
+        if result.models is None or self.fed is None or not self.fed.input_shape:
+            return
+        t0 = time.perf_counter()
+        try:
+            self._log_models(result)
+        except Exception as exc:
+            warnings.warn(f"the final models were not logged: {type(exc).__name__}: {exc}", stacklevel=2)
+        self.model_seconds = time.perf_counter() - t0
+
+    def _log_models(self, result: RunResult) -> None:
+        import mlflow.pytorch
+        import torch
+
+        from lcfed.models import build_network
+
+        assert result.models is not None and self.fed is not None and self.run_id is not None
+        fed, cfg = self.fed, self.cfg
+        net, _ = build_network(cfg.model.name, tuple(fed.input_shape), fed.num_classes, cfg.seed)  # type: ignore[arg-type]
+        models = final_modules(net.module, net.spec, result.models.server_state)
+        personal = result.models.personal
+        if personal and len(personal) * fed.spec.size * 4 <= MAX_PERSONAL_BYTES:
+            devices = sorted(personal)
+            models["personal"] = StackedModels(net.module, net.spec, torch.stack([personal[d] for d in devices]),
+                                               [f"device_{d}" for d in devices])
+        requirements = [f"torch=={torch.__version__.split('+')[0]}", f"numpy=={np.__version__}"]
+        step = int(result.history[-1]["round"]) if result.history else 0
+        with _global_tracking_uri(self.uri), _quiet("mlflow.pytorch"):  # its pickle-format notice, per model
+            for name, module in models.items():
+                info = mlflow.pytorch.log_model(module, name=name, run_id=self.run_id, pip_requirements=requirements,
+                                                serialization_format="pickle", step=step,
+                                                tags={"lcfed.model": name, "method": cfg.method.name})
+                self.model_uris[name] = info.model_uri
+                self.client.set_tag(self.run_id, f"model.{name}", info.model_uri)
+        result.tracking.update({f"model_{k}": v for k, v in self.model_uris.items()})
+
+
+@contextmanager
+def _global_tracking_uri(uri: str) -> Iterator[None]:
+    """MLflow's process-wide tracking URI set to ``uri`` for the block (``mlflow.pytorch.log_model``
+    takes no client), then put back as it was, ``$MLFLOW_TRACKING_URI`` included (MLflow's own
+    helper unsets that variable on the way out)."""
+    import mlflow
+    from mlflow.tracking._tracking_service import utils
+
+    old, env = utils._tracking_uri, os.environ.get("MLFLOW_TRACKING_URI")
+    mlflow.set_tracking_uri(uri)
+    try:
+        yield
+    finally:
+        mlflow.set_tracking_uri(old)  # type: ignore[arg-type]
+        if env is not None:
+            os.environ["MLFLOW_TRACKING_URI"] = env
+
+
+@contextmanager
+def _quiet(logger: str) -> Iterator[None]:
+    import logging
+
+    log = logging.getLogger(logger)
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
+
+
+def devices_csv(result: RunResult) -> str:
+    """The last evaluation per device: ``device,cluster,trained,correct,total,accuracy,test_loss``
+    (``cluster`` -1 or empty when the method has none; ``trained`` 1 = counted in ``acc_mean``)."""
+    lines = ["device,cluster,trained,correct,total,accuracy,test_loss"]
+    for d, r in sorted(result.evaluation.items()):
+        cluster = "" if result.assignment is None else str(int(result.assignment[d]))
+        trained = "" if result.trained is None else str(int(bool(result.trained[d])))
+        acc = repr(r.correct / r.total) if r.total else ""
+        loss = repr(r.loss_sum / r.total) if r.total else ""
+        lines.append(f"{d},{cluster},{trained},{r.correct},{r.total},{acc},{loss}")
+    return "\n".join(lines) + "\n"
+
+
+def partition_digest(cfg: ExperimentConfig) -> str:
+    """What decides the devices' samples (the ``data`` section but where files live, and the seed),
+    hashed: equal digests, equal partitions."""
+    import dataclasses
+    import hashlib
+
+    data = {k: v for k, v in dataclasses.asdict(cfg.data).items() if k not in ("data_dir", "download")}
+    blob = json.dumps({"data": data, "seed": cfg.seed}, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+def dataset_input(cfg: ExperimentConfig, fed: Federation) -> Any:
+    """The run's dataset as an MLflow dataset input (no data uploaded): name = the dataset, digest =
+    :func:`partition_digest`, source = the data directory (MLflow's ``local`` source), profile = the partition's config and
+    statistics; context ``training`` (each device's train and test split come from it)."""
+    import dataclasses
+
+    from mlflow.entities import Dataset, DatasetInput, InputTag
+
+    where = str(Path(cfg.data.data_dir).expanduser().resolve())
+    profile = {"partition": {k: v for k, v in dataclasses.asdict(cfg.data).items() if k not in ("data_dir", "download")},
+               "seed": cfg.seed, "num_devices": fed.num_devices, "train_samples": int(fed.train_sizes.sum()),
+               "num_classes": fed.num_classes, "input_shape": list(fed.input_shape),
+               "stats": {k: float(v) for k, v in fed.partition_stats.items()}}
+    entity = Dataset(name=cfg.data.dataset, digest=partition_digest(cfg), source_type="local",
+                     source=json.dumps({"uri": where}), profile=json.dumps(profile, default=str))
+    return DatasetInput(entity, tags=[InputTag("mlflow.data.context", "training")])
+
+
+def _module(skeleton: Any, spec: ParamSpec, flat: Any) -> Any:
+    """A copy of ``skeleton`` holding the flat weights ``flat`` (in eval mode)."""
+    import copy
+
+    import torch
+
+    module = copy.deepcopy(skeleton)
+    with torch.no_grad():
+        for name, value in spec.unflatten(flat.detach().float().cpu()).items():
+            module.get_parameter(name).copy_(value)
+    return module.requires_grad_(False).eval()
+
+
+def final_modules(skeleton: Any, spec: ParamSpec, state: Any) -> dict[str, Any]:
+    """The server state's models (:data:`SERVER_MODELS` fields) as modules: a full-size vector
+    (``weights``) as the model itself, rows of them (``centers``) as :class:`StackedModels`, the
+    embedding part (``embedding``) as the model with an identity for its decision layer."""
+    import torch
+
+    out: dict[str, Any] = {}
+    for field_name, name in SERVER_MODELS.items():
+        value = getattr(state, field_name, None)
+        if not isinstance(value, torch.Tensor):
+            continue
+        if value.dim() == 1 and value.numel() == spec.size:
+            out[name] = _module(skeleton, spec, value)
+        elif value.dim() == 2 and value.shape[1] == spec.size:
+            out[name] = StackedModels(skeleton, spec, value, [f"cluster_{k}" for k in range(value.shape[0])])
+        elif value.dim() == 1 and value.numel() == spec.embedding_size:
+            full = torch.cat([value.detach().float().cpu(), torch.zeros(spec.decision_size)])
+            module = _module(skeleton, spec, full)
+            setattr(module, getattr(skeleton, "decision_layer", "fc3"), torch.nn.Identity())
+            out[name] = module
+    return out
+
+
+class StackedModels(torch.nn.Module):
+    """Several models of one architecture in one module (what ``models/clusters`` and
+    ``models/personal`` hold): ``m(x, i)`` is model ``i``'s logits, ``m.module(i)`` a standalone copy
+    of it, ``m.names[i]`` its name (``device_<d>``, ``cluster_<k>``), ``m.weights`` the (n, parameters)
+    flat weights."""
+
+    def __init__(self, skeleton: Any, spec: ParamSpec, weights: Any, names: Sequence[str]) -> None:
+        import copy
+
+        super().__init__()
+        self.skeleton = copy.deepcopy(skeleton).requires_grad_(False).eval()
+        self.spec = spec
+        self.weights: torch.Tensor
+        self.register_buffer("weights", weights.detach().float().cpu().clone())
+        self.names = tuple(names)
+
+    def __len__(self) -> int:
+        return int(self.weights.shape[0])
+
+    def forward(self, x: Any, index: int = 0) -> Any:
+        from torch.func import functional_call
+
+        return functional_call(self.skeleton, self.spec.unflatten(self.weights[index]), (x,))
+
+    def module(self, index: int) -> Any:
+        return _module(self.skeleton, self.spec, self.weights[index])
 
 
 def _fmt(v: Any) -> str:

@@ -36,6 +36,7 @@ class Federation:
     partition_stats: Mapping[str, float] = field(default_factory=dict)
     # each device's label distribution over its training samples: cluster-quality metrics only
     label_dist: np.ndarray | None = None
+    input_shape: tuple[int, ...] = ()  # one sample's (C, H, W): rebuilds the model skeleton (e.g. to log models)
 
 
 @dataclass(frozen=True)
