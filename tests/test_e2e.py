@@ -56,6 +56,16 @@ def test_run_logs_to_mlflow_and_lcfed_beats_fedavg(tmp_path, tracking_uri, capsy
     assert (local / "metrics" / "history.csv").exists()
     # the store and its artifacts live where the URI says, not in the working directory
     assert str(tmp_path) in run.info.artifact_uri
+    assert (local / "metrics" / "devices.csv").read_text().startswith("device,cluster,trained,correct,total,accuracy")
+
+    # the UI opens the experiment on its runs table; source, commit, user, dataset, models, system metrics
+    assert client.get_experiment(run.info.experiment_id).tags["mlflow.experimentKind"] == "custom_model_development"
+    assert {"mlflow.source.name", "mlflow.user", "model.personal", "model.clusters"} <= set(run.data.tags)
+    assert len(run.data.tags.get("mlflow.source.git.commit", "0" * 40)) == 40
+    (dataset,) = [d.dataset for d in run.inputs.dataset_inputs]
+    assert dataset.name == "digits" and '"partition": "pathological"' in dataset.profile and dataset.source_type == "local"
+    assert any(k.startswith("system/") for k in run.data.metrics)
+    assert "bytes_up/conv1" in run.data.metrics and not any(k.startswith("bytes_up.") for k in run.data.metrics)
 
 
 def test_progress_without_a_terminal_is_plain_lines_and_quiet_is_silent():
