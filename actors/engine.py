@@ -232,6 +232,11 @@ class RayPlan:
     plan: RoundPlan
     payload_ref: Any
 
+    @property
+    def devices(self) -> tuple[int, ...]:
+        """The round's participants, as :class:`RoundPlan` names them (the engine counts coverage)."""
+        return self.plan.devices
+
 
 class Hosts:
     """The federation's actors, with the means to notice lost ones and start them again.
