@@ -22,9 +22,11 @@ test-slow: $(STAMP)
 	$(BIN)/python -m pytest -q -m slow -s $(PYTEST_ARGS)
 
 demo: $(STAMP)
-	$(BIN)/lcfed run --config configs/demo.yaml
-	$(BIN)/lcfed run --config configs/demo.yaml --set method.name=fedavg --set tracking.run_name=demo-fedavg
-	$(BIN)/lcfed run --config configs/demo.yaml --set method.name=standalone --set tracking.run_name=demo-standalone
+	@mkdir -p .demo
+	$(BIN)/lcfed run --config configs/demo.yaml --set tracking.run_name=demo-lcfed --json .demo/lcfed.json
+	$(BIN)/lcfed run --config configs/demo.yaml --set method.name=fedavg --set tracking.run_name=demo-fedavg --json .demo/fedavg.json
+	$(BIN)/lcfed run --config configs/demo.yaml --set method.name=standalone --set tracking.run_name=demo-standalone --json .demo/standalone.json
+	@echo; $(BIN)/lcfed table .demo/lcfed.json .demo/fedavg.json .demo/standalone.json
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/overhead.py --data-dir $(or $(DATA_DIR),~/.cache/lcfed)

@@ -3,6 +3,8 @@ devices that have trained."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -128,3 +130,26 @@ def test_coverage_grows_with_partial_participation_and_survives_resume(tmp_path)
     resumed = run_local(cont, resume=snap)
     for a, b in zip(full.history, resumed.history, strict=True):
         assert (a["coverage"], a["acc_mean"]) == (b["coverage"], b["acc_mean"])
+
+
+# -- lcfed table ---------------------------------------------------------------------------------
+
+
+def test_table_ranks_run_summaries_by_the_averaged_accuracy(tmp_path, capsys) -> None:
+    from tune_jobs.cli import main
+
+    files = []
+    for method, averaged, last in (("fedavg", 0.90, 0.95), ("lcfed", 0.93, 0.92)):
+        f = tmp_path / f"{method}.json"
+        f.write_text(json.dumps({"method": method, "seed": 0, "rounds": 30, "acc_mean": last, "seconds_per_round": 1.5,
+                                 "last_evals": {"evaluations": 3, "rounds": [28, 29, 30], "acc_mean": averaged,
+                                                "acc_weighted": averaged}}))
+        files.append(str(f))
+    assert main(["table", *files]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "acc_mean (last 3)" in lines[0]
+    assert lines[1].split()[:5] == ["lcfed", "0", "30", "0.9300", "0.9300"]  # ranked by the average, not the last
+    assert lines[2].split()[0] == "fedavg"
+    (tmp_path / "bad.json").write_text("{}")
+    assert main(["table", str(tmp_path / "bad.json")]) == 2
+    assert "lcfed run --json" in capsys.readouterr().err

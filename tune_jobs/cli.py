@@ -94,6 +94,10 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("file", metavar="FILE", help="an unlogged-metrics-<run id>.json file")
     rep.set_defaults(func=cmd_tracking_replay)
 
+    table = sub.add_parser("table", help="compare finished runs: one row per `lcfed run --json` summary")
+    table.add_argument("files", nargs="+", metavar="FILE", help="summaries written by `lcfed run --json FILE`")
+    table.set_defaults(func=cmd_table)
+
     from tune_jobs import jobs, mlflow_server, reproduce, sweep
 
     sweep.add_parser(sub)
@@ -160,6 +164,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     averaged = last_evals(result.history, cfg.tracking.summary_evals)
     final_round = int(result.final["round"]) + 1 if "round" in result.final else None
     summary = {
+        "name": cfg.name,
+        "seed": cfg.seed,
         "method": cfg.method.name,
         "engine": cfg.engine.kind,
         "rounds": cfg.train.rounds,
@@ -246,6 +252,28 @@ def checked_partition_stats(cfg: ExperimentConfig) -> dict[str, float]:
 
     ds = load(cfg)
     return partition_stats(check_against_data(cfg, ds), ds.y)
+
+
+def cmd_table(args: argparse.Namespace) -> int:
+    """Methods side by side: the mean of the last evaluations (the number to compare), the last one,
+    the sample-weighted mean and the time, best first."""
+    rows = []
+    for name in args.files:
+        try:
+            summary = json.loads(Path(name).read_text())
+            averaged = summary["last_evals"]
+            rows.append((summary.get("method", "?"), summary.get("seed", "?"), summary["rounds"], averaged["acc_mean"],
+                         averaged.get("acc_weighted", float("nan")), summary.get("acc_mean", float("nan")),
+                         summary.get("seconds_per_round", float("nan")), averaged.get("rounds", [])))
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise ConfigError("FILE", name, f"a summary written by `lcfed run --json` ({type(exc).__name__}: {exc})") from None
+    rows.sort(key=lambda r: -r[3])
+    k = max(len(r[7]) for r in rows)
+    print(f"{'method':<12} {'seed':>4} {'rounds':>6}  {f'acc_mean (last {k})':>18} {'acc_weighted':>12} "
+          f"{'last eval':>9} {'s/round':>8}")
+    for method, seed, rounds, acc, weighted, last, spr, _ in rows:
+        print(f"{method:<12} {seed!s:>4} {rounds:>6}  {acc:>18.4f} {weighted:>12.4f} {last:>9.4f} {spr:>8.2f}")
+    return 0
 
 
 def cmd_data_stats(args: argparse.Namespace) -> int:
