@@ -310,7 +310,7 @@ class MLflowObserver:
         resumed = self.run_id is not None
         self.start(cfg, federation_facts(fed))
         assert self.run_id is not None
-        self.client.log_inputs(self.run_id, datasets=[dataset_input(cfg, fed)])
+        log_dataset(self.client, self.run_id, dataset_input(cfg, fed))
         self.wants_models = self.log_models_enabled and bool(fed.input_shape)
         if self.system_metrics:
             self._start_system_metrics(resumed)
@@ -611,6 +611,24 @@ def dataset_input(cfg: ExperimentConfig, fed: Federation) -> Any:
     entity = Dataset(name=cfg.data.dataset, digest=partition_digest(cfg), source_type="local",
                      source=json.dumps({"uri": where}), profile=json.dumps(profile, default=str))
     return DatasetInput(entity, tags=[InputTag("mlflow.data.context", "training")])
+
+
+def log_dataset(client: Any, run_id: str, dataset: Any, attempts: int = 5) -> None:
+    """``client.log_inputs`` that survives concurrent runs of one experiment logging the same dataset: the
+    store looks the dataset up, then inserts it, so all but one racer hit the UNIQUE constraint; again,
+    they find the row."""
+    from mlflow.exceptions import MlflowException
+
+    for attempt in range(attempts):
+        try:
+            client.log_inputs(run_id, datasets=[dataset])
+            return
+        except MlflowException as exc:
+            duplicate = any(k in str(exc) for k in ("UNIQUE constraint", "IntegrityError", "Duplicate entry",
+                                                     "duplicate key"))
+            if not duplicate or attempt == attempts - 1:
+                raise
+            time.sleep(0.05 * (attempt + 1))
 
 
 def _module(skeleton: Any, spec: ParamSpec, flat: Any) -> Any:

@@ -112,6 +112,44 @@ def test_concurrent_runs_on_a_fresh_sqlite_store(tmp_path):
     _concurrent_runs(tmp_path, 4)
 
 
+def test_runs_racing_to_log_the_same_dataset_all_log_it(tmp_path):
+    """Eight runs of one experiment log the same dataset at once (threads released by a barrier): the store
+    looks the dataset up, then inserts it, so bare ``log_inputs`` fails for most of them; ``log_dataset``
+    logs it on every run."""
+    import threading
+
+    import mlflow
+    from mlflow.entities import Dataset, DatasetInput, InputTag
+
+    from lcfed.tracking import log_dataset
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = mlflow.MlflowClient(tracking_uri=uri)
+    exp = client.create_experiment("race")
+    runs = [client.create_run(exp).info.run_id for _ in range(8)]
+    dataset = DatasetInput(Dataset(name="digits", digest="0123abcd", source_type="local", source="{}"),
+                           tags=[InputTag("mlflow.data.context", "training")])
+    barrier, errors = threading.Barrier(len(runs)), []
+
+    def log(run_id: str) -> None:
+        own = mlflow.MlflowClient(tracking_uri=uri)
+        barrier.wait()
+        try:
+            log_dataset(own, run_id, dataset)
+        except Exception as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=log, args=(r,)) for r in runs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    for run_id in runs:
+        inputs = client.get_run(run_id).inputs.dataset_inputs
+        assert [(d.dataset.name, d.dataset.digest) for d in inputs] == [("digits", "0123abcd")]
+
+
 @pytest.mark.slow
 def test_ten_concurrent_runs_on_a_fresh_sqlite_store(tmp_path):
     _concurrent_runs(tmp_path, 10)
