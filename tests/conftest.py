@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 
 import pytest
 
@@ -27,3 +28,12 @@ def tiny_config(*extra: str) -> ExperimentConfig:
 @pytest.fixture
 def tracking_uri(tmp_path):
     return f"sqlite:///{tmp_path / 'mlflow.db'}"
+
+
+def from_a_terminal(argv: list[str]) -> list[str]:
+    """``argv`` run with SIGINT at its default, as a command typed in a terminal has it: a test runner
+    started in the background of a non-interactive shell hands its children SIGINT ignored (and Python
+    keeps it so), and a Ctrl-C test would then hang on a command that never saw the signal."""
+    restore = "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); os.execv(sys.argv[1], sys.argv[1:])"
+    return [sys.executable, "-c", restore, *argv]
+

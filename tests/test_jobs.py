@@ -30,6 +30,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import from_a_terminal
 from tests.raycluster import alive, free_port, pids_marked
 from tune_jobs import jobs
 from tune_jobs.cli import main
@@ -245,8 +246,9 @@ def test_mlflow_server_command_binds_loopback_by_default_and_stops_on_ctrl_c(tmp
     port = free_port()
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     with (tmp_path / "stderr").open("w") as err:
-        proc = subprocess.Popen([str(BIN / "lcfed"), "mlflow-server", "--port", str(port), "--store-dir",
-                                 str(tmp_path), "--workers", "1"], stdout=subprocess.PIPE, stderr=err,
+        proc = subprocess.Popen(from_a_terminal([str(BIN / "lcfed"), "mlflow-server", "--port", str(port),
+                                                 "--store-dir", str(tmp_path), "--workers", "1"]),
+                                stdout=subprocess.PIPE, stderr=err,
                                 text=True, env=env, cwd=tmp_path)
     lines: list[str] = []
     try:

@@ -26,6 +26,7 @@ import yaml
 from lcfed.config import load_config
 from lcfed.data import import_idx
 from lcfed.runner import run_local
+from tests.conftest import from_a_terminal
 from tests.raycluster import ROOT, LocalCluster, free_port
 from tests.s3server import S3Server
 from tests.test_data import write_mnist_dir
@@ -62,7 +63,7 @@ class Env:
     def popen(self, log: Path, *args: str) -> subprocess.Popen[bytes]:
         env = self.cluster.client_env(self.home, RAY_ADDRESS=self.cluster.gcs, **self.s3.env)
         with open(log, "wb") as out:
-            return subprocess.Popen([sys.executable, "-m", "tune_jobs", *args], env=env, cwd=self.home,
+            return subprocess.Popen(from_a_terminal([sys.executable, "-m", "tune_jobs", *args]), env=env, cwd=self.home,
                                     stdout=out, stderr=subprocess.STDOUT)
 
 
