@@ -17,7 +17,7 @@ from lcfed.methods.base import Federation, RoundStats
 LINE_EVERY_S = 10.0
 
 
-def _is_tty(file: Any) -> bool:
+def is_tty(file: Any) -> bool:
     try:
         return bool(file.isatty())
     except (AttributeError, ValueError):
@@ -33,7 +33,7 @@ class ProgressBar:
         self.file = file or sys.stderr
         self.bar: tqdm | None = None
         self.acc = float("nan")
-        self.lines = disable is None and not _is_tty(self.file)
+        self.lines = disable is None and not is_tty(self.file)
         self.t0 = self.last_line = 0.0
         self.rounds = 0
 

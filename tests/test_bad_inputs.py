@@ -295,6 +295,12 @@ ROWS += [
     ("sweep-max-t-over-rounds", "sweep --space mu_lambda.yaml --set train.rounds=4 --max-t 5", {}, "--max-t"),
     ("sweep-max-t-0", "sweep --space mu_lambda.yaml --scheduler hyperband --max-t 0", {}, "--max-t"),
     ("sweep-grace-with-fifo", "sweep --space mu_lambda.yaml --scheduler fifo --grace-period 2", {}, "--grace-period"),
+    ("sweep-search-unknown", "sweep --space mu_lambda.yaml --search bayes", {}, "--search"),
+    ("sweep-search-grid-range", "sweep --space mu_lambda.yaml --search grid", {}, "space.method.mu"),
+    ("sweep-search-optuna-grid", "sweep --space s.yaml --search optuna", {"s.yaml": "method.mu: {grid: [0.1, 1]}\n"},
+     "space.method.mu"),
+    ("sweep-search-hyperopt-fixed", "sweep --space s.yaml --search hyperopt", {"s.yaml": "method.mu: 0.1\n"},
+     "--space"),
     # reproduce
     ("repro-datasets", "reproduce table1 --datasets imagenet --no-track", {}, "--datasets"),
     ("repro-partitions", "reproduce table1 --partitions dirichlet:x --no-track", {}, "--partitions"),

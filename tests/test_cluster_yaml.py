@@ -104,7 +104,7 @@ def test_cpu_torch_on_the_head_cuda_torch_on_the_workers_each_installed_once():
     assert "download.pytorch.org" not in worker_setup[w]  # PyPI's default Linux wheels: the CUDA build
 
     # the project after torch, so its `torch>=...` is already satisfied and pulls no second build
-    assert head_setup.index(PROJECT_INSTALL) > h and worker_setup.index(PROJECT_INSTALL) > w
+    assert head_setup.index(PROJECT_INSTALL + "'[search]'") > h and worker_setup.index(PROJECT_INSTALL) > w
     assert any("boto3" in cmd for cmd in head_setup)  # the autoscaler's AWS calls
     assert config["file_mounts"]["~/lcfed"] == "."
     assert ".venv" in config["rsync_exclude"] and ".gitignore" in config["rsync_filter"]

@@ -142,6 +142,54 @@ def test_asha_on_a_loss_stops_the_worse_trial_early_and_finished(tmp_path, track
     assert grid.get_best_result().config["train.lr"] == 0.05  # the sweep's metric and mode are Tune's defaults
 
 
+def _proposals(storage: str) -> list[dict]:
+    """The swept values of a sweep's trials in the order they were created."""
+    from tune_jobs.sweep import _trial_order
+
+    grid = restore_results(storage)
+    order = _trial_order(grid)
+    results = sorted(grid, key=lambda r: order[r.metrics["trial_id"]])
+    return [{k: r.config[k] for k in ("method.mu", "method.lam")} for r in results]
+
+
+def test_an_optuna_sweep_with_asha_is_seeded_and_prints_one_table(tmp_path, tracking_uri, capsys):
+    """--search optuna: Tune's OptunaSearch seeded by the config's seed (the same proposals again), ASHA stops
+    trials at the half-way rung, the best trial is one that ran every round, and the console has a line per
+    reported round (no terminal) and one final table, never the base config."""
+    base = tiny_config("train.rounds=4", "engine.num_cpus=2", "tracking.enabled=true", f"tracking.uri={tracking_uri}",
+                       "tracking.experiment=sweep-optuna")
+    config = tmp_path / "base.yaml"
+    config.write_text(yaml.safe_dump(to_dict(base)))
+    args = ["sweep", "-c", str(config), "--space", "mu_lambda.yaml", "--search", "optuna", "--max-concurrent", "2"]
+    out = tmp_path / "summary.json"
+    assert main([*args, "--num-samples", "5", "--name", "opt", "--storage", str(tmp_path / "tune"),
+                 "--json", str(out)]) == 0
+    console = capsys.readouterr().out
+    summary = json.loads(out.read_text())
+    assert (summary["search"], summary["scheduler"], summary["grace_period"], summary["trials"]) == ("optuna", "asha",
+                                                                                                     2, 5)
+    assert "__base__" not in console and "'data':" not in console
+    assert re.search(r"trial 1 \(\w+\) mu=[\d.e-]+ lam=[\d.e-]+: round 1/4  acc_mean [\d.]+", console)
+    table = console[console.index("sweep: 5/5 trials ended"):].splitlines()
+    assert table[1].split() == ["trial", "status", "mu", "lam", "round", "acc_mean"]
+    rows = [line.lstrip("* ").split() for line in table[2:7]]
+    assert {r[1] for r in rows} <= {"done", "stopped"} and any(r[-2] == "4/4" for r in rows)
+    client = mlflow.MlflowClient(tracking_uri=tracking_uri)
+    parent = client.get_run(summary["parent_run_id"])
+    assert parent.data.params["search"] == "optuna"
+    children = [r for r in client.search_runs([parent.info.experiment_id])
+                if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+    best = next(c for c in children if c.data.tags["tune_trial_id"] == summary["best_trial_id"])
+    assert "stopped_early" not in best.data.tags  # compared with the trials that ran all 4 rounds only
+    first = _proposals(summary["storage"])
+    assert len({p["method.mu"] for p in first}) == 5
+    # the same seed proposes the same values: a second, shorter sweep starts with the first one's trials
+    assert main([*args, "--num-samples", "2", "--set", "train.rounds=1", "--scheduler", "fifo", "--name", "opt2",
+                 "--storage", str(tmp_path / "tune")]) == 0
+    again = _proposals(str(tmp_path / "tune" / "opt2"))
+    assert again == first[:2]
+
+
 def test_missing_dataset_fails_before_anything_is_created(tmp_path, capsys):
     store = tmp_path / "mlflow.db"
     code = main(["sweep", "--space", "mu_lambda.yaml", "--set", "data.dataset=mnist", "--set",

@@ -88,13 +88,22 @@ def test_child_names_carry_the_swept_values():
     assert child_name("fedavg", {}) == "fedavg"
 
 
-def test_the_best_trial_follows_the_mode_and_ties_go_to_the_lowest_trial_id():
+def test_the_best_trial_follows_the_mode_and_ties_go_to_the_first_trial():
     results = [SimpleNamespace(metrics={"test_loss": v, "trial_id": t}, error=None)
                for v, t in [(0.5, "a_00002"), (0.3, "a_00001"), (0.3, "a_00000"), (float("nan"), "a_00003")]]
     assert _best_result(results, "test_loss", "min").metrics["trial_id"] == "a_00000"
     assert _best_result(results, "test_loss", "max").metrics["trial_id"] == "a_00002"
     with pytest.raises(Exception, match="finite ari"):
         _best_result(results, "ari", "max")
+    # a seeded search's trial ids are random: ties go to the trial created first
+    assert _best_result(results, "test_loss", "min", {"a_00001": 0, "a_00000": 1}).metrics["trial_id"] == "a_00001"
+
+
+def test_the_best_trial_is_one_that_ran_the_most_rounds():
+    """ASHA stopped b at round 1 on 0.9: it is not compared with a and c, which ran 4 rounds."""
+    results = [SimpleNamespace(metrics={"acc_mean": v, "round": r, "trial_id": t}, error=None)
+               for v, r, t in [(0.7, 3, "a"), (0.9, 1, "b"), (0.8, 3, "c")]]
+    assert _best_result(results, "acc_mean", "max").metrics["trial_id"] == "c"
 
 
 def test_every_sweepable_metric_is_one_a_run_reports():

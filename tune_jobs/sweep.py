@@ -45,6 +45,7 @@ from lcfed.config import (
     to_dict,
 )
 from lcfed.engine import Stopped
+from tune_jobs.sweep_progress import progress_callback
 
 SPACES_DIR = Path(__file__).resolve().parent / "spaces"
 METRIC = "acc_mean"  # the default --metric
@@ -191,6 +192,59 @@ def make_scheduler(obj: Objective) -> Any:
         sched._get_r0 = lambda s: max(int(obj.grace_period or 1), first_rung(s))
         return sched
     return FIFOScheduler()
+
+
+#: ``--search``: Tune's BasicVariantGenerator (random samples, grid points expanded), the same with every
+#: swept field enumerated, or a model-based searcher from the ``lcfed[search]`` extra
+SEARCHES = ("random", "grid", "optuna", "hyperopt")
+SEARCH_LIBRARIES = {"optuna": "optuna", "hyperopt": "hyperopt"}
+
+
+def check_search(search: str, space: Mapping[str, Any]) -> dict[str, Any]:
+    """The Tune ``param_space`` for ``--search`` (checked before anything is started or created).
+
+    ``grid``: every swept field is ``grid`` or ``choice`` (a choice is enumerated too). ``optuna`` /
+    ``hyperopt``: no ``grid`` field (they sample, they do not enumerate), at least one range or choice, and
+    the library installed (``pip install 'lcfed[search]'``)."""
+    import importlib.util
+
+    from ray import tune
+    from ray.tune.search.sample import Categorical, Domain
+
+    require(search in SEARCHES, "--search", search, f"one of {list(SEARCHES)}")
+    grids = [k for k, v in space.items() if isinstance(v, Mapping) and set(v) == {"grid_search"}]
+    domains = [k for k, v in space.items() if isinstance(v, Domain)]
+    if search == "grid":
+        for key in domains:
+            require(isinstance(space[key], Categorical), f"space.{key}", describe_domain(space[key]),
+                    "with --search grid every swept field is grid([...]) or choice([...]); a range needs "
+                    "--search random, optuna or hyperopt")
+        return {k: tune.grid_search(list(v.categories)) if isinstance(v, Categorical) else v
+                for k, v in space.items()}
+    if search in SEARCH_LIBRARIES:
+        if grids:
+            raise ConfigError(f"space.{grids[0]}", describe_domain(space[grids[0]]),
+                              f"--search {search} samples ranges and choices; grid([...]) needs --search grid or "
+                              "random (or write it as choice([...]))")
+        require(bool(domains), "--space", sorted(space), f"--search {search} needs at least one range or choice")
+        lib = SEARCH_LIBRARIES[search]
+        require(importlib.util.find_spec(lib) is not None, "--search", search,
+                f"needs the {lib} package: pip install 'lcfed[search]' (or pip install {lib})")
+    return dict(space)
+
+
+def make_search(search: str, seed: int) -> Any:
+    """Tune's search algorithm for ``--search`` (None: Tune's default BasicVariantGenerator), seeded by the
+    base config's seed so a sweep proposes the same trials again; metric and mode come from the TuneConfig."""
+    if search == "optuna":
+        from ray.tune.search.optuna import OptunaSearch
+
+        return OptunaSearch(seed=seed)
+    if search == "hyperopt":
+        from ray.tune.search.hyperopt import HyperOptSearch
+
+        return HyperOptSearch(random_state_seed=seed)
+    return None
 
 
 def space_spec(domain: Any) -> Any:
@@ -596,12 +650,14 @@ def run_sweep(
     mode: str | None = None,
     grace_period: int | None = None,
     max_t: int | None = None,
+    search: str = "random",
 ) -> dict[str, Any]:
     """Run (or resume) a sweep; return the best trial's config, metric and the MLflow parent run.
 
     ``trial_engine``: ``auto``, ``local`` or ``ray`` (:func:`resolve_trial_engine`). ``metric``, ``mode``,
     ``scheduler``, ``grace_period``, ``max_t``: :func:`resolve_objective` (one metric and mode for the
-    scheduler, the best trial and the parent run). A resumed sweep keeps the objective it started with.
+    scheduler, the best trial and the parent run). ``search``: :func:`check_search`. A resumed sweep keeps
+    the objective and search it started with.
     """
     import ray
     from ray import tune
@@ -610,6 +666,7 @@ def run_sweep(
     from lcfed.tracking import RunGuard, get_or_create_experiment, open_client, resolve_tracking_uri
 
     obj = resolve_objective(base.train.rounds, metric, mode, scheduler, grace_period, max_t)
+    tune_space = check_search(search, space)
     uri = resolve_tracking_uri(base.tracking.uri)
     base = base.replace(**{"tracking.uri": uri, "tracking.enabled": True})
     name = name or f"{base.name}-sweep"
@@ -633,7 +690,7 @@ def run_sweep(
     parent_id = parent.info.run_id
     if previous:  # Tune restores the scheduler it started with: the flags must agree with it
         logged = previous[0].data.params
-        for key, value in obj.as_params().items():
+        for key, value in {**obj.as_params(), "search": search}.items():
             if key in logged and logged[key] != value:
                 if started:
                     ray.shutdown()
@@ -644,20 +701,22 @@ def run_sweep(
         from mlflow.entities import Param
 
         params = {**{f"space.{k}": describe_domain(v) for k, v in space.items()}, "num_samples": str(num_samples),
-                  "trial_engine": engine, **obj.as_params()}
+                  "trial_engine": engine, "search": search, **obj.as_params()}
         client.log_batch(parent_id, params=[Param(k, v[:6000]) for k, v in params.items()])
         client.log_text(parent_id, yaml.safe_dump({k: space_spec(v) for k, v in space.items()}, sort_keys=False),
                         "space.yaml")
 
     try:
-        param_space = {**space, "__base__": to_dict(base),
+        param_space = {**tune_space, "__base__": to_dict(base),
                        "__sweep__": {"parent_run_id": parent_id, "name": name, "gpus_per_trial": gpus_per_trial,
                                      "trial_engine": engine, "metric": obj.metric}}
         trainable = tune.with_resources(tune.with_parameters(run_trial, sources=sources),
                                         trial_resources(base, gpus_per_trial, engine))
         rounds = base.train.rounds
         tracker = _trial_tracker(uri, exp_id, parent_id, name, rounds, swept_keys(space))
-        run_config = tune.RunConfig(name=name, storage_path=storage_uri, callbacks=[tracker], verbose=1)
+        progress = progress_callback(swept_keys(space), obj.metric, obj.mode, obj.max_t or rounds)
+        # verbose=0: Tune's own status output repeats the whole base config; the progress table replaces it
+        run_config = tune.RunConfig(name=name, storage_path=storage_uri, callbacks=[tracker, progress], verbose=0)
         exp_path = _join(storage_uri, name)
         if resume and tune.Tuner.can_restore(exp_path):
             tuner = tune.Tuner.restore(exp_path, trainable, param_space=param_space, resume_errored=True)
@@ -667,6 +726,7 @@ def run_sweep(
                 param_space=param_space,
                 tune_config=tune.TuneConfig(metric=obj.metric, mode=obj.mode, num_samples=num_samples,
                                             scheduler=make_scheduler(obj),
+                                            search_alg=make_search(search, base.seed),
                                             max_concurrent_trials=max_concurrent or None,
                                             # a local trial's process (torch imported, warm) serves the next trial
                                             reuse_actors=engine == "local"),
@@ -682,7 +742,7 @@ def run_sweep(
                    f"continue with the same command plus --resume --name {name}")
             tracker.close_open(why)
             raise SweepInterrupted(reason, why)
-        best = _best_result(results, obj.metric, obj.mode)
+        best = _best_result(results, obj.metric, obj.mode, _trial_order(results))
         best_cfg = {k: v for k, v in best.config.items() if not k.startswith("__")}
         failed = [_error_line(str(r.error)) for r in results if r.error is not None]
         summary = {"best_config": best_cfg, "best_" + obj.metric: best.metrics.get(obj.metric),
@@ -690,7 +750,7 @@ def run_sweep(
                    "parent_run_id": parent_id, "experiment_id": exp_id, "tracking_uri": uri, "trials": len(results),
                    "errors": len(failed), "first_error": failed[0] if failed else None, "storage": exp_path,
                    "trial_engine": engine, "scheduler": obj.scheduler, "grace_period": obj.grace_period,
-                   "max_t": obj.max_t}
+                   "max_t": obj.max_t, "search": search}
         _log_parent(client, parent_id, exp_id, results, best, best_cfg, space, obj.metric, obj.mode)
         client.set_terminated(parent_id, "FINISHED")
         return summary
@@ -754,16 +814,41 @@ class SweepFailed(RuntimeError):
     """No trial of the sweep produced the metric; the message says how many failed and why."""
 
 
-def _best_result(results: Any, metric: str = METRIC, mode: str = "max") -> Any:
-    """The best last-reported ``metric`` (as ``ResultGrid.get_best_result(metric, mode)``); ties go to the
-    lowest trial id so a resumed sweep names the same best."""
+def _best_result(results: Any, metric: str = METRIC, mode: str = "max", order: Mapping[str, int] | None = None) -> Any:
+    """The best trial: among those that reached the most rounds (under ASHA / HyperBand the survivors; a
+    trial stopped at round 2 is not compared with finished ones on its round-2 accuracy), the best last
+    ``metric``; ties go to the trial created first (``order``: trial id -> creation index, else the id)."""
     scored = [r for r in results if r.metrics and _number(r.metrics.get(metric))]
     if not scored:
         errors = [_error_line(str(r.error)) for r in results if r.error is not None]
         why = f"; first error: {errors[0]}" if errors else ""
         raise SweepFailed(f"no trial of {len(results)} reported a finite {metric} ({len(errors)} failed){why}")
+    def reached(r: Any) -> float:
+        rnd = r.metrics.get("round")
+        return float(rnd) if _number(rnd) else -1.0
+
+    farthest = max(reached(r) for r in scored)
+    scored = [r for r in scored if reached(r) == farthest]
     sign = -1.0 if mode == "max" else 1.0
-    return min(scored, key=lambda r: (sign * r.metrics[metric], str(r.metrics.get("trial_id", ""))))
+    order = order or {}
+
+    def key(r: Any) -> tuple[float, float, str]:
+        tid = str(r.metrics.get("trial_id", ""))
+        return sign * r.metrics[metric], order.get(tid, math.inf), tid
+
+    return min(scored, key=key)
+
+
+def _trial_order(results: Any) -> dict[str, int]:
+    """Trial id -> creation index (Tune's experiment tag starts with it): deterministic for a seeded
+    search, where trial ids are random."""
+    trials = getattr(getattr(results, "_experiment_analysis", None), "trials", None) or []
+    order = {}
+    for t in trials:
+        head = str(getattr(t, "experiment_tag", "")).split("_", 1)[0]
+        if head.isdigit():
+            order[str(t.trial_id)] = int(head)
+    return order
 
 
 def _child_run(client: Any, exp_id: str, result: Any) -> Any:
@@ -977,7 +1062,12 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--set", "-s", metavar="KEY=VALUE", action="append", default=[], help="override a base field")
     p.add_argument("--space", required=True, metavar="FILE",
                    help="search space YAML (a path, or a bundled name under tune_jobs/spaces/, e.g. mu_lambda.yaml)")
-    p.add_argument("--num-samples", type=int, default=1, help="samples per grid point (default %(default)s)")
+    p.add_argument("--search", choices=list(SEARCHES), default="random",
+                   help="random (default): Tune's random samples, grid([...]) fields expanded; grid: every swept "
+                   "field enumerated (grid or choice); optuna / hyperopt: Tune's OptunaSearch / HyperOptSearch, "
+                   "seeded by the config's seed (pip install 'lcfed[search]')")
+    p.add_argument("--num-samples", type=int, default=1,
+                   help="trials (optuna, hyperopt), or samples per grid point (random, grid) (default %(default)s)")
     p.add_argument("--metric", default=METRIC,
                    help=f"the per-round metric to optimise (default %(default)s); one of: {', '.join(METRICS)}")
     p.add_argument("--mode", choices=["max", "min"],
@@ -1019,10 +1109,12 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     require(args.gpus_per_trial >= 0, "--gpus-per-trial", args.gpus_per_trial, "must be >= 0")
     resolve_objective(base.train.rounds, args.metric, args.mode, args.scheduler, args.grace_period, args.max_t)
     space = load_space(args.space, base)
+    check_search(args.search, space)
     summary = run_sweep(base, space, num_samples=args.num_samples, scheduler=args.scheduler,
                         max_concurrent=args.max_concurrent, gpus_per_trial=args.gpus_per_trial, name=args.name,
                         storage=args.storage, resume=args.resume, trial_engine=args.trial_engine,
-                        metric=args.metric, mode=args.mode, grace_period=args.grace_period, max_t=args.max_t)
+                        metric=args.metric, mode=args.mode, grace_period=args.grace_period, max_t=args.max_t,
+                        search=args.search)
     print(json.dumps(summary, indent=2, default=str))
     if args.json:
         Path(args.json).write_text(json.dumps(summary, indent=2, default=str) + "\n")
