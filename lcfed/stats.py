@@ -72,7 +72,7 @@ def paired_test(a: Sequence[float], b: Sequence[float], level: float = 0.95) -> 
     if x.shape != y.shape or x.ndim != 1:
         raise ValueError(f"paired_test needs two equal-length sequences, got {x.shape} and {y.shape}")
     d = x - y
-    diff = mean_ci(d, level)
+    diff = mean_ci(d.tolist(), level)
     # differences equal up to rounding (0.6 - 0.5 vs 0.7 - 0.6) have no spread to test against
     tiny = 1e-12 * max(1.0, float(np.abs(d).max(initial=0.0)))
     if d.size < 2 or float(np.abs(d).max()) <= tiny:
