@@ -64,6 +64,13 @@ def test_sweep_of_four_trials_logs_children_and_parent(tmp_path, tracking_uri):
     assert p.metrics["train_loss"] == best_child.data.metrics["train_loss"]
     assert p.tags["best_run_id"] == best_child.info.run_id
     assert p.params["space.method.mu"] == p.params["space.method.lam"] == "loguniform(0.001, 1)"
+    # the UI view of the trials: the metric and the swept values as columns, best first
+    view = json.loads(exp.tags["mlflow.sharedViewState.sweep-t4"])
+    assert view["selectedColumns"][:4] == ["metrics.`acc_mean`", "metrics.`train_loss`", "params.`method.mu`",
+                                           "params.`method.lam`"]
+    assert (view["orderByKey"], view["orderByAsc"], view["searchFilter"]) == ("metrics.`acc_mean`", False,
+                                                                              "tags.sweep = 't4'")
+    assert summary["view"].endswith(f"/#/experiments/{exp.experiment_id}/runs?viewStateShareKey=sweep-t4")
     assert (p.params["metric"], p.params["mode"], p.params["scheduler"]) == ("acc_mean", "max", "fifo")
     assert "grace_period" not in p.params
     text = Path(client.download_artifacts(summary["parent_run_id"], "space.yaml")).read_text()

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import math
+import os
 import re
 import signal
 import sys
@@ -295,6 +296,11 @@ def child_name(method: str, values: Mapping[str, Any]) -> str:
     tails = [k.split(".")[-1] for k in values]
     keys = [t if tails.count(t) == 1 else k for k, t in zip(values, tails, strict=True)]
     return " ".join([method] + [f"{k}={_short(v)}" for k, v in zip(keys, values.values(), strict=True)])
+
+
+def view_key(name: str) -> str:
+    """The MLflow UI view of a sweep's trials (:func:`lcfed.tracking.share_view`)."""
+    return f"sweep-{name}"
 
 
 def trial_layout(cfg: ExperimentConfig, gpus_per_trial: float) -> tuple[int, float, float]:
@@ -663,7 +669,14 @@ def run_sweep(
     from ray import tune
 
     from actors.engine import alive_nodes, ensure_ray
-    from lcfed.tracking import RunGuard, get_or_create_experiment, open_client, resolve_tracking_uri
+    from lcfed.tracking import (
+        RunGuard,
+        get_or_create_experiment,
+        open_client,
+        resolve_tracking_uri,
+        share_view,
+        view_url,
+    )
 
     obj = resolve_objective(base.train.rounds, metric, mode, scheduler, grace_period, max_t)
     tune_space = check_search(search, space)
@@ -705,6 +718,9 @@ def run_sweep(
         client.log_batch(parent_id, params=[Param(k, v[:6000]) for k, v in params.items()])
         client.log_text(parent_id, yaml.safe_dump({k: space_spec(v) for k, v in space.items()}, sort_keys=False),
                         "space.yaml")
+        shown = [obj.metric] + [m for m in (METRIC, "train_loss") if m != obj.metric]
+        share_view(client, exp_id, view_key(name), metrics=shown, params=swept_keys(space), tags=["stopped_early"],
+                   ascending=obj.mode == "min", run_filter=f"tags.sweep = '{name}'")
 
     try:
         param_space = {**tune_space, "__base__": to_dict(base),
@@ -750,7 +766,7 @@ def run_sweep(
                    "parent_run_id": parent_id, "experiment_id": exp_id, "tracking_uri": uri, "trials": len(results),
                    "errors": len(failed), "first_error": failed[0] if failed else None, "storage": exp_path,
                    "trial_engine": engine, "scheduler": obj.scheduler, "grace_period": obj.grace_period,
-                   "max_t": obj.max_t, "search": search}
+                   "max_t": obj.max_t, "search": search, "view": view_url(uri, exp_id, view_key(name))}
         _log_parent(client, parent_id, exp_id, results, best, best_cfg, space, obj.metric, obj.mode)
         client.set_terminated(parent_id, "FINISHED")
         return summary
@@ -1046,10 +1062,17 @@ def _log_assignment_heatmap(client: Any, parent_id: str, exp_id: str, best: Any)
     runs = client.search_runs([exp_id], f"tags.tune_trial_id = '{trial_id}'") if trial_id else []
     if not runs:
         return
+    bar = os.environ.get("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR")
+    os.environ["MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"] = "false"  # one small CSV: no bar between the table and the summary
     try:
         text = client.download_artifacts(runs[0].info.run_id, "clusters/assignment_history.csv")
     except Exception:
         return  # methods without clusters have no assignment
+    finally:
+        if bar is None:
+            os.environ.pop("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", None)
+        else:
+            os.environ["MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"] = bar
     rounds, hist = read_assignment_history(Path(text).read_text())
     fig = assignment_figure(hist, rounds, title="cluster assignment of the best trial")
     client.log_figure(parent_id, fig, "plots/assignment_heatmap.png")
@@ -1119,6 +1142,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(summary, indent=2, default=str) + "\n")
     print(f"MLflow parent run {summary['parent_run_id']}: {ui_hint(summary['tracking_uri'])}")
+    print(f"the trials side by side (metric, swept values): {summary['view']}")
     if summary["errors"]:
         print(f"lcfed: {summary['errors']} of {summary['trials']} trials failed; first: {summary['first_error']}",
               file=sys.stderr)
