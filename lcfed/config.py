@@ -84,6 +84,7 @@ class DataConfig:
     dirichlet_convention: str = "rebalance"
     min_test_samples: int = 0
     normalize: str = "standardize"
+    val_fraction: float = 0.0
 
     def validate(self, prefix: str = "data") -> None:
         from lcfed.data import DIRICHLET_CONVENTIONS, PARTITIONERS, SOURCES
@@ -139,6 +140,8 @@ class DataConfig:
         )
         require(self.min_test_samples >= 0, f"{prefix}.min_test_samples", self.min_test_samples,
                 "must be >= 0 (0 = no floor on a device's test set)")
+        require(0 <= self.val_fraction < 1, f"{prefix}.val_fraction", self.val_fraction,
+                "must be in [0, 1): the share of each device's training samples held out for validation (0 = off)")
         if self.partition == "dirichlet":  # other schemes' device sizes are checked against the data
             require(
                 self.min_test_samples < self.min_samples,
@@ -382,6 +385,7 @@ class ExperimentConfig:
             d.pop(section, None)
         d["train"] = {k: v for k, v in d["train"].items() if k not in ("rounds", "eval_every")}
         d.pop("name", None)
+        drop_later_defaults(d)
         return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
     def replace(self, **overrides: Any) -> ExperimentConfig:
@@ -494,6 +498,20 @@ def from_dict(raw: Mapping[str, Any]) -> ExperimentConfig:
     params = build_dataclass(METHODS[name].params, method_raw, "method")
     kwargs["method"] = MethodConfig(name=name, params=params)
     return ExperimentConfig(**kwargs).validate()
+
+
+#: fields added after checkpoints and logged runs existed, with the value that changes nothing: left
+#: out of digests at that value, so digests of configs that do not use them stay as they were
+LATER_DEFAULTS: dict[str, dict[str, Any]] = {"data": {"val_fraction": 0.0}}
+
+
+def drop_later_defaults(d: dict[str, Any]) -> None:
+    """Remove (in place) from a :func:`to_dict`-shaped dict the :data:`LATER_DEFAULTS` at their value."""
+    for section, defaults in LATER_DEFAULTS.items():
+        values = d.get(section, {})
+        for key, value in defaults.items():
+            if key in values and values[key] == value:
+                del values[key]
 
 
 def to_dict(cfg: ExperimentConfig) -> dict[str, Any]:

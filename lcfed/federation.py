@@ -15,7 +15,16 @@ import numpy as np
 import torch
 
 from lcfed.config import ConfigError, ExperimentConfig, require
-from lcfed.data import Dataset, Partition, PartitionError, Scaling, load_dataset, make_partition, partition_stats
+from lcfed.data import (
+    Dataset,
+    Partition,
+    PartitionError,
+    Scaling,
+    load_dataset,
+    make_partition,
+    partition_stats,
+    split_validation,
+)
 from lcfed.local import DeviceData, LocalWork
 from lcfed.methods import METHODS, Strategy
 from lcfed.methods.base import Federation
@@ -82,11 +91,12 @@ def check_against_data(cfg: ExperimentConfig, ds: Dataset) -> Partition:
 
 
 def partition(cfg: ExperimentConfig, ds: Dataset) -> Partition:
-    """The devices' train/test indices into ``ds`` (a pure function of the config and the labels);
-    settings these labels cannot meet are a :class:`ConfigError` naming the ``data.`` field."""
+    """The devices' train/test indices into ``ds`` (a pure function of the config and the labels),
+    with ``data.val_fraction`` of each device's training share held out for validation; settings
+    these labels cannot meet are a :class:`ConfigError` naming the ``data.`` field."""
     d = cfg.data
     try:
-        return make_partition(
+        part = make_partition(
             ds.y,
             scheme=d.partition,
             num_devices=d.num_devices,
@@ -101,6 +111,8 @@ def partition(cfg: ExperimentConfig, ds: Dataset) -> Partition:
             dirichlet_convention=d.dirichlet_convention,
             min_test_samples=d.min_test_samples,
         )
+        # carved after the partition, from its own stream: devices and test sets stay as without it
+        return split_validation(part, d.val_fraction, cfg.seed) if d.val_fraction > 0 else part
     except PartitionError as exc:
         raise ConfigError(f"data.{exc.param}", getattr(d, exc.param), f"does not fit {ds.name}: {exc}") from None
 
@@ -135,7 +147,7 @@ def label_distributions(part: Partition, labels: np.ndarray, num_classes: int) -
 
 def input_scaling(cfg: ExperimentConfig, ds: Dataset, part: Partition) -> Scaling:
     """``data.normalize``: standardize with the per-channel mean/std of the devices' training
-    samples (never their test samples), or plain [0, 1]."""
+    samples (never their validation or test samples), or plain [0, 1]."""
     if cfg.data.normalize == "unit":
         return Scaling.unit(ds.input_shape[0])
     return Scaling.fit(ds.x, np.concatenate([np.zeros(0, np.int64), *part.train]))
@@ -173,7 +185,8 @@ def shard(ds: Dataset, part: Partition, devices: Iterable[int]) -> tuple[Dataset
     Other devices keep empty index arrays.
     """
     devs = sorted(set(devices))
-    rows = np.unique(np.concatenate([part.train[d] for d in devs] + [part.test[d] for d in devs] + [np.zeros(0, np.int64)]))
+    val = part.val or tuple(np.zeros(0, np.int64) for _ in part.train)
+    rows = np.unique(np.concatenate([a[d] for a in (part.train, part.test, val) for d in devs] + [np.zeros(0, np.int64)]))
     empty = np.zeros(0, dtype=np.int64)
     hosted = set(devs)
 
@@ -181,7 +194,7 @@ def shard(ds: Dataset, part: Partition, devices: Iterable[int]) -> tuple[Dataset
         return tuple(np.searchsorted(rows, a).astype(np.int64) if d in hosted else empty for d, a in enumerate(idx))
 
     sub = Dataset(ds.name, np.ascontiguousarray(ds.x[rows]), np.ascontiguousarray(ds.y[rows]), ds.num_classes)
-    return sub, Partition(remap(part.train), remap(part.test), part.groups)
+    return sub, Partition(remap(part.train), remap(part.test), part.groups, remap(part.val) if part.val else ())
 
 
 def resolve_device(kind: str) -> torch.device:
@@ -194,16 +207,20 @@ def resolve_device(kind: str) -> torch.device:
 def device_data(
     ds: Dataset, part: Partition, devices: Iterable[int], where: torch.device, scaling: Scaling
 ) -> dict[int, DeviceData]:
-    """The local train/test tensors of the given devices, scaled and placed once on ``where``."""
+    """The local train/test (and validation, if split) tensors of the given devices, scaled and
+    placed once on ``where``."""
     y = torch.from_numpy(np.asarray(ds.y, dtype=np.int64))
     out = {}
     for dev in devices:
         tr, te = part.train[dev], part.test[dev]
+        val = part.val[dev] if part.val else None
         out[dev] = DeviceData(
             scaling.apply(ds.x[tr]).to(where),
             y[tr].to(where),
             scaling.apply(ds.x[te]).to(where),
             y[te].to(where),
+            None if val is None else scaling.apply(ds.x[val]).to(where),
+            None if val is None else y[val].to(where),
         )
     return out
 

@@ -20,12 +20,15 @@ from lcfed.models import Model
 
 @dataclass(frozen=True)
 class DeviceData:
-    """One device's local samples (float images, int64 labels), on the device that trains them."""
+    """One device's local samples (float images, int64 labels), on the device that trains them;
+    ``x_val``/``y_val`` only with a validation split (``data.val_fraction``)."""
 
     x_train: torch.Tensor
     y_train: torch.Tensor
     x_test: torch.Tensor
     y_test: torch.Tensor
+    x_val: torch.Tensor | None = None
+    y_val: torch.Tensor | None = None
 
     @property
     def num_train(self) -> int:
@@ -127,11 +130,13 @@ def local_update(
 
 @dataclass(frozen=True)
 class EvalResult:
-    """Correct predictions, sample count and summed loss of one model on one device's test set."""
+    """Correct predictions, sample count and summed loss of one model on one device's test set;
+    ``val``: the same on its validation set, when it has one."""
 
     correct: int
     total: int
     loss_sum: float
+    val: EvalResult | None = None
 
 
 @torch.no_grad()

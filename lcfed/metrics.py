@@ -10,7 +10,9 @@ from lcfed.local import EvalResult
 
 
 def accuracy_metrics(results: Mapping[int, EvalResult], trained: np.ndarray | None = None) -> dict[str, float]:
-    """Mean (unweighted and sample-weighted) and 10th/90th percentile of per-device test accuracy.
+    """Mean (unweighted and sample-weighted) and 10th/90th percentile of per-device test accuracy,
+    and with a validation split the means and loss on it (``val_acc_mean``, ``val_acc_weighted``,
+    ``val_loss``).
 
     Only devices that have trained at least once (``trained[d]``; all if None) count: under partial
     participation the others would be scored with fallback models they never shaped. Devices without
@@ -23,7 +25,7 @@ def accuracy_metrics(results: Mapping[int, EvalResult], trained: np.ndarray | No
     acc = np.array([r.correct / r.total for r in rows])
     correct = sum(r.correct for r in rows)
     total = sum(r.total for r in rows)
-    return {
+    out = {
         "acc_mean": float(acc.mean()),
         "acc_weighted": correct / total,
         "acc_std": float(acc.std()),
@@ -31,6 +33,16 @@ def accuracy_metrics(results: Mapping[int, EvalResult], trained: np.ndarray | No
         "acc_p90": float(np.percentile(acc, 90)),
         "test_loss": sum(r.loss_sum for r in rows) / total,
     }
+    # the same devices on their validation sets (every device keeps one when the split is on)
+    val = [r.val for r in rows if r.val is not None and r.val.total > 0]
+    if val:
+        val_total = sum(v.total for v in val)
+        out.update({
+            "val_acc_mean": float(np.mean([v.correct / v.total for v in val])),
+            "val_acc_weighted": sum(v.correct for v in val) / val_total,
+            "val_loss": sum(v.loss_sum for v in val) / val_total,
+        })
+    return out
 
 
 def adjusted_rand(truth: np.ndarray, labels: np.ndarray) -> float:

@@ -193,7 +193,11 @@ class HostedDevices:
         def one(dev: int) -> EvalResult:
             ctx = self.context(dev, -1)
             w = self.strategy.personalized(ctx, self.states[dev], payload).to(self.where)
-            return evaluate(ctx.net, w, self.data[dev].x_test, self.data[dev].y_test)
+            data = self.data[dev]
+            test = evaluate(ctx.net, w, data.x_test, data.y_test)
+            if data.x_val is None or data.y_val is None:
+                return test
+            return replace(test, val=evaluate(ctx.net, w, data.x_val, data.y_val))
 
         devices = list(self.data)
         return dict(zip(devices, self._map(one, devices), strict=True))

@@ -20,7 +20,7 @@ from urllib.parse import urlparse
 import numpy as np
 import torch
 
-from lcfed.config import ConfigError, ExperimentConfig, flatten, require
+from lcfed.config import ConfigError, ExperimentConfig, drop_later_defaults, flatten, require
 from lcfed.engine import RunResult
 from lcfed.methods.base import Federation, RoundStats
 from lcfed.metrics import cluster_sizes
@@ -621,6 +621,7 @@ def partition_digest(cfg: ExperimentConfig) -> str:
     import hashlib
 
     data = {k: v for k, v in dataclasses.asdict(cfg.data).items() if k not in ("data_dir", "download")}
+    drop_later_defaults({"data": data})  # digests of runs without a validation split stay as they were
     blob = json.dumps({"data": data, "seed": cfg.seed}, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 

@@ -39,6 +39,8 @@ CONFIG_VALUES = [
     ("data.test_fraction=0", "data.test_fraction"),
     ("data.test_fraction=1", "data.test_fraction"),
     ("data.test_fraction=1.5", "data.test_fraction"),
+    ("data.val_fraction=-0.1", "data.val_fraction"),
+    ("data.val_fraction=1.0", "data.val_fraction"),
     ("data.subset=-1", "data.subset"),
     ("data.samples_per_device=[350, 50]", "data.samples_per_device"),
     ("data.samples_per_device=[1, 50]", "data.samples_per_device"),
@@ -234,6 +236,7 @@ ROWS += [
     ("run-resume-no-ckpt-dir", f"{R} --resume", {}, "--resume"),
     ("run-ckpt-under-file", f"{R} --set checkpoint.dir=inputs/afile/sub", {"inputs/afile": "x"}, "checkpoint.dir"),
     ("run-devices-over-data", f"{R} --set data.num_devices=200 --set data.min_samples=10", {}, "data.num_devices"),
+    ("run-val-fraction-leaves-no-val", f"{R} --set data.val_fraction=0.01", {}, "data.val_fraction"),  # 21 x 0.01 -> 0
     ("run-classes-over-data", f"{R} --set data.partition=pathological --set data.classes_per_device=11",
      {}, "data.classes_per_device"),
     ("run-missing-dataset", f"{R} --set data.dataset=mnist --set data.data_dir=nodata", {}, "lcfed data import"),

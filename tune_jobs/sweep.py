@@ -60,7 +60,7 @@ METRICS: dict[str, str | None] = {
     "test_loss": "min", "train_loss": "min", "label_homogeneity": "max", "ari": "max", "coverage": "max",
     "num_clusters": None, "bytes_up": "min", "bytes_down": "min", "bytes_up_total": "min",
     "bytes_down_total": "min", "sim_comm_seconds": "min", "sim_compute_seconds": "min", "sim_seconds_total": "min",
-    "round_seconds": "min",
+    "round_seconds": "min", "val_acc_mean": "max", "val_acc_weighted": "max", "val_loss": "min",
 }
 SCHEDULERS = ("asha", "hyperband", "fifo")
 

@@ -18,6 +18,7 @@ from lcfed.data.partition import (
     partition_stats,
     pathological,
     split_train_test,
+    split_validation,
 )
 from lcfed.data.sources import SOURCES, DataError, Dataset, Scaling, load_dataset, to_float
 
@@ -42,6 +43,7 @@ __all__ = [
     "partition_stats",
     "pathological",
     "split_train_test",
+    "split_validation",
     "Scaling",
     "to_float",
 ]

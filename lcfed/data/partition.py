@@ -28,6 +28,7 @@ __all__ = [
     "primary_secondary",
     "quantity_skew",
     "split_train_test",
+    "split_validation",
 ]
 
 
@@ -42,17 +43,21 @@ class PartitionError(ValueError):
 
 @dataclass(frozen=True, eq=False)  # eq=False: elementwise array comparison has no truth value
 class Partition:
-    """Per-device local train/test sample indices plus each device's ground-truth group."""
+    """Per-device local train/test sample indices plus each device's ground-truth group, and the
+    validation indices held out of each device's training share (``val``; empty tuple: none)."""
 
     train: tuple[np.ndarray, ...]
     test: tuple[np.ndarray, ...]
     groups: np.ndarray
+    val: tuple[np.ndarray, ...] = ()
 
     def __post_init__(self) -> None:
         if not len(self.train) == len(self.test) == len(self.groups):
             raise ValueError(
                 f"train/test/groups lengths differ: {len(self.train)}, {len(self.test)}, {len(self.groups)}"
             )
+        if self.val and len(self.val) != len(self.train):
+            raise ValueError(f"val holds {len(self.val)} devices, train {len(self.train)}")
 
     @property
     def num_devices(self) -> int:
@@ -542,23 +547,63 @@ def make_partition(
     return Partition(tuple(train), tuple(test), np.asarray(groups, dtype=np.int64))
 
 
+#: the validation split's stream (with the seed and the device id): no other draw uses it
+_VAL_STREAM = 0x7A1
+
+
+def split_validation(part: Partition, fraction: float, seed: int) -> Partition:
+    """Hold out ``round(fraction x n)`` (halves up) of each device's ``n`` training samples as its
+    validation set, drawn at random by a generator of (``seed``, device) alone, so a device's split
+    does not depend on the others, on the host or on any other stream; test sets stay as they are.
+
+    Every device must keep at least one training and one validation sample, else
+    :class:`PartitionError` naming ``val_fraction`` and the first device that cannot.
+    """
+    if not 0 < fraction < 1:
+        raise ValueError(f"fraction must be in (0, 1), got {fraction}")
+    sizes = part.sizes()
+    n_val = np.floor(sizes * fraction + 0.5).astype(np.int64)
+    bad = np.flatnonzero((n_val < 1) | (n_val >= sizes))
+    if len(bad):
+        d, small = int(bad[0]), int(sizes.min())
+        fits = (f"with these devices (the smallest holds {small} training samples) it must be in "
+                f"[{0.5 / small:.4g}, {1 - 0.5 / small:.4g})" if small >= 2 else "no value fits a device of 1 training sample")
+        raise PartitionError(
+            "val_fraction",
+            f"would leave device {d} ({sizes[d]} training samples) {n_val[d]} validation and {sizes[d] - n_val[d]} "
+            f"training samples ({len(bad)} of {len(sizes)} devices cannot keep one of each); {fits}, or give every "
+            "device more samples (data.min_samples, fewer data.num_devices)",
+        )
+    train, val = [], []
+    for d, idx in enumerate(part.train):
+        held = np.zeros(len(idx), dtype=bool)
+        held[np.random.default_rng([seed, d, _VAL_STREAM]).permutation(len(idx))[: n_val[d]]] = True
+        train.append(idx[~held])  # both keep the training order, as drawn by the train/test split
+        val.append(idx[held])
+    return Partition(tuple(train), part.test, part.groups, tuple(val))
+
+
 def partition_stats(part: Partition, labels: np.ndarray) -> dict[str, float]:
     """What a partition looks like: train and test sizes (min / median / max) and the number of
     distinct classes a device holds (train + test; mean / min / max). Logged at the start of a run,
-    since these decide how noisy the per-device accuracies are."""
+    since these decide how noisy the per-device accuracies are. With a validation split, its sizes
+    too (``val_*``), and its samples count in ``samples`` and the classes."""
     labels = _check_labels(labels)
     m = part.num_devices
     train = part.sizes()
     test = np.fromiter((len(t) for t in part.test), dtype=np.int64, count=m)
+    val = np.fromiter((len(v) for v in part.val), dtype=np.int64, count=len(part.val))
     classes, class_of = np.unique(labels, return_inverse=True)
-    flat = np.concatenate([np.asarray(a, dtype=np.int64) for a in (*part.train, *part.test)] + [np.empty(0, np.int64)])
-    dev = np.concatenate([np.repeat(np.arange(m), train), np.repeat(np.arange(m), test)])
+    flat = np.concatenate([np.asarray(a, dtype=np.int64) for a in (*part.train, *part.test, *part.val)]
+                          + [np.empty(0, np.int64)])
+    dev = np.concatenate([np.repeat(np.arange(m), n) for n in (train, test, val) if len(n) == m])
     held = np.bincount(dev * len(classes) + class_of[flat], minlength=m * len(classes)).reshape(m, len(classes)) > 0
     per_device = held.sum(axis=1)
-    out: dict[str, float] = {"devices": float(m), "samples": float(train.sum() + test.sum())}
-    for name, values in (("train", train), ("test", test)):
-        out.update({f"{name}_min": float(values.min()), f"{name}_median": float(np.median(values)),
-                    f"{name}_max": float(values.max())})
+    out: dict[str, float] = {"devices": float(m), "samples": float(train.sum() + test.sum() + val.sum())}
+    for name, values in (("train", train), ("test", test), ("val", val)):
+        if len(values) == m:  # no val_* without a validation split
+            out.update({f"{name}_min": float(values.min()), f"{name}_median": float(np.median(values)),
+                        f"{name}_max": float(values.max())})
     out.update({"classes_mean": float(per_device.mean()), "classes_min": float(per_device.min()),
                 "classes_max": float(per_device.max())})
     return out
@@ -572,6 +617,6 @@ def format_stats(stats: dict[str, float]) -> str:
         return f"{v:,.0f}" if float(v).is_integer() else f"{v:,.1f}"
 
     sizes = " and ".join(f"{k} {n(stats[k + '_min'])} / {n(stats[k + '_median'])} / {n(stats[k + '_max'])}"
-                         for k in ("train", "test"))
+                         for k in ("train", "val", "test") if k + "_min" in stats)
     return (f"{n(stats['devices'])} devices, {n(stats['samples'])} samples; {sizes} (min / median / max); "
             f"classes per device {stats['classes_mean']:.2f} ({n(stats['classes_min'])}-{n(stats['classes_max'])})")
