@@ -50,15 +50,18 @@ def progress_callback(swept: Sequence[str], metric: str, mode: str, rounds: int,
 
         def _row(self, trial: Any) -> dict[str, Any]:
             if trial.trial_id not in self.rows:
-                self.order.append(trial.trial_id)
+                # numbered in creation order (Tune's experiment tag starts with it), as the summary breaks ties
+                head = str(getattr(trial, "experiment_tag", "")).split("_", 1)[0]
+                index = int(head) if head.isdigit() else len(self.rows) + 1
                 self.rows[trial.trial_id] = {"values": [trial.config.get(k) for k in swept], "round": 0,
-                                             "metric": math.nan, "status": "pending"}
+                                             "metric": math.nan, "status": "pending", "index": index}
+                self.order = sorted(self.rows, key=lambda t: self.rows[t]["index"])
             return self.rows[trial.trial_id]
 
         def _label(self, trial_id: str) -> str:
             row = self.rows[trial_id]
             values = " ".join(f"{n}={_value(v)}" for n, v in zip(self.names, row["values"], strict=True))
-            return f"trial {self.order.index(trial_id) + 1} ({trial_id}) {values}".rstrip()
+            return f"trial {row['index']} ({trial_id}) {values}".rstrip()
 
         def _best(self) -> tuple[str, float] | None:
             # as the sweep's summary picks it: among the trials furthest along, a stopped one not compared
@@ -68,7 +71,7 @@ def progress_callback(swept: Sequence[str], metric: str, mode: str, rounds: int,
             farthest = max(self.rows[tid]["round"] for tid, _ in scored)
             scored = [(tid, m) for tid, m in scored if self.rows[tid]["round"] == farthest]
             sign = -1.0 if mode == "max" else 1.0
-            return min(scored, key=lambda s: (sign * s[1], self.order.index(s[0])))
+            return min(scored, key=lambda s: (sign * s[1], self.rows[s[0]]["index"]))
 
         def _print(self, text: str) -> None:
             print(text, file=file or sys.stdout, flush=True)
@@ -119,17 +122,17 @@ def progress_callback(swept: Sequence[str], metric: str, mode: str, rounds: int,
             best = self._best()
             head = ["", "trial", "status", *self.names, "round", metric]
             body = []
-            for i, tid in enumerate(self.order):
+            for tid in self.order:
                 r = self.rows[tid]
                 mark = "*" if best is not None and best[0] == tid else ""
-                body.append([mark, str(i + 1), r["status"], *(_value(v) for v in r["values"]),
+                body.append([mark, str(r["index"]), r["status"], *(_value(v) for v in r["values"]),
                              f"{r['round']}/{rounds}", _value(r["metric"])])
             widths = [max(len(row[c]) for row in [head, *body]) for c in range(len(head))]
             fmt = "  ".join(f"{{:<{w}}}" for w in widths)
             done = sum(r["status"] in ("done", "stopped early", "error") for r in self.rows.values())
             title = f"sweep: {done}/{len(self.rows)} trials ended"
             if best is not None:
-                title += f"; best {metric} {_value(best[1])} (trial {self.order.index(best[0]) + 1})"
+                title += f"; best {metric} {_value(best[1])} (trial {self.rows[best[0]]['index']})"
             return "\n".join([title, fmt.format(*head).rstrip(), *(fmt.format(*row).rstrip() for row in body)])
 
     return SweepProgress()
