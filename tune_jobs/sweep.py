@@ -657,13 +657,15 @@ def run_sweep(
     grace_period: int | None = None,
     max_t: int | None = None,
     search: str = "random",
+    parent_run_id: str | None = None,
 ) -> dict[str, Any]:
     """Run (or resume) a sweep; return the best trial's config, metric and the MLflow parent run.
 
     ``trial_engine``: ``auto``, ``local`` or ``ray`` (:func:`resolve_trial_engine`). ``metric``, ``mode``,
     ``scheduler``, ``grace_period``, ``max_t``: :func:`resolve_objective` (one metric and mode for the
     scheduler, the best trial and the parent run). ``search``: :func:`check_search`. A resumed sweep keeps
-    the objective and search it started with.
+    the objective and search it started with. ``parent_run_id``: the sweep's run nests under it (``lcfed
+    compare``).
     """
     import ray
     from ray import tune
@@ -698,8 +700,9 @@ def run_sweep(
     exp_id = get_or_create_experiment(client, base.tracking.experiment, uri)  # once, before any trial
     parent_tag = f"tags.sweep_name = '{name}' and tags.sweep_parent = 'true'"
     previous = client.search_runs([exp_id], parent_tag) if resume else []
+    nested = {"mlflow.parentRunId": parent_run_id} if parent_run_id else {}
     parent = previous[0] if previous else client.create_run(
-        exp_id, run_name=name, tags={"sweep_parent": "true", "sweep_name": name, "method": base.method.name})
+        exp_id, run_name=name, tags={"sweep_parent": "true", "sweep_name": name, "method": base.method.name, **nested})
     parent_id = parent.info.run_id
     if previous:  # Tune restores the scheduler it started with: the flags must agree with it
         logged = previous[0].data.params

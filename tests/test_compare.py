@@ -1,0 +1,102 @@
+"""`lcfed compare`: a tiny real comparison (3 methods x 2 trials x 2 seeds on digits), its report, the
+MLflow hierarchy, that phase 1 decides on validation accuracy only, and resume."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import mlflow
+import pytest
+import yaml
+
+from lcfed.config import ConfigError, to_dict
+from tests.conftest import tiny_config
+from tune_jobs.cli import main
+from tune_jobs.compare import parse_seeds
+
+SPACES = {
+    "lcfed": "train.lr: {loguniform: [0.02, 0.1]}\nmethod.mu: {loguniform: [0.01, 1.0]}\n",
+    "fedavg": "train.lr: {loguniform: [0.02, 0.1]}\n",
+    "standalone": "train.lr: {loguniform: [0.02, 0.1]}\n",
+}
+
+
+def test_seeds_are_a_count_or_a_list():
+    assert parse_seeds("3") == [0, 1, 2] and parse_seeds("0,5,9") == [0, 5, 9]
+    for bad in ("0", "a", "1,1", "-1"):
+        with pytest.raises(ConfigError, match="--seeds"):
+            parse_seeds(bad)
+
+
+@pytest.fixture(scope="module")
+def compared(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("compare")
+    uri = f"sqlite:///{tmp / 'mlflow.db'}"
+    base = tiny_config("train.rounds=3", "engine.num_cpus=2", "tracking.enabled=true", f"tracking.uri={uri}",
+                       "tracking.experiment=compare")
+    (tmp / "base.yaml").write_text(yaml.safe_dump(to_dict(base)))
+    spaces = tmp / "spaces"
+    spaces.mkdir()
+    for m, text in SPACES.items():
+        (spaces / f"{m}.yaml").write_text(text)
+    args = ["compare", "-c", str(tmp / "base.yaml"), "--methods", "lcfed,fedavg,standalone", "--budget", "2",
+            "--seeds", "2", "--space-dir", str(spaces), "--out", str(tmp / "out"), "--scheduler", "fifo"]
+    assert main(args) == 0
+    return tmp, uri, args
+
+
+def test_the_report_has_every_method_with_intervals_and_paired_tests(compared):
+    tmp, _, _ = compared
+    out = tmp / "out"
+    md = (out / "compare.md").read_text()
+    for m in ("lcfed", "fedavg", "standalone"):
+        assert f"| {m} |" in md
+    rows = {r["method"]: r for r in csv.DictReader((out / "compare.csv").open())}
+    assert set(rows) == {"lcfed", "fedavg", "standalone"}
+    for m, r in rows.items():
+        seeds = [float(r["seed_0"]), float(r["seed_1"])]
+        assert float(r["test_acc_mean"]) == pytest.approx(sum(seeds) / 2)
+        assert float(r["ci95"]) >= 0 and 0 <= float(r["val_acc_mean"]) <= 1
+        assert r["best_other"] != m and r["best_other"] in rows
+    assert rows["standalone"]["diff_vs_standalone"] == ""
+    assert float(rows["lcfed"]["diff_vs_standalone"]) == pytest.approx(
+        float(rows["lcfed"]["test_acc_mean"]) - float(rows["standalone"]["test_acc_mean"]))
+    assert (out / "compare.png").stat().st_size > 10_000
+    phase1 = json.loads((out / "phase1" / "lcfed.json").read_text())
+    assert set(phase1["best_config"]) == {"train.lr", "method.mu"} and phase1["trials"] == 2
+
+
+def test_mlflow_holds_one_parent_with_a_sweep_per_method_and_phase(compared):
+    tmp, uri, _ = compared
+    client = mlflow.MlflowClient(tracking_uri=uri)
+    exp = client.get_experiment_by_name("compare")
+    runs = client.search_runs([exp.experiment_id], max_results=1000)
+    parent = [r for r in runs if r.data.tags.get("compare_parent") == "true"]
+    assert len(parent) == 1 and parent[0].info.status == "FINISHED"
+    pid = parent[0].info.run_id
+    assert parent[0].data.params["metric"] == "val_acc_mean"
+    sweeps = {r.info.run_name: r for r in runs if r.data.tags.get("mlflow.parentRunId") == pid}
+    assert set(sweeps) == {f"out-{m}-{p}" for m in ("lcfed", "fedavg", "standalone") for p in ("tune", "seeds")}
+    for name, sweep in sweeps.items():
+        assert sweep.data.params["metric"] == "val_acc_mean"  # phase 1 decides on validation, never test
+        trials = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == sweep.info.run_id]
+        assert len(trials) == 2 and all(t.info.status == "FINISHED" for t in trials)
+        if name.endswith("-seeds"):
+            assert sorted(t.data.params["seed"] for t in trials) == ["0", "1"]
+    assert {a.path for a in client.list_artifacts(pid)} >= {"compare.md", "compare.csv", "plots"}
+
+
+def test_a_rerun_continues_without_redoing_a_phase(compared, capsys):
+    tmp, uri, args = compared
+    before = (tmp / "out" / "compare.csv").read_text()
+    client = mlflow.MlflowClient(tracking_uri=uri)
+    exp = client.get_experiment_by_name("compare")
+    count = len(client.search_runs([exp.experiment_id], max_results=1000))
+    assert main(args) == 0
+    assert (tmp / "out" / "compare.csv").read_text() == before
+    assert len(client.search_runs([exp.experiment_id], max_results=1000)) == count  # no new run
+    capsys.readouterr()
+    assert main([*args[:-2], "--scheduler", "asha"]) == 2  # other settings need another --out
+    assert "--out" in capsys.readouterr().err
+    assert json.loads((tmp / "out" / "state.json").read_text())["params"]["scheduler"] == "fifo"
