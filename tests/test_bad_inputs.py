@@ -304,7 +304,17 @@ ROWS += [
      "space.method.mu"),
     ("sweep-search-hyperopt-fixed", "sweep --space s.yaml --search hyperopt", {"s.yaml": "method.mu: 0.1\n"},
      "--space"),
+    # compare
+    ("compare-one-method", "compare --methods lcfed", {}, "--methods"),
+    ("compare-unknown-method", "compare --methods lcfed,nope", {}, "--methods"),
+    ("compare-no-space", "compare --methods lcfed,flhc", {}, "--methods"),
+    ("compare-budget-0", "compare --methods fedavg,standalone --budget 0", {}, "--budget"),
+    ("compare-seeds-repeated", "compare --methods fedavg,standalone --seeds 1,1", {}, "--seeds"),
+    ("compare-target", "compare --methods fedavg,standalone --target 2", {}, "--target"),
+    ("compare-search", "compare --methods fedavg,standalone --search bayes", {}, "--search"),
+    ("compare-scheduler", "compare --methods fedavg,standalone --scheduler pbt", {}, "--scheduler"),
     # reproduce
+    ("repro-seeds", "reproduce table1 --seeds 0 --no-track", {}, "--seeds"),
     ("repro-datasets", "reproduce table1 --datasets imagenet --no-track", {}, "--datasets"),
     ("repro-partitions", "reproduce table1 --partitions dirichlet:x --no-track", {}, "--partitions"),
     ("repro-partition-kind", "reproduce table1 --partitions zipf:1 --no-track", {}, "--partitions"),

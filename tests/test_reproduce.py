@@ -9,7 +9,16 @@ from lcfed.config import ConfigError
 from lcfed.runner import run_local
 from tests.conftest import tiny_config
 from tune_jobs.cli import main
-from tune_jobs.reproduce import Cell, cell_config, partition_label, partition_overrides, reproduce_table1, summarize
+from tune_jobs.reproduce import (
+    Cell,
+    cell_config,
+    parse_seeds,
+    partition_label,
+    partition_overrides,
+    reproduce_table1,
+    summarize,
+    write_tables,
+)
 
 PARTS = ["dirichlet:0.5", "pathological:2"]
 METHODS2 = ["fedavg", "lcfed"]
@@ -84,3 +93,24 @@ def test_cli_rejects_bad_input_before_work(tmp_path, capsys):
     assert main(["reproduce", "table1", "--method-set", "bogus=1", "--out", out, "--no-track"]) == 2
     assert "--method-set" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
+
+
+def test_seeded_cells_report_the_mean_over_seeds_with_its_interval(tmp_path):
+    """--seeds: a cell per (dataset, partition, method, seed), each its own seed; the table shows the mean over
+    seeds ± t_{0.975, n-1} s / sqrt(n) and says how many seeds a cell has while some are missing."""
+    import math
+
+    assert parse_seeds("2") == [0, 1] and parse_seeds("4,7") == [4, 7]
+    cells = [Cell("digits", "dirichlet:0.5", m, s) for m in ("fedavg", "lcfed") for s in (0, 1, 2)]
+    assert cells[1].key == "digits__dirichlet_0.5__fedavg__s1"
+    assert cell_config(tiny_config(), cells[2], {}, tmp_path).seed == 2
+    accs = {"fedavg": [0.80, 0.82, 0.84], "lcfed": [0.90, 0.91]}  # lcfed's third seed not run yet
+    row = {"acc_std": 0.1, "acc_weighted": 0.0, "rounds": 3, "wall_seconds": 1.0}
+    results = {c.key: {**row, "acc_mean": accs[c.method][c.seed]} for c in cells if c.seed < len(accs[c.method])}
+    md, table_csv = write_tables(tmp_path, cells, results, "t")
+    half = 4.302652729749464 * 0.02 / math.sqrt(3)  # s = 0.02 over 3 seeds
+    assert f"| fedavg | 82.00 ± {100 * half:.2f} |" in md
+    assert "| lcfed | **90.50 ± 6.35 (2/3 seeds)** |" in md  # t_{0.975,1} = 12.706, s = 0.00707
+    assert "95 % confidence interval" in md
+    assert table_csv.splitlines()[0].startswith("dataset,partition,method,seed,acc_mean")
+    assert len(table_csv.splitlines()) == 1 + 5

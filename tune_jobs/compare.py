@@ -32,7 +32,7 @@ import numpy as np
 
 from lcfed.config import ConfigError, ExperimentConfig, check_output_dir, load_config, require, safe_name
 from lcfed.stats import mean_ci, paired_test
-from tune_jobs.reproduce import LAST_EVALS, summarize
+from tune_jobs.reproduce import LAST_EVALS, parse_seeds, summarize
 from tune_jobs.sweep import SPACES_DIR, check_search, load_space, resolve_objective, restore_results, run_sweep
 
 COMPARE_SPACES = SPACES_DIR / "compare"
@@ -56,20 +56,6 @@ def method_space(method: str, space_dir: str | Path | None) -> Path:
 def method_config(base: ExperimentConfig, method: str, val_fraction: float) -> ExperimentConfig:
     """The base config for ``method`` (settings the method shares with the base method carried over)."""
     return base.replace(**{"method.name": method, "data.val_fraction": val_fraction})
-
-
-def parse_seeds(text: str) -> list[int]:
-    """``3`` -> seeds 0, 1, 2; ``0,5,9`` -> those."""
-    parts = [p.strip() for p in str(text).split(",") if p.strip()]
-    require(bool(parts) and all(p.isdigit() for p in parts), "--seeds", text,
-            "a count (e.g. 3: seeds 0, 1, 2) or distinct comma-separated seeds (e.g. 0,5,9)")
-    if len(parts) == 1:
-        n = int(parts[0])
-        require(n >= 1, "--seeds", text, "must be >= 1")
-        return list(range(n))
-    seeds = [int(p) for p in parts]
-    require(len(set(seeds)) == len(seeds), "--seeds", text, "seeds must be distinct")
-    return seeds
 
 
 def _state(out: Path, params: dict[str, str]) -> dict[str, Any]:

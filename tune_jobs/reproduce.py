@@ -36,10 +36,30 @@ class Cell:
     dataset: str
     partition: str  # as given on the command line, e.g. "dirichlet:0.1"
     method: str
+    seed: int | None = None  # --seeds: the config's seed for this run of the cell
 
     @property
     def key(self) -> str:
-        return re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{self.dataset}__{self.partition}__{self.method}")
+        seed = "" if self.seed is None else f"__s{self.seed}"
+        return re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{self.dataset}__{self.partition}__{self.method}{seed}")
+
+    @property
+    def column(self) -> tuple[str, str]:
+        return self.dataset, self.partition
+
+
+def parse_seeds(text: str) -> list[int]:
+    """``3`` -> seeds 0, 1, 2; ``0,5,9`` -> those."""
+    parts = [p.strip() for p in str(text).split(",") if p.strip()]
+    require(bool(parts) and all(p.isdigit() for p in parts), "--seeds", text,
+            "a count (e.g. 3: seeds 0, 1, 2) or distinct comma-separated seeds (e.g. 0,5,9)")
+    if len(parts) == 1:
+        n = int(parts[0])
+        require(n >= 1, "--seeds", text, "must be >= 1")
+        return list(range(n))
+    seeds = [int(p) for p in parts]
+    require(len(set(seeds)) == len(seeds), "--seeds", text, "seeds must be distinct")
+    return seeds
 
 
 def partition_overrides(spec: str) -> dict[str, Any]:
@@ -83,6 +103,8 @@ def cell_config(base: ExperimentConfig, cell: Cell, method_sets: dict[str, Any],
                                  "method.name": cell.method, "engine.kind": "ray",
                                  "checkpoint.dir": str(out / "checkpoints" / cell.key),
                                  "name": f"table1-{cell.key}"}
+    if cell.seed is not None:
+        overrides["seed"] = cell.seed
     overrides.update({f"method.{k}": v for k, v in method_sets.items() if k in accepted})
     return base.replace(**overrides)
 
@@ -102,41 +124,58 @@ def summarize(history: list[dict[str, float]], last: int = LAST_EVALS) -> dict[s
 
 
 def write_tables(out: Path, cells: list[Cell], results: dict[str, dict[str, Any]], title: str) -> tuple[str, str]:
-    """``table1.md`` (methods x dataset/partition, accuracy ± std over devices, in %) and ``table1.csv``."""
-    columns = list(dict.fromkeys((c.dataset, c.partition) for c in cells))
+    """``table1.md`` (methods x dataset/partition, in %: accuracy ± its std over devices; with ``--seeds``
+    the mean over seeds ± its 95 % confidence interval) and ``table1.csv`` (one row per run)."""
+    from lcfed.stats import mean_ci
+
+    columns = list(dict.fromkeys(c.column for c in cells))
     methods = list(dict.fromkeys(c.method for c in cells))
+    seeded = any(c.seed is not None for c in cells)
     head = [f"{d} {partition_label(p)}" for d, p in columns]
-    lines = [f"# {title}", "",
-             f"Mean personalized test accuracy (%) ± its std over devices, averaged over the last {LAST_EVALS} "
-             "evaluations; best per column in bold.", "",
+    what = (f"mean over seeds ± its 95 % confidence interval (Student t) of the mean personalized test accuracy "
+            f"(%), each run averaged over its last {LAST_EVALS} evaluations" if seeded else
+            f"Mean personalized test accuracy (%) ± its std over devices, averaged over the last {LAST_EVALS} "
+            "evaluations")
+    lines = [f"# {title}", "", f"{what[0].upper()}{what[1:]}; best per column in bold.", "",
              "| method | " + " | ".join(head) + " |", "|---|" + "---:|" * len(head)]
-    best = {}
-    for col in columns:
-        vals = [results[Cell(*col, m).key]["acc_mean"] for m in methods if Cell(*col, m).key in results]
-        best[col] = max(vals) if vals else None
+    cell_text: dict[tuple[str, tuple[str, str]], tuple[float, str]] = {}
+    for m in methods:
+        for col in columns:
+            runs = [results[c.key] for c in cells if c.method == m and c.column == col and c.key in results]
+            if not runs:
+                continue
+            if seeded:
+                ci = mean_ci([r["acc_mean"] for r in runs])
+                n = sum(1 for c in cells if c.method == m and c.column == col)
+                cell_text[m, col] = (ci.mean, ci.format(100) + ("" if len(runs) == n else f" ({len(runs)}/{n} seeds)"))
+            else:
+                r = runs[0]
+                cell_text[m, col] = (r["acc_mean"], f"{100 * r['acc_mean']:.2f} ± {100 * r['acc_std']:.2f}")
+    best = {col: max((v[0] for (m, c), v in cell_text.items() if c == col), default=None) for col in columns}
     for m in methods:
         row = []
         for col in columns:
-            r = results.get(Cell(*col, m).key)
-            if r is None:
+            if (m, col) not in cell_text:
                 row.append("—")
                 continue
-            text = f"{100 * r['acc_mean']:.2f} ± {100 * r['acc_std']:.2f}"
-            row.append(f"**{text}**" if r["acc_mean"] == best[col] else text)
+            value, text = cell_text[m, col]
+            row.append(f"**{text}**" if value == best[col] else text)
         lines.append(f"| {m} | " + " | ".join(row) + " |")
     walls = [r["wall_seconds"] for r in results.values()]
     rounds = sorted({int(r["rounds"]) for r in results.values()})
-    lines += ["", f"Rounds: {', '.join(map(str, rounds))}; cells: {len(results)}/{len(cells)}; "
-              f"wall time of the cells: {sum(walls) / 60:.1f} min."]
+    lines += ["", f"Rounds: {', '.join(map(str, rounds))}; runs: {len(results)}/{len(cells)}; "
+              f"wall time of the runs: {sum(walls) / 60:.1f} min."]
     md = "\n".join(lines) + "\n"
-    fields = ["dataset", "partition", "method", "acc_mean", "acc_std", "acc_weighted", "final_acc_mean", "rounds",
-              "wall_seconds", "seconds_per_round", "bytes_up_total", "bytes_down_total", "sim_seconds_total"]
+    fields = ["dataset", "partition", "method", *(["seed"] if seeded else []), "acc_mean", "acc_std", "acc_weighted",
+              "final_acc_mean", "rounds", "wall_seconds", "seconds_per_round", "bytes_up_total", "bytes_down_total",
+              "sim_seconds_total"]
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=fields, extrasaction="ignore", lineterminator="\n")
     writer.writeheader()
     for c in cells:
         if c.key in results:
-            writer.writerow({"dataset": c.dataset, "partition": c.partition, "method": c.method, **results[c.key]})
+            writer.writerow({"dataset": c.dataset, "partition": c.partition, "method": c.method, "seed": c.seed,
+                             **results[c.key]})
     (out / "table1.md").write_text(md)
     (out / "table1.csv").write_text(buf.getvalue())
     return md, buf.getvalue()
@@ -171,6 +210,7 @@ def reproduce_table1(
     method_sets: dict[str, Any] | None = None,
     track: bool = True,
     quiet: bool = False,
+    seeds: list[int] | None = None,
 ) -> dict[str, Any]:
     """Run (or finish) every cell; return the table and where it went."""
     from actors.engine import RayFederation, ensure_ray
@@ -180,7 +220,7 @@ def reproduce_table1(
     from lcfed.progress import ProgressBar
 
     method_sets = dict(method_sets or {})
-    cells = [Cell(d, p, m) for d in datasets for p in partitions for m in methods]
+    cells = [Cell(d, p, m, s) for d in datasets for p in partitions for m in methods for s in (seeds or [None])]
     configs = {c.key: cell_config(base, c, method_sets, out) for c in cells}  # every cell validated before work
     for d in datasets:  # and its data present and large enough
         cfg = next(configs[c.key] for c in cells if c.dataset == d)
@@ -197,7 +237,7 @@ def reproduce_table1(
         client = open_client(uri)
         params = {"datasets": ",".join(datasets), "partitions": ",".join(partitions), "methods": ",".join(methods),
                   "method_sets": json.dumps(method_sets, sort_keys=True), "base_digest": base.digest(),
-                  "rounds": str(base.train.rounds)}
+                  "rounds": str(base.train.rounds), **({"seeds": ",".join(map(str, seeds))} if seeds else {})}
         parent_id = _parent_run(client, out, base.tracking.experiment, uri, params)
         guard = RunGuard(uri, parent_id, "; rerun the same command to resume")
 
@@ -213,7 +253,8 @@ def reproduce_table1(
                 if prior.get("digest") != cfg.digest() or prior.get("rounds") != cfg.train.rounds:
                     raise CheckpointError(f"{done} was finished with another config; use another --out")
                 results[cell.key] = prior
-                print(f"[{i}/{len(cells)}] {cell.dataset} {partition_label(cell.partition)} {cell.method}: "
+                print(f"[{i}/{len(cells)}] {cell.dataset} {partition_label(cell.partition)} {cell.method}"
+                      f"{'' if cell.seed is None else f' seed {cell.seed}'}: "
                       f"finished before ({100 * prior['acc_mean']:.2f}%)", file=sys.stderr)
                 continue
             resume = load_resume(cfg)
@@ -235,7 +276,8 @@ def reproduce_table1(
             tmp.write_text(json.dumps(row, indent=2) + "\n")
             os.replace(tmp, done)  # a cell is finished only once its summary is whole on disk
             results[cell.key] = row
-            print(f"[{i}/{len(cells)}] {cell.dataset} {partition_label(cell.partition)} {cell.method}: "
+            print(f"[{i}/{len(cells)}] {cell.dataset} {partition_label(cell.partition)} {cell.method}"
+                      f"{'' if cell.seed is None else f' seed {cell.seed}'}: "
                   f"{100 * row['acc_mean']:.2f} ± {100 * row['acc_std']:.2f}  ({row['wall_seconds']:.0f} s)",
                   file=sys.stderr)
     except BaseException as exc:
@@ -276,6 +318,8 @@ def add_parser(sub: Any) -> None:
     t1.add_argument("--rounds", type=int, help="rounds per cell (overrides train.rounds)")
     t1.add_argument("--method-set", metavar="KEY=VALUE", action="append", default=[],
                     help="a method setting applied to every method that has it, e.g. num_clusters=10 (repeatable)")
+    t1.add_argument("--seeds", help="run every cell on these seeds (a count, e.g. 3: seeds 0, 1, 2, or a list, "
+                    "e.g. 0,5,9) and report the mean over seeds ± its 95%% confidence interval")
     t1.add_argument("--out", default="outputs/table1", help="output directory; rerun with the same one to resume")
     t1.add_argument("--no-track", action="store_true", help="do not log to MLflow")
     t1.add_argument("--quiet", "-q", action="store_true", help="no per-round progress bars")
@@ -301,6 +345,7 @@ def cmd_table1(args: argparse.Namespace) -> int:
     require(bool(partitions), "--partitions", args.partitions, "at least one partition")
     for spec in partitions:
         partition_overrides(spec)
+    seeds = parse_seeds(args.seeds) if args.seeds is not None else None
     for s in args.method_set:
         require("=" in s and bool(s.partition("=")[0].strip()), "--method-set", s, "must look like KEY=VALUE, e.g. mu=0.1")
     sets = dict(parse_override(s) for s in args.method_set)
@@ -311,7 +356,8 @@ def cmd_table1(args: argparse.Namespace) -> int:
 
     with stop_on_signals():  # SIGTERM/SIGHUP/Ctrl-C: the running cell stops at a round boundary, checkpointed
         summary = reproduce_table1(base, datasets, partitions, methods, Path(args.out), sets,
-                                   track=base.tracking.enabled and not args.no_track, quiet=args.quiet)
+                                   track=base.tracking.enabled and not args.no_track, quiet=args.quiet,
+                                   seeds=seeds)
     print(summary["table"])
     print(f"written: {Path(args.out) / 'table1.md'}, {Path(args.out) / 'table1.csv'}  "
           f"({summary['wall_seconds'] / 60:.1f} min this invocation)")
