@@ -54,7 +54,8 @@ METRIC = "acc_mean"  # the default --metric
 #: the per-round metrics a trial reports (``lcfed.engine`` and ``lcfed.metrics``) -> the better direction
 #: (None: no natural one, --mode must be given). Accuracies exist on evaluation rounds (``train.eval_every``,
 #: carried forward to the rounds between); num_clusters / label_homogeneity only for clustered methods, ari
-#: only where the clusters can express the true groups.
+#: only where the clusters can express the true groups, val_* only with a validation split
+#: (``data.val_fraction``): the metrics to tune on, leaving the test split to the final report.
 METRICS: dict[str, str | None] = {
     "acc_mean": "max", "acc_weighted": "max", "acc_p10": "max", "acc_p90": "max", "acc_std": "min",
     "test_loss": "min", "train_loss": "min", "label_homogeneity": "max", "ari": "max", "coverage": "max",
