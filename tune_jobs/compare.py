@@ -30,9 +30,9 @@ from typing import Any
 
 import numpy as np
 
-from lcfed.config import ConfigError, ExperimentConfig, check_output_dir, load_config, require, safe_name
+from lcfed.config import ExperimentConfig, check_output_dir, load_config, require, safe_name
 from lcfed.stats import mean_ci, paired_test
-from tune_jobs.reproduce import LAST_EVALS, parse_seeds, summarize
+from tune_jobs.reproduce import LAST_EVALS, parse_seeds, read_state, summarize
 from tune_jobs.sweep import SPACES_DIR, check_search, load_space, resolve_objective, restore_results, run_sweep
 
 COMPARE_SPACES = SPACES_DIR / "compare"
@@ -56,18 +56,6 @@ def method_space(method: str, space_dir: str | Path | None) -> Path:
 def method_config(base: ExperimentConfig, method: str, val_fraction: float) -> ExperimentConfig:
     """The base config for ``method`` (settings the method shares with the base method carried over)."""
     return base.replace(**{"method.name": method, "data.val_fraction": val_fraction})
-
-
-def _state(out: Path, params: dict[str, str]) -> dict[str, Any]:
-    """``<out>/state.json``: the settings a rerun must repeat to continue, and the parent run."""
-    path = out / "state.json"
-    if path.exists():
-        state = json.loads(path.read_text())
-        if state.get("params") != params:
-            raise ConfigError("--out", str(out), f"holds a comparison with other settings ({state.get('params')}); "
-                              "use another --out to start a new one")
-        return dict(state)
-    return {"params": params}
 
 
 def _write_json(path: Path, data: Any) -> None:
@@ -139,7 +127,7 @@ def run_compare(
     params = {"methods": ",".join(methods), "budget": str(budget), "seeds": ",".join(map(str, seeds)),
               "search": search, "scheduler": scheduler, "metric": METRIC, "val_fraction": str(val_fraction),
               "rounds": str(base.train.rounds), "base_digest": base.digest(), "name": name}
-    state = _state(out, params)
+    state = read_state(out, params, "a comparison") or {"params": params}
     out.mkdir(parents=True, exist_ok=True)
 
     uri = resolve_tracking_uri(base.tracking.uri)

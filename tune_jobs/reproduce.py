@@ -181,16 +181,26 @@ def write_tables(out: Path, cells: list[Cell], results: dict[str, dict[str, Any]
     return md, buf.getvalue()
 
 
+def read_state(out: Path, params: dict[str, str], what: str) -> dict[str, Any] | None:
+    """``<out>/state.json`` of an earlier invocation (None if there is none); refused when its settings
+    differ from ``params`` (``what``: "a reproduction", "a comparison")."""
+    state_file = out / "state.json"
+    if not state_file.exists():
+        return None
+    state = json.loads(state_file.read_text())
+    if state.get("params") != params:
+        raise ConfigError("--out", str(out), f"holds {what} with other settings ({state.get('params')}); "
+                          "use another --out to start a new one")
+    return dict(state)
+
+
 def _parent_run(client: Any, out: Path, experiment: str, uri: str, params: dict[str, str]) -> str:
     """The reproduction's parent run: created once, found again in ``<out>/state.json`` on resume."""
     from lcfed.tracking import get_or_create_experiment
 
     state_file = out / "state.json"
-    if state_file.exists():
-        state = json.loads(state_file.read_text())
-        if state.get("params") != params:
-            raise ConfigError("--out", str(out), f"holds a reproduction with other settings ({state.get('params')}); "
-                              "use another --out to start a new one")
+    state = read_state(out, params, "a reproduction")
+    if state is not None:
         client.update_run(state["parent_run_id"], status="RUNNING")
         return str(state["parent_run_id"])
     exp_id = get_or_create_experiment(client, experiment, uri)
