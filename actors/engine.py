@@ -22,7 +22,7 @@ from actors.connect import ClusterError, ensure_ray
 from lcfed.checkpoint import Snapshot
 from lcfed.config import EngineConfig, ExperimentConfig
 from lcfed.data import Dataset, Partition
-from lcfed.engine import HostFailure, Observer, RunResult, run_rounds
+from lcfed.engine import HostFailure, Newcomer, Observer, RunResult, run_rounds
 from lcfed.federation import Setup, load, make_strategy, prepare, resolve_device, shard
 from lcfed.local import EvalResult
 from lcfed.methods.base import Message, RoundPlan, RoundStats
@@ -87,6 +87,9 @@ class DeviceActor:
 
     def personalized(self, payload: Any) -> dict[int, torch.Tensor]:
         return self.hosted.personalized(payload)
+
+    def join(self, devices: Sequence[int], newcomer: Newcomer) -> dict[int, EvalResult]:
+        return self.hosted.join(devices, newcomer)
 
     def get_states(self) -> dict[int, Any]:
         return self.hosted.get_states()
@@ -368,6 +371,10 @@ class RayPool:
 
     def personalized(self, payload_ref: Any) -> dict[int, torch.Tensor]:
         return self._gather("personalized", payload_ref)
+
+    def join(self, devices: Sequence[int], newcomer: Newcomer) -> dict[int, EvalResult]:
+        ref = ray.put(newcomer)  # one copy of the final models for every actor
+        return self._gather("join", tuple(devices), ref)
 
     def get_states(self) -> dict[int, Any]:
         return self._gather("get_states")

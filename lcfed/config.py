@@ -85,6 +85,12 @@ class DataConfig:
     min_test_samples: int = 0
     normalize: str = "standardize"
     val_fraction: float = 0.0
+    holdout_fraction: float = 0.0
+
+    @property
+    def training_devices(self) -> int:
+        """The devices rounds draw from: ``num_devices`` less the held-out ones."""
+        return self.num_devices - holdout_count(self.num_devices, self.holdout_fraction)
 
     def validate(self, prefix: str = "data") -> None:
         from lcfed.data import DIRICHLET_CONVENTIONS, PARTITIONERS, SOURCES
@@ -142,6 +148,13 @@ class DataConfig:
                 "must be >= 0 (0 = no floor on a device's test set)")
         require(0 <= self.val_fraction < 1, f"{prefix}.val_fraction", self.val_fraction,
                 "must be in [0, 1): the share of each device's training samples held out for validation (0 = off)")
+        require(0 <= self.holdout_fraction < 1, f"{prefix}.holdout_fraction", self.holdout_fraction,
+                "must be in [0, 1): the share of devices kept out of training, scored as newcomers at the end (0 = off)")
+        held = holdout_count(self.num_devices, self.holdout_fraction)
+        require(held < self.num_devices, f"{prefix}.holdout_fraction", self.holdout_fraction,
+                f"would hold out all {self.num_devices} devices (data.num_devices): at least one must train")
+        require(self.holdout_fraction == 0 or held >= 1, f"{prefix}.holdout_fraction", self.holdout_fraction,
+                f"holds out no device of {self.num_devices} (rounds to 0): use at least {0.5 / self.num_devices:.4g}, or 0 for off")
         if self.partition == "dirichlet":  # other schemes' device sizes are checked against the data
             require(
                 self.min_test_samples < self.min_samples,
@@ -502,7 +515,12 @@ def from_dict(raw: Mapping[str, Any]) -> ExperimentConfig:
 
 #: fields added after checkpoints and logged runs existed, with the value that changes nothing: left
 #: out of digests at that value, so digests of configs that do not use them stay as they were
-LATER_DEFAULTS: dict[str, dict[str, Any]] = {"data": {"val_fraction": 0.0}}
+LATER_DEFAULTS: dict[str, dict[str, Any]] = {"data": {"val_fraction": 0.0, "holdout_fraction": 0.0}}
+
+
+def holdout_count(num_devices: int, fraction: float) -> int:
+    """How many of ``num_devices`` devices ``data.holdout_fraction`` keeps out of training (halves up)."""
+    return math.floor(num_devices * fraction + 0.5)
 
 
 def drop_later_defaults(d: dict[str, Any]) -> None:

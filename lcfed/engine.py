@@ -15,12 +15,14 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
+import torch
 
 from lcfed import checkpoint
 from lcfed.config import ExperimentConfig
 from lcfed.local import EvalResult
 from lcfed.methods.base import Federation, RoundStats
 from lcfed.metrics import accuracy_metrics, adjusted_rand, label_homogeneity
+from lcfed.models import ParamSpec
 
 
 class Server(Protocol):
@@ -38,6 +40,7 @@ class DevicePool(Protocol):
     def get_states(self) -> dict[int, Any]: ...
     def set_states(self, states: dict[int, Any]) -> None: ...
     def recover(self, states: dict[int, Any] | None) -> None: ...
+    def join(self, devices: Sequence[int], newcomer: Newcomer) -> dict[int, EvalResult]: ...
 
 
 class Observer(Protocol):
@@ -106,6 +109,48 @@ class FinalModels:
 
     server_state: Any
     personal: dict[int, Any]
+
+
+#: server-state fields that hold final models, and their names (``models/<name>`` in MLflow)
+SERVER_MODELS = {"weights": "global", "centers": "clusters", "embedding": "embedding"}
+
+
+@dataclass(frozen=True)
+class Newcomer:
+    """What a held-out device finds when it joins after the last round: the server's full-size
+    models to choose from (``models``, (n, dim)), else the embedding it holds (or None), which the
+    device completes from the initial model and trains for one round's local work."""
+
+    models: torch.Tensor | None
+    embedding: torch.Tensor | None = None
+
+
+def newcomer(state: Any, spec: ParamSpec) -> Newcomer:
+    """The :data:`SERVER_MODELS` of ``state`` a newcomer may adopt (as :func:`final_models` hands them
+    to the tracking): its global model and cluster models, else its embedding."""
+    full, embedding = [], None
+    for name in SERVER_MODELS:
+        value = getattr(state, name, None)
+        if not isinstance(value, torch.Tensor):
+            continue
+        if value.dim() == 1 and value.numel() == spec.size:
+            full.append(value[None])
+        elif value.dim() == 2 and value.shape[1] == spec.size:
+            full.append(value)
+        elif value.dim() == 1 and value.numel() == spec.embedding_size:
+            embedding = value.detach().float().cpu()
+    if full:
+        return Newcomer(torch.cat([w.detach().float().cpu() for w in full]))
+    return Newcomer(None, embedding)
+
+
+def newcomer_metrics(results: dict[int, EvalResult]) -> dict[str, float]:
+    """``acc_new_mean`` / ``acc_new_weighted``: the held-out devices' test accuracy once joined."""
+    rows = [r for r in results.values() if r.total > 0]
+    if not rows:
+        return {"acc_new_mean": float("nan"), "acc_new_weighted": float("nan")}
+    return {"acc_new_mean": float(np.mean([r.correct / r.total for r in rows])),
+            "acc_new_weighted": sum(r.correct for r in rows) / sum(r.total for r in rows)}
 
 
 def final_models(server: Server, pool: DevicePool) -> FinalModels:
@@ -240,7 +285,10 @@ def _metrics(
                 metrics["ari"] = adjusted_rand(truth, found)
             if fed.label_dist is not None:
                 metrics["label_homogeneity"] = label_homogeneity(fed.label_dist[assigned], found)
-    metrics["coverage"] = float(trained.mean())
+    # the share of the devices rounds can select that have trained (held-out ones never do)
+    training = np.ones(fed.num_devices, dtype=bool)
+    training[list(fed.held_out)] = False
+    metrics["coverage"] = float(trained[training].mean())
     if evaluation is not None:
         metrics.update(accuracy_metrics(evaluation, trained))
     return metrics
@@ -295,6 +343,9 @@ def _loop(
             if not np.isfinite(stats.train_loss):
                 raise DivergenceError(f"round {rnd}: training loss is {stats.train_loss}; lower train.lr or check the data")
             metrics = _metrics(cfg, rnd, stats, evaluation, fed, totals, now_trained)
+            if fed.held_out and rnd == cfg.train.rounds - 1:  # the held-out devices join the final models
+                joined = pool.join(fed.held_out, newcomer(server.get_state(), fed.spec))
+                metrics.update(newcomer_metrics(joined))
             metrics["round_seconds"] = time.perf_counter() - t0
             history = [*result.history, metrics]
             if ckpt is not None and ((rnd + 1) % cfg.checkpoint.every == 0 or rnd == cfg.train.rounds - 1):

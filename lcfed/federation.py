@@ -6,7 +6,7 @@ each host loads only its own devices' samples; raw samples never pass through th
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from lcfed.config import ConfigError, ExperimentConfig, require
+from lcfed.config import ConfigError, ExperimentConfig, holdout_count, require
 from lcfed.data import (
     Dataset,
     Partition,
@@ -117,6 +117,22 @@ def partition(cfg: ExperimentConfig, ds: Dataset) -> Partition:
         raise ConfigError(f"data.{exc.param}", getattr(d, exc.param), f"does not fit {ds.name}: {exc}") from None
 
 
+#: the held-out devices' stream (with the seed): no other draw uses it
+_HOLDOUT_STREAM = 0x401D
+
+
+def held_out_devices(cfg: ExperimentConfig) -> tuple[int, ...]:
+    """The devices ``data.holdout_fraction`` keeps out of training (sorted): ``round(fraction x m)`` of
+    them, a pure function of the seed and ``m`` drawn from a stream of its own, so the partition and
+    every other draw stay as without it."""
+    m = cfg.data.num_devices
+    n = holdout_count(m, cfg.data.holdout_fraction)
+    if n == 0:
+        return ()
+    rng = np.random.default_rng([cfg.seed, _HOLDOUT_STREAM])
+    return tuple(sorted(int(d) for d in rng.choice(m, size=n, replace=False)))
+
+
 def prepare(cfg: ExperimentConfig, dataset: Dataset | None = None) -> Setup:
     """Partition the dataset and describe the federation (sizes, groups, model layout, init,
     partition statistics)."""
@@ -135,8 +151,9 @@ def prepare(cfg: ExperimentConfig, dataset: Dataset | None = None) -> Setup:
         partition_stats=partition_stats(part, ds.y),
         label_dist=label_distributions(part, ds.y, ds.num_classes),
         input_shape=ds.input_shape,
+        held_out=held_out_devices(cfg),
     )
-    return Setup(part, fed, ds.input_shape, input_scaling(cfg, ds, part))
+    return Setup(part, fed, ds.input_shape, input_scaling(cfg, ds, part, fed.held_out))
 
 
 def label_distributions(part: Partition, labels: np.ndarray, num_classes: int) -> np.ndarray:
@@ -145,12 +162,14 @@ def label_distributions(part: Partition, labels: np.ndarray, num_classes: int) -
     return counts / np.maximum(counts.sum(axis=1, keepdims=True), 1.0)
 
 
-def input_scaling(cfg: ExperimentConfig, ds: Dataset, part: Partition) -> Scaling:
+def input_scaling(cfg: ExperimentConfig, ds: Dataset, part: Partition, held_out: Sequence[int] = ()) -> Scaling:
     """``data.normalize``: standardize with the per-channel mean/std of the devices' training
-    samples (never their validation or test samples), or plain [0, 1]."""
+    samples (never their validation or test samples, nor any sample of a held-out device: newcomers
+    find the scaling as it is), or plain [0, 1]."""
     if cfg.data.normalize == "unit":
         return Scaling.unit(ds.input_shape[0])
-    return Scaling.fit(ds.x, np.concatenate([np.zeros(0, np.int64), *part.train]))
+    skip = set(held_out)
+    return Scaling.fit(ds.x, np.concatenate([np.zeros(0, np.int64), *(t for d, t in enumerate(part.train) if d not in skip)]))
 
 
 def forward_flops(net: Network, weights: torch.Tensor, input_shape: tuple[int, ...]) -> float:

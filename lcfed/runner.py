@@ -10,13 +10,14 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any, TypeVar
 
+import numpy as np
 import torch
 
 from lcfed.checkpoint import Snapshot
 from lcfed.config import ExperimentConfig
-from lcfed.engine import DivergenceError, Observer, RunResult, run_rounds
+from lcfed.engine import DivergenceError, Newcomer, Observer, RunResult, run_rounds
 from lcfed.federation import Setup, device_data, load, local_work, make_network, make_strategy, prepare, resolve_device
-from lcfed.local import EvalResult, evaluate
+from lcfed.local import EvalResult, batch_rng, evaluate, local_update
 from lcfed.methods.base import (
     DeviceContext,
     Message,
@@ -202,6 +203,30 @@ class HostedDevices:
         devices = list(self.data)
         return dict(zip(devices, self._map(one, devices), strict=True))
 
+    def join(self, devices: Sequence[int], newcomer: Newcomer) -> dict[int, EvalResult]:
+        """The hosted ``devices`` (held out of training) join after the last round, each evaluated on
+        its test set with the model it adopts: of the server's models, the one with the lowest loss on
+        its own training data (a newcomer picks the cluster that fits it best, as IFCA and LCFed assign
+        devices); without any, the initial model (its embedding replaced by the server's, if it holds
+        one) trained for one round's local work."""
+        def one(dev: int) -> EvalResult:
+            ctx = self.context(dev, -1)
+            data = self.data[dev]
+            if newcomer.models is not None:
+                models = newcomer.models.to(self.where)
+                losses = [evaluate(ctx.net, w, data.x_train, data.y_train).loss_sum for w in models]
+                w = models[int(np.argmin(losses))]  # ties: the lowest index
+            else:
+                start = self.init.clone()
+                if newcomer.embedding is not None:
+                    start[: newcomer.embedding.numel()] = newcomer.embedding
+                rng = batch_rng(self.cfg.seed, dev, self.cfg.train.rounds)  # the round after the last
+                w = local_update(ctx.net, start.to(self.where), data, self.work, rng).weights
+            return evaluate(ctx.net, w, data.x_test, data.y_test)
+
+        todo = [d for d in devices if d in self.data]
+        return dict(zip(todo, self._map(one, todo), strict=True))
+
     def personalized(self, payload: Any) -> dict[int, torch.Tensor]:
         """Each device's personalized weights (on the CPU): the model :meth:`evaluate` evaluates."""
         return {dev: self.strategy.personalized(self.context(dev, -1), self.states[dev], payload).cpu() for dev in self.data}
@@ -226,6 +251,9 @@ class LocalPool:
 
     def personalized(self, payload: Any) -> dict[int, torch.Tensor]:
         return self.hosted.personalized(payload)
+
+    def join(self, devices: Sequence[int], newcomer: Newcomer) -> dict[int, EvalResult]:
+        return self.hosted.join(devices, newcomer)
 
     def get_states(self) -> dict[int, Any]:
         return self.hosted.get_states()

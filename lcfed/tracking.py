@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from lcfed.config import ConfigError, ExperimentConfig, drop_later_defaults, flatten, require
-from lcfed.engine import RunResult
+from lcfed.engine import SERVER_MODELS, RunResult
 from lcfed.methods.base import Federation, RoundStats
 from lcfed.metrics import cluster_sizes
 from lcfed.models import ParamSpec
@@ -47,9 +47,6 @@ PLOTTED = ("acc_mean", "acc_weighted", "acc_p10", "acc_p90")
 #: disk, network, GPU): MLflow's default; ``MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL`` overrides it and
 #: ``MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING=false`` turns them off
 SYSTEM_METRICS_INTERVAL_S = 10.0
-
-#: server-state fields logged as models at the end of a run, and their names under ``models/``
-SERVER_MODELS = {"weights": "global", "centers": "clusters", "embedding": "embedding"}
 
 #: the personalized models are logged only up to this size (devices x parameters x 4 bytes)
 MAX_PERSONAL_BYTES = 512 * 2**20

@@ -95,6 +95,7 @@ def test_seed_changes_results():
         ("standalone", ["engine.num_actors=1"]),
         ("ifca", ["engine.num_actors=1", "engine.cpus_per_actor=2"]),  # one actor training on 2 threads
         ("lcfed", ["engine.vectorize=always"]),  # vmapped steps: the batches differ from in-process (4 vs 8 devices)
+        ("ifca", ["data.holdout_fraction=0.25", "engine.devices_per_actor=3"]),  # newcomers join on their actors
     ],
 )
 def test_ray_engine_matches_in_process(ray_cluster, method, extra):

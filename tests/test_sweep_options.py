@@ -110,7 +110,8 @@ def test_every_sweepable_metric_is_one_a_run_reports():
     """The --metric names are the engine's per-round metrics (besides per-layer bytes and cluster sizes)."""
     from lcfed.runner import run_local
 
-    result = run_local(tiny_config("train.rounds=1", "data.partition=dirichlet", "data.alpha=0.5", "data.val_fraction=0.2"))
+    result = run_local(tiny_config("train.rounds=1", "data.partition=dirichlet", "data.alpha=0.5", "data.val_fraction=0.2",
+                                   "data.holdout_fraction=0.25"))
     reported = {k for row in result.history for k in row if k != "round" and "/" not in k}
     assert reported <= set(METRICS), reported - set(METRICS)
     assert set(METRICS) - reported <= {"ari"}, set(METRICS) - reported  # ari: where K clusters can express groups

@@ -62,6 +62,8 @@ METRICS: dict[str, str | None] = {
     "num_clusters": None, "bytes_up": "min", "bytes_down": "min", "bytes_up_total": "min",
     "bytes_down_total": "min", "sim_comm_seconds": "min", "sim_compute_seconds": "min", "sim_seconds_total": "min",
     "round_seconds": "min", "val_acc_mean": "max", "val_acc_weighted": "max", "val_loss": "min",
+    # the held-out devices (data.holdout_fraction) once joined: reported on the last round only
+    "acc_new_mean": "max", "acc_new_weighted": "max",
 }
 SCHEDULERS = ("asha", "hyperband", "fifo")
 

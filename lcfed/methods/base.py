@@ -37,6 +37,13 @@ class Federation:
     # each device's label distribution over its training samples: cluster-quality metrics only
     label_dist: np.ndarray | None = None
     input_shape: tuple[int, ...] = ()  # one sample's (C, H, W): rebuilds the model skeleton (e.g. to log models)
+    # devices kept out of every round (data.holdout_fraction), sorted: they join only after the last one
+    held_out: tuple[int, ...] = ()
+
+    def training_devices(self) -> tuple[int, ...]:
+        """The devices rounds may select: all but the held-out ones."""
+        held = set(self.held_out)
+        return tuple(d for d in range(self.num_devices) if d not in held)
 
 
 @dataclass(frozen=True)
@@ -185,13 +192,24 @@ def downlink_traffic(spec: ParamSpec, downlink: Sequence[tuple[Any, int]]) -> di
     return out
 
 
-def select_devices(num_devices: int, fraction: float, seed: int, rnd: int) -> tuple[int, ...]:
-    """The round's participants: ``ceil(fraction * m)`` devices, sorted, a pure function of (seed, round)."""
-    count = max(1, int(np.ceil(fraction * num_devices - 1e-9)))
-    if count >= num_devices:
-        return tuple(range(num_devices))
+def select_devices(
+    num_devices: int, fraction: float, seed: int, rnd: int, exclude: Sequence[int] = ()
+) -> tuple[int, ...]:
+    """The round's participants: ``ceil(fraction * m)`` devices, sorted, a pure function of (seed, round),
+    where ``m`` counts only the devices not in ``exclude`` (the held-out ones), which are never chosen."""
+    if not exclude:  # the draw as it always was, so runs without held-out devices stay the same
+        count = max(1, int(np.ceil(fraction * num_devices - 1e-9)))
+        if count >= num_devices:
+            return tuple(range(num_devices))
+        rng = np.random.default_rng([seed, rnd, 0x5E1EC7])
+        return tuple(sorted(int(i) for i in rng.choice(num_devices, size=count, replace=False)))
+    skip = set(exclude)
+    pool = np.array([d for d in range(num_devices) if d not in skip], dtype=np.int64)
+    count = max(1, int(np.ceil(fraction * len(pool) - 1e-9)))
+    if count >= len(pool):
+        return tuple(int(d) for d in pool)
     rng = np.random.default_rng([seed, rnd, 0x5E1EC7])
-    return tuple(sorted(int(i) for i in rng.choice(num_devices, size=count, replace=False)))
+    return tuple(sorted(int(i) for i in rng.choice(pool, size=count, replace=False)))
 
 
 class Strategy:
@@ -253,7 +271,7 @@ class Strategy:
         return RoundPlan(rnd, devices, payload, dict(instructions or {}), sum(tensor_bytes(o) * n for o, n in down), down)
 
     def participants(self, rnd: int) -> tuple[int, ...]:
-        return select_devices(self.fed.num_devices, self.cfg.train.participation, self.seed, rnd)
+        return select_devices(self.fed.num_devices, self.cfg.train.participation, self.seed, rnd, self.fed.held_out)
 
     @staticmethod
     def mean_loss(msgs: Sequence[Message]) -> float:

@@ -52,7 +52,7 @@ class CGPFLParams:
     num_clusters: int = 5
 
     def validate(self, cfg: ExperimentConfig, prefix: str = "method") -> None:
-        per_round = max(1, int(np.ceil(cfg.train.participation * cfg.data.num_devices - 1e-9)))
+        per_round = max(1, int(np.ceil(cfg.train.participation * cfg.data.training_devices - 1e-9)))
         require(self.mu >= 0, f"{prefix}.mu", self.mu, "must be >= 0")
         require(
             1 <= self.num_clusters <= per_round,

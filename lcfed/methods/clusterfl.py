@@ -56,7 +56,7 @@ class ClusterFLParams:
     recluster_every: int = 3
 
     def validate(self, cfg: ExperimentConfig, prefix: str = "method") -> None:
-        m = cfg.data.num_devices
+        m = cfg.data.training_devices
         per_round = max(1, int(np.ceil(cfg.train.participation * m - 1e-9)))
         require(
             1 <= self.num_clusters <= per_round,

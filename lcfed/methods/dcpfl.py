@@ -120,6 +120,12 @@ class DCPFLParams:
             cfg.train.participation,
             "must be 1 for dcpfl (its loss curve and discrepancy matrix average over every device each round)",
         )
+        require(
+            cfg.data.holdout_fraction == 0,
+            "data.holdout_fraction",
+            cfg.data.holdout_fraction,
+            "must be 0 for dcpfl (its discrepancy matrix and groups cover every device from the first round)",
+        )
 
 
 # --- pure steps ----------------------------------------------------------------------------------

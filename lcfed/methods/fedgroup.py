@@ -62,7 +62,7 @@ class FedGroupParams:
         return max(1, int(np.ceil(self.pretrain_fraction * num_devices - 1e-9)))
 
     def validate(self, cfg: ExperimentConfig, prefix: str = "method") -> None:
-        m = cfg.data.num_devices
+        m = cfg.data.training_devices
         require(0 < self.pretrain_fraction <= 1, f"{prefix}.pretrain_fraction", self.pretrain_fraction, "must be in (0, 1]")
         n = self.sample_size(m)
         require(
@@ -141,7 +141,11 @@ class FedGroup(Strategy):
         if not state.cold_started:
             m = self.fed.num_devices
             rng = np.random.default_rng([self.seed, rnd, _SAMPLE_TAG])
-            chosen = rng.choice(m, size=self.params.sample_size(m), replace=False)
+            if self.fed.held_out:  # drawn from the training devices only (the same draw without held-out ones)
+                pool = np.asarray(self.fed.training_devices())
+                chosen = rng.choice(pool, size=self.params.sample_size(len(pool)), replace=False)
+            else:
+                chosen = rng.choice(m, size=self.params.sample_size(m), replace=False)
             devices = tuple(sorted(int(d) for d in chosen))
         else:
             devices = self.participants(rnd)

@@ -49,7 +49,7 @@ class FeSEMParams:
     num_clusters: int = 5
 
     def validate(self, cfg: ExperimentConfig, prefix: str = "method") -> None:
-        per_round = max(1, int(np.ceil(cfg.train.participation * cfg.data.num_devices - 1e-9)))
+        per_round = max(1, int(np.ceil(cfg.train.participation * cfg.data.training_devices - 1e-9)))
         require(
             1 <= self.num_clusters <= per_round,
             f"{prefix}.num_clusters",

@@ -52,7 +52,7 @@ class FLHCParams:
     linkage: str = "ward"
 
     def validate(self, cfg: ExperimentConfig, prefix: str = "method") -> None:
-        m = cfg.data.num_devices
+        m = cfg.data.training_devices
         require(self.warmup_rounds >= 0, f"{prefix}.warmup_rounds", self.warmup_rounds, "must be >= 0")
         require(self.distance_threshold > 0, f"{prefix}.distance_threshold", self.distance_threshold, "must be > 0")
         require(
@@ -101,7 +101,7 @@ class FLHC(Strategy):
 
     def configure(self, state: FLHCState, rnd: int) -> RoundPlan:
         if self._clustering_round(state, rnd):
-            devices = tuple(range(self.fed.num_devices))
+            devices = self.fed.training_devices()
         else:
             devices = self.participants(rnd)
         instructions = {d: int(state.assignment[d]) for d in devices}

@@ -43,7 +43,7 @@ class IFCAParams:
     num_clusters: int = 5
 
     def validate(self, cfg: ExperimentConfig, prefix: str = "method") -> None:
-        m = cfg.data.num_devices
+        m = cfg.data.training_devices
         # clusters come from random inits, not from the devices, so K is bounded by m, not by a round's participants
         require(1 <= self.num_clusters <= m, f"{prefix}.num_clusters", self.num_clusters, f"must be in [1, devices = {m}]")
 

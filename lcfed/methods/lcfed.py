@@ -49,7 +49,7 @@ class LCFedParams:
     refit_every: int = 0
 
     def validate(self, cfg: ExperimentConfig, prefix: str = "method") -> None:
-        m = cfg.data.num_devices
+        m = cfg.data.training_devices
         per_round = max(1, int(np.ceil(cfg.train.participation * m - 1e-9)))
         require(self.mu >= 0, f"{prefix}.mu", self.mu, "must be >= 0")
         require(self.lam >= 0, f"{prefix}.lam", self.lam, "must be >= 0")
