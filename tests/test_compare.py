@@ -100,3 +100,24 @@ def test_a_rerun_continues_without_redoing_a_phase(compared, capsys):
     assert main([*args[:-2], "--scheduler", "asha"]) == 2  # other settings need another --out
     assert "--out" in capsys.readouterr().err
     assert json.loads((tmp / "out" / "state.json").read_text())["params"]["scheduler"] == "fifo"
+
+
+def test_the_report_by_hand_with_newcomers(tmp_path):
+    """write_report on fixed numbers: mean ± t-interval per method, paired differences, the target, and a
+    newcomers' column when devices were held out of training."""
+    from tune_jobs.compare import write_report
+
+    def seed(acc, new):
+        curve = [[0, acc / 2, 1e6, 1.0], [1, acc, 2e6, 2.0]]
+        return {"acc_mean": acc, "bytes_up_total": 1e6, "bytes_down_total": 1e6, "curve": curve, "acc_new_mean": new}
+
+    phase2 = {"lcfed": {0: seed(0.90, 0.5), 1: seed(0.92, 0.6)}, "standalone": {0: seed(0.88, 0.2), 1: seed(0.89, 0.3)}}
+    phase1 = {m: {"best_config": {"train.lr": 0.05}, "val_acc_mean": 0.8, "trials": 2} for m in phase2}
+    report = write_report(tmp_path, ["lcfed", "standalone"], [0, 1], phase1, phase2, None, tiny_config())
+    rows = {r["method"]: r for r in report["rows"]}
+    assert rows["lcfed"]["test_acc_mean"] == pytest.approx(0.91)
+    assert rows["lcfed"]["vs_standalone"].diff.mean == pytest.approx(0.025)  # differences 0.02 and 0.03
+    assert rows["lcfed"]["best_other"] == "standalone" and rows["standalone"]["vs_standalone"] is None
+    assert f"Target for bytes / simulated time: {100 * 0.9 * 0.885:.1f} %" in report["md"]  # 0.9 x standalone
+    assert "newcomers' acc (%)" in report["md"] and "| 55.00 ± 63.53 |" in report["md"]  # t_{0.975,1} = 12.706
+    assert rows["lcfed"]["reached"] == 2 and rows["lcfed"]["bytes_to_target"] == 2e6

@@ -80,7 +80,8 @@ def _seed_rows(grid: Any) -> dict[int, dict[str, Any]]:
         curve = [[h["round"], h["acc_mean"], h.get("bytes_up_total", 0.0) + h.get("bytes_down_total", 0.0),
                   h.get("sim_seconds_total", math.nan)] for h in history if "acc_mean" in h]
         rows[int(r.config["seed"])] = {**summarize(history), "curve": curve,
-                                       "val_acc_mean": float(history[-1].get("val_acc_mean", math.nan))}
+                                       "val_acc_mean": float(history[-1].get("val_acc_mean", math.nan)),
+                                       "acc_new_mean": float(history[-1].get("acc_new_mean", math.nan))}
     return rows
 
 
@@ -209,7 +210,8 @@ def _first_reaching(curve: list[list[float]], target: float) -> tuple[float, flo
 def write_report(out: Path, methods: Sequence[str], seeds: list[int], phase1: dict[str, Any],
                  phase2: dict[str, dict[int, dict[str, Any]]], target: float | None,
                  base: ExperimentConfig) -> dict[str, Any]:
-    """``compare.md``, ``compare.csv`` and the plots; returns them and the rows."""
+    """``compare.md``, ``compare.csv`` and the plots; returns them and the rows. With held-out devices
+    (``data.holdout_fraction``) the newcomers' test accuracy gets its own column."""
     acc = {m: [phase2[m][s]["acc_mean"] for s in seeds] for m in methods}
     cis = {m: mean_ci(acc[m]) for m in methods}
     if target is None:  # reached by every method on average: 90 % of the weakest method's accuracy
@@ -229,7 +231,10 @@ def write_report(out: Path, methods: Sequence[str], seeds: list[int], phase1: di
             "reached": len(reached), "bytes_to_target": float(np.mean([r[0] for r in reached])) if reached else math.nan,
             "sim_seconds_to_target": float(np.mean([r[1] for r in reached])) if reached else math.nan,
             "bytes_total": nbytes,
+            "acc_new": [phase2[m][s].get("acc_new_mean", math.nan) for s in seeds],
         })
+    # devices held out of training (data.holdout_fraction): their accuracy after joining, a column of its own
+    newcomers = any(not math.isnan(v) for r in rows for v in r["acc_new"])
 
     def diff(t: Any) -> str:
         if t is None:
@@ -245,8 +250,8 @@ def write_report(out: Path, methods: Sequence[str], seeds: list[int], phase1: di
         "seed: mean ± 95 % CI, paired t-test p and Wilcoxon signed-rank p (W p). "
         f"Target for bytes / simulated time: {100 * target:.1f} % test accuracy.", "",
         "| method | test acc (%) | vs standalone | vs best other | val acc (phase 1) | MB to target | "
-        "sim. s to target | chosen config |",
-        "|---|---:|---|---|---:|---:|---:|---|",
+        "sim. s to target |" + (" newcomers' acc (%) |" if newcomers else "") + " chosen config |",
+        "|---|---:|---|---|---:|---:|---:|" + ("---:|" if newcomers else "") + "---|",
     ]
     for r in sorted(rows, key=lambda r: -r["test_acc_mean"]):
         cfg = ", ".join(f"{k.split('.')[-1]}={v:.3g}" if isinstance(v, float) else f"{k.split('.')[-1]}={v}"
@@ -256,20 +261,22 @@ def write_report(out: Path, methods: Sequence[str], seeds: list[int], phase1: di
         reached = "" if r["reached"] == len(seeds) else f" ({r['reached']}/{len(seeds)} seeds)"
         lines.append(f"| {r['method']} | {mean_ci(r['per_seed']).format(100)} | {diff(r['vs_standalone'])} | "
                      f"{diff(r['vs_best_other'])} vs {r['best_other']} | {100 * r['val_acc_mean']:.2f} | "
-                     f"{mb}{reached} | {secs}{reached} | {cfg} |")
+                     f"{mb}{reached} | {secs}{reached} | "
+                     + (f"{mean_ci(r['acc_new']).format(100)} | " if newcomers else "") + f"{cfg} |")
     md = "\n".join(lines) + "\n"
     buf = io.StringIO()
     w = csv.writer(buf)
     w.writerow(["method", "test_acc_mean", "ci95", *[f"seed_{s}" for s in seeds], "diff_vs_standalone",
                 "p_t_vs_standalone", "p_wilcoxon_vs_standalone", "best_other", "diff_vs_best_other",
                 "p_t_vs_best_other", "p_wilcoxon_vs_best_other", "val_acc_mean", "bytes_to_target",
-                "sim_seconds_to_target", "seeds_reaching_target", "config"])
+                "sim_seconds_to_target", "seeds_reaching_target", "acc_new_mean", "config"])
     for r in rows:
         ref, best = r["vs_standalone"], r["vs_best_other"]
         w.writerow([r["method"], r["test_acc_mean"], r["ci95"], *r["per_seed"],
                     ref.diff.mean if ref else "", ref.t_p if ref else "", ref.wilcoxon_p if ref else "",
                     r["best_other"], best.diff.mean, best.t_p, best.wilcoxon_p, r["val_acc_mean"],
-                    r["bytes_to_target"], r["sim_seconds_to_target"], r["reached"], json.dumps(r["config"])])
+                    r["bytes_to_target"], r["sim_seconds_to_target"], r["reached"],
+                    float(np.mean(r["acc_new"])) if newcomers else "", json.dumps(r["config"])])
     (out / "compare.md").write_text(md)
     (out / "compare.csv").write_text(buf.getvalue())
     plots = _plots(out, methods, seeds, phase2)
