@@ -63,6 +63,9 @@ def test_the_report_has_every_method_with_intervals_and_paired_tests(compared):
     assert float(rows["lcfed"]["diff_vs_standalone"]) == pytest.approx(
         float(rows["lcfed"]["test_acc_mean"]) - float(rows["standalone"]["test_acc_mean"]))
     assert (out / "compare.png").stat().st_size > 10_000
+    within = md[md.index("Paired over devices"):]
+    assert "| lcfed vs standalone | " in within and "| fedavg vs standalone | " in within
+    assert "n = 8" in within  # the 8 devices of each seed, paired
     phase1 = json.loads((out / "phase1" / "lcfed.json").read_text())
     assert set(phase1["best_config"]) == {"train.lr", "method.mu"} and phase1["trials"] == 2
 
@@ -107,11 +110,14 @@ def test_the_report_by_hand_with_newcomers(tmp_path):
     newcomers' column when devices were held out of training."""
     from tune_jobs.compare import write_report
 
-    def seed(acc, new):
+    def seed(acc, new, devices=None):
         curve = [[0, acc / 2, 1e6, 1.0], [1, acc, 2e6, 2.0]]
-        return {"acc_mean": acc, "bytes_up_total": 1e6, "bytes_down_total": 1e6, "curve": curve, "acc_new_mean": new}
+        return {"acc_mean": acc, "bytes_up_total": 1e6, "bytes_down_total": 1e6, "curve": curve, "acc_new_mean": new,
+                "devices": devices or {}}
 
-    phase2 = {"lcfed": {0: seed(0.90, 0.5), 1: seed(0.92, 0.6)}, "standalone": {0: seed(0.88, 0.2), 1: seed(0.89, 0.3)}}
+    # seed 0: devices "0", "1", "2" in both (lcfed - standalone = 0.1, 0.2, 0.3); seed 1: one device in common
+    phase2 = {"lcfed": {0: seed(0.90, 0.5, {"0": 0.9, "1": 0.8, "2": 0.7}), 1: seed(0.92, 0.6, {"0": 1.0})},
+              "standalone": {0: seed(0.88, 0.2, {"0": 0.8, "1": 0.6, "2": 0.4, "3": 1.0}), 1: seed(0.89, 0.3, {"0": 1.0})}}
     phase1 = {m: {"best_config": {"train.lr": 0.05}, "val_acc_mean": 0.8, "trials": 2} for m in phase2}
     report = write_report(tmp_path, ["lcfed", "standalone"], [0, 1], phase1, phase2, None, tiny_config())
     rows = {r["method"]: r for r in report["rows"]}
@@ -121,3 +127,5 @@ def test_the_report_by_hand_with_newcomers(tmp_path):
     assert f"Target for bytes / simulated time: {100 * 0.9 * 0.885:.1f} %" in report["md"]  # 0.9 x standalone
     assert "newcomers' acc (%)" in report["md"] and "| 55.00 ± 63.53 |" in report["md"]  # t_{0.975,1} = 12.706
     assert rows["lcfed"]["reached"] == 2 and rows["lcfed"]["bytes_to_target"] == 2e6
+    # differences 0.1, 0.2, 0.3: mean 0.2, s = 0.1, t = 0.2 / (0.1 / sqrt 3) = 3.464, df 2 -> p = 0.0742
+    assert "| lcfed vs standalone | +20.00 (p = 0.074, n = 3) | – |" in report["md"]

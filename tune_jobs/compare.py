@@ -79,7 +79,8 @@ def _seed_rows(grid: Any) -> dict[int, dict[str, Any]]:
         history = [h for h in history if "round" in h]
         curve = [[h["round"], h["acc_mean"], h.get("bytes_up_total", 0.0) + h.get("bytes_down_total", 0.0),
                   h.get("sim_seconds_total", math.nan)] for h in history if "acc_mean" in h]
-        rows[int(r.config["seed"])] = {**summarize(history), "curve": curve,
+        devices = json.loads(((r.metrics or {}).get("lcfed") or {}).get("devices") or "{}")
+        rows[int(r.config["seed"])] = {**summarize(history), "curve": curve, "devices": devices,
                                        "val_acc_mean": float(history[-1].get("val_acc_mean", math.nan)),
                                        "acc_new_mean": float(history[-1].get("acc_new_mean", math.nan))}
     return rows
@@ -263,6 +264,7 @@ def write_report(out: Path, methods: Sequence[str], seeds: list[int], phase1: di
                      f"{diff(r['vs_best_other'])} vs {r['best_other']} | {100 * r['val_acc_mean']:.2f} | "
                      f"{mb}{reached} | {secs}{reached} | "
                      + (f"{mean_ci(r['acc_new']).format(100)} | " if newcomers else "") + f"{cfg} |")
+    lines += _device_pairs(methods, seeds, phase2, cis)
     md = "\n".join(lines) + "\n"
     buf = io.StringIO()
     w = csv.writer(buf)
@@ -281,6 +283,33 @@ def write_report(out: Path, methods: Sequence[str], seeds: list[int], phase1: di
     (out / "compare.csv").write_text(buf.getvalue())
     plots = _plots(out, methods, seeds, phase2)
     return {"md": md, "csv": buf.getvalue(), "plots": plots, "rows": rows}
+
+
+def _device_pairs(methods: Sequence[str], seeds: list[int], phase2: dict[str, Any], cis: dict[str, Any]) -> list[str]:
+    """Within each seed the methods saw the same devices: each method against Standalone (or, without it,
+    the best other method) device by device, per seed (the last evaluation's accuracy)."""
+    ref = REFERENCE if REFERENCE in methods else None
+    head = [f"seed {s}" for s in seeds]
+    lines = ["", f"Paired over devices within each seed (last evaluation, the devices both counted): difference (%) "
+             f"against {ref or 'the best other method'}, paired t-test p.", "",
+             "| method | " + " | ".join(head) + " |", "|---|" + "---:|" * len(head)]
+    rows = 0
+    for m in methods:
+        other = ref or max((o for o in methods if o != m), key=lambda o: cis[o].mean)
+        if m == other:
+            continue
+        cells = []
+        for s in seeds:
+            a, b = phase2[m][s].get("devices") or {}, phase2[other][s].get("devices") or {}
+            common = sorted(set(a) & set(b), key=int)
+            if len(common) < 2:
+                cells.append("–")
+                continue
+            t = paired_test([a[d] for d in common], [b[d] for d in common])
+            cells.append(f"{100 * t.diff.mean:+.2f} (p = {t.t_p:.2g}, n = {t.n})")
+        rows += 1
+        lines.append(f"| {m} vs {other} | " + " | ".join(cells) + " |")
+    return lines if rows else []
 
 
 def _plots(out: Path, methods: Sequence[str], seeds: list[int], phase2: dict[str, Any]) -> list[Path]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import math
 import os
 import re
@@ -377,7 +378,11 @@ class TuneReporter:
 
     def on_end(self, result: Any) -> None:
         if self.pending is not None:
-            self._report(*self.pending)
+            report, saved = self.pending
+            # the last evaluation per counted device, as a JSON text (one column, however many devices): what
+            # `lcfed compare` pairs device by device
+            report[REPORT_KEY]["devices"] = json.dumps(device_accuracies(result))
+            self._report(report, saved)
 
     def _report(self, metrics: dict[str, Any], saved: bool) -> None:
         from ray import tune
@@ -386,6 +391,13 @@ class TuneReporter:
             tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(self.cfg.checkpoint.dir))
         else:
             tune.report(metrics)
+
+
+def device_accuracies(result: Any) -> dict[str, float]:
+    """Device id -> test accuracy of the run's last evaluation, over the devices ``acc_mean`` counts."""
+    trained = getattr(result, "trained", None)
+    return {str(d): r.correct / r.total for d, r in sorted(result.evaluation.items())
+            if r.total and (trained is None or bool(trained[d]))}
 
 
 def trial_config(config: dict[str, Any], trial_id: str) -> ExperimentConfig:
