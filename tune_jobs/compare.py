@@ -21,7 +21,6 @@ import csv
 import io
 import json
 import math
-import os
 import sys
 import time
 from collections.abc import Sequence
@@ -32,7 +31,7 @@ import numpy as np
 
 from lcfed.config import ExperimentConfig, check_output_dir, load_config, require, safe_name
 from lcfed.stats import mean_ci, paired_test
-from tune_jobs.reproduce import LAST_EVALS, parse_seeds, read_state, summarize
+from tune_jobs.reproduce import LAST_EVALS, parse_seeds, read_state, summarize, write_json
 from tune_jobs.sweep import SPACES_DIR, check_search, load_space, resolve_objective, restore_results, run_sweep
 
 COMPARE_SPACES = SPACES_DIR / "compare"
@@ -56,13 +55,6 @@ def method_space(method: str, space_dir: str | Path | None) -> Path:
 def method_config(base: ExperimentConfig, method: str, val_fraction: float) -> ExperimentConfig:
     """The base config for ``method`` (settings the method shares with the base method carried over)."""
     return base.replace(**{"method.name": method, "data.val_fraction": val_fraction})
-
-
-def _write_json(path: Path, data: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
-    os.replace(tmp, path)  # a phase is done only once its result is whole on disk
 
 
 def _seed_rows(grid: Any) -> dict[int, dict[str, Any]]:
@@ -143,7 +135,7 @@ def run_compare(
 
         parent_id = client.create_run(exp_id, run_name=name, tags={"compare_parent": "true"}).info.run_id
         client.log_batch(parent_id, params=[Param(k, v[:6000]) for k, v in params.items()])
-        _write_json(out / "state.json", {**state, "parent_run_id": parent_id})
+        write_json(out / "state.json", {**state, "parent_run_id": parent_id})
     guard = RunGuard(uri, parent_id, "; rerun the same command to resume")
     tracked = {"tracking.uri": uri, "tracking.enabled": True}
     started = ensure_ray(base.engine)
@@ -163,7 +155,7 @@ def run_compare(
                                 search=search, parent_run_id=parent_id)
             phase1[m] = {"best_config": summary["best_config"], METRIC: summary[f"best_{METRIC}"],
                          "trials": summary["trials"], "errors": summary["errors"], "run_id": summary["parent_run_id"]}
-            _write_json(done, phase1[m])
+            write_json(done, phase1[m])
         for i, m in enumerate(methods, 1):
             done = out / "phase2" / f"{m}.json"
             if done.exists():
@@ -178,7 +170,7 @@ def run_compare(
                                 name=f"{name}-{m}-seeds", storage=storage, resume=True, metric=METRIC,
                                 parent_run_id=parent_id)
             phase2[m] = _seed_rows(restore_results(summary["storage"]))
-            _write_json(done, phase2[m])
+            write_json(done, phase2[m])
         report = write_report(out, methods, list(seeds), phase1, phase2, target, base)
         client.log_text(parent_id, report["md"], "compare.md")
         client.log_text(parent_id, report["csv"], "compare.csv")
@@ -264,7 +256,7 @@ def write_report(out: Path, methods: Sequence[str], seeds: list[int], phase1: di
                      f"{diff(r['vs_best_other'])} vs {r['best_other']} | {100 * r['val_acc_mean']:.2f} | "
                      f"{mb}{reached} | {secs}{reached} | "
                      + (f"{mean_ci(r['acc_new']).format(100)} | " if newcomers else "") + f"{cfg} |")
-    lines += _device_pairs(methods, seeds, phase2, cis)
+    lines += _device_pairs(methods, seeds, phase2, {r["method"]: r["best_other"] for r in rows})
     md = "\n".join(lines) + "\n"
     buf = io.StringIO()
     w = csv.writer(buf)
@@ -285,7 +277,8 @@ def write_report(out: Path, methods: Sequence[str], seeds: list[int], phase1: di
     return {"md": md, "csv": buf.getvalue(), "plots": plots, "rows": rows}
 
 
-def _device_pairs(methods: Sequence[str], seeds: list[int], phase2: dict[str, Any], cis: dict[str, Any]) -> list[str]:
+def _device_pairs(methods: Sequence[str], seeds: list[int], phase2: dict[str, Any],
+                  best_other: dict[str, str]) -> list[str]:
     """Within each seed the methods saw the same devices: each method against Standalone (or, without it,
     the best other method) device by device, per seed (the last evaluation's accuracy)."""
     ref = REFERENCE if REFERENCE in methods else None
@@ -295,7 +288,7 @@ def _device_pairs(methods: Sequence[str], seeds: list[int], phase2: dict[str, An
              "| method | " + " | ".join(head) + " |", "|---|" + "---:|" * len(head)]
     rows = 0
     for m in methods:
-        other = ref or max((o for o in methods if o != m), key=lambda o: cis[o].mean)
+        other = ref or best_other[m]
         if m == other:
             continue
         cells = []

@@ -181,6 +181,14 @@ def write_tables(out: Path, cells: list[Cell], results: dict[str, dict[str, Any]
     return md, buf.getvalue()
 
 
+def write_json(path: Path, data: Any) -> None:
+    """``data`` as JSON at ``path``, whole or not at all (written beside it, then renamed)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
+    os.replace(tmp, path)
+
+
 def read_state(out: Path, params: dict[str, str], what: str) -> dict[str, Any] | None:
     """``<out>/state.json`` of an earlier invocation (None if there is none); refused when its settings
     differ from ``params`` (``what``: "a reproduction", "a comparison")."""
@@ -282,9 +290,7 @@ def reproduce_table1(
             row = {**summarize(result.history), "rounds": cfg.train.rounds, "digest": cfg.digest(),
                    "wall_seconds": result.wall_seconds, "seconds_per_round": result.round_seconds,
                    "run_id": result.tracking.get("run_id", "")}
-            tmp = done.with_suffix(".tmp")
-            tmp.write_text(json.dumps(row, indent=2) + "\n")
-            os.replace(tmp, done)  # a cell is finished only once its summary is whole on disk
+            write_json(done, row)  # a cell is finished only once its summary is whole on disk
             results[cell.key] = row
             print(f"[{i}/{len(cells)}] {cell.dataset} {partition_label(cell.partition)} {cell.method}"
                       f"{'' if cell.seed is None else f' seed {cell.seed}'}: "

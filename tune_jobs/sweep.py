@@ -47,7 +47,7 @@ from lcfed.config import (
     to_dict,
 )
 from lcfed.engine import Stopped
-from tune_jobs.sweep_progress import progress_callback
+from tune_jobs.sweep_progress import progress_callback, short_names, trial_index
 
 SPACES_DIR = Path(__file__).resolve().parent / "spaces"
 METRIC = "acc_mean"  # the default --metric
@@ -297,8 +297,7 @@ def _short(v: Any) -> str:
 
 def child_name(method: str, values: Mapping[str, Any]) -> str:
     """``lcfed mu=0.031 lam=0.2``: the method and each swept value (last part of its key, 2 digits)."""
-    tails = [k.split(".")[-1] for k in values]
-    keys = [t if tails.count(t) == 1 else k for k, t in zip(values, tails, strict=True)]
+    keys = short_names(list(values))
     return " ".join([method] + [f"{k}={_short(v)}" for k, v in zip(keys, values.values(), strict=True)])
 
 
@@ -874,15 +873,9 @@ def _best_result(results: Any, metric: str = METRIC, mode: str = "max", order: M
 
 
 def _trial_order(results: Any) -> dict[str, int]:
-    """Trial id -> creation index (Tune's experiment tag starts with it): deterministic for a seeded
-    search, where trial ids are random."""
+    """Trial id -> creation index (:func:`trial_index`)."""
     trials = getattr(getattr(results, "_experiment_analysis", None), "trials", None) or []
-    order = {}
-    for t in trials:
-        head = str(getattr(t, "experiment_tag", "")).split("_", 1)[0]
-        if head.isdigit():
-            order[str(t.trial_id)] = int(head)
-    return order
+    return {str(t.trial_id): i for t in trials if (i := trial_index(t)) is not None}
 
 
 def _child_run(client: Any, exp_id: str, result: Any) -> Any:

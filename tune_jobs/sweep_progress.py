@@ -26,10 +26,17 @@ def _value(v: Any) -> str:
     return str(v)
 
 
-def _tail_names(keys: Sequence[str]) -> list[str]:
+def short_names(keys: Sequence[str]) -> list[str]:
     """``method.mu`` -> ``mu`` unless two keys share their last part."""
     tails = [k.split(".")[-1] for k in keys]
     return [t if tails.count(t) == 1 else k for k, t in zip(keys, tails, strict=True)]
+
+
+def trial_index(trial: Any) -> int | None:
+    """The trial's creation index (Tune's experiment tag starts with it), None if the tag has none: a
+    seeded search's order, where trial ids are random."""
+    head = str(getattr(trial, "experiment_tag", "")).split("_", 1)[0]
+    return int(head) if head.isdigit() else None
 
 
 def progress_callback(swept: Sequence[str], metric: str, mode: str, rounds: int, file: Any = None,
@@ -46,13 +53,13 @@ def progress_callback(swept: Sequence[str], metric: str, mode: str, rounds: int,
             self.order: list[str] = []
             self.changed = False
             self.last_table = time.monotonic()
-            self.names = _tail_names(list(swept))
+            self.names = short_names(list(swept))
 
         def _row(self, trial: Any) -> dict[str, Any]:
             if trial.trial_id not in self.rows:
-                # numbered in creation order (Tune's experiment tag starts with it), as the summary breaks ties
-                head = str(getattr(trial, "experiment_tag", "")).split("_", 1)[0]
-                index = int(head) if head.isdigit() else len(self.rows) + 1
+                # numbered in creation order, as the summary breaks ties
+                index = trial_index(trial)
+                index = len(self.rows) + 1 if index is None else index
                 self.rows[trial.trial_id] = {"values": [trial.config.get(k) for k in swept], "round": 0,
                                              "metric": math.nan, "status": "pending", "index": index}
                 self.order = sorted(self.rows, key=lambda t: self.rows[t]["index"])
