@@ -1,16 +1,22 @@
-"""`lcfed compare`: a tiny real comparison (3 methods x 2 trials x 2 seeds on digits), its report, the
-MLflow hierarchy, that phase 1 decides on validation accuracy only, and resume."""
+"""`lcfed compare`: a tiny real comparison (3 methods x 2 trials x 2 seeds on digits, read from IDX files),
+its report, the MLflow hierarchy, resume, and that phase 1 decides on validation accuracy only (the same
+comparison on files whose test samples are noise chooses the same)."""
 
 from __future__ import annotations
 
 import csv
 import json
+import struct
+from pathlib import Path
 
 import mlflow
+import numpy as np
 import pytest
 import yaml
 
 from lcfed.config import ConfigError, to_dict
+from lcfed.data.sources import load_dataset
+from lcfed.federation import prepare
 from tests.conftest import tiny_config
 from tune_jobs.cli import main
 from tune_jobs.compare import parse_seeds
@@ -29,12 +35,35 @@ def test_seeds_are_a_count_or_a_list():
             parse_seeds(bad)
 
 
+def write_idx(path: Path, arr) -> None:
+    """``arr`` (uint8) as an IDX file, the format the MNIST loader reads."""
+    with path.open("wb") as f:
+        f.write(struct.pack(">BBBB", 0, 0, 0x08, arr.ndim) + struct.pack(f">{arr.ndim}I", *arr.shape))
+        f.write(arr.astype("uint8").tobytes())
+
+
+def as_mnist_files(data_dir: Path, x, y) -> None:
+    """digits' samples as MNIST IDX files under ``data_dir``, so that every Tune trial loads them itself
+    through the real loader (1500 as the train pool, the rest as the test pool: the union is the data)."""
+    raw = data_dir / "MNIST" / "raw"
+    raw.mkdir(parents=True)
+    for pool, rows in (("train", slice(0, 1500)), ("t10k", slice(1500, None))):
+        write_idx(raw / f"{pool}-images-idx3-ubyte", x[rows, 0])
+        write_idx(raw / f"{pool}-labels-idx1-ubyte", y[rows])
+
+
+def base_config(uri: str, data_dir: Path, experiment: str = "compare"):
+    return tiny_config("train.rounds=3", "engine.num_cpus=2", "tracking.enabled=true", f"tracking.uri={uri}",
+                       f"tracking.experiment={experiment}", "data.dataset=mnist", f"data.data_dir={data_dir}")
+
+
 @pytest.fixture(scope="module")
 def compared(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("compare")
     uri = f"sqlite:///{tmp / 'mlflow.db'}"
-    base = tiny_config("train.rounds=3", "engine.num_cpus=2", "tracking.enabled=true", f"tracking.uri={uri}",
-                       "tracking.experiment=compare")
+    digits = load_dataset("digits", tmp)
+    as_mnist_files(tmp / "data", digits.x, digits.y)
+    base = base_config(uri, tmp / "data")
     (tmp / "base.yaml").write_text(yaml.safe_dump(to_dict(base)))
     spaces = tmp / "spaces"
     spaces.mkdir()
@@ -103,6 +132,30 @@ def test_a_rerun_continues_without_redoing_a_phase(compared, capsys):
     assert main([*args[:-2], "--scheduler", "asha"]) == 2  # other settings need another --out
     assert "--out" in capsys.readouterr().err
     assert json.loads((tmp / "out" / "state.json").read_text())["params"]["scheduler"] == "fifo"
+
+
+def test_phase_one_decides_the_same_when_the_test_split_is_poisoned(compared):
+    """The same comparison on data whose test samples (seed 0's partition) are noise: phase 1 chooses the
+    same configs with the same validation accuracy, and only phase 2's test accuracy moves."""
+    tmp, uri, _ = compared
+    digits = load_dataset("digits", tmp)
+    cfg = base_config(uri, tmp / "data").replace(**{"data.val_fraction": 0.2})
+    test_rows = np.concatenate(prepare(cfg).partition.test)
+    x = digits.x.copy()
+    x[test_rows] = np.random.default_rng(0).integers(0, 256, x[test_rows].shape, dtype=np.uint8)
+    as_mnist_files(tmp / "poisoned", x, digits.y)
+    base = base_config(uri, tmp / "poisoned", "compare-poisoned")
+    (tmp / "poisoned.yaml").write_text(yaml.safe_dump(to_dict(base)))
+    assert main(["compare", "-c", str(tmp / "poisoned.yaml"), "--methods", "lcfed,standalone", "--budget", "2",
+                 "--seeds", "1", "--space-dir", str(tmp / "spaces"), "--out", str(tmp / "poisoned-out"),
+                 "--scheduler", "fifo"]) == 0
+    for m in ("lcfed", "standalone"):
+        clean, poisoned = (json.loads((tmp / out / "phase1" / f"{m}.json").read_text()) for out in ("out", "poisoned-out"))
+        assert poisoned["best_config"] == clean["best_config"] and poisoned["val_acc_mean"] == clean["val_acc_mean"]
+        clean, poisoned = (json.loads((tmp / out / "phase2" / f"{m}.json").read_text())["0"]
+                           for out in ("out", "poisoned-out"))
+        assert poisoned["val_acc_mean"] == clean["val_acc_mean"]
+        assert poisoned["acc_mean"] < clean["acc_mean"] - 0.05  # the test samples are noise now
 
 
 def test_the_report_by_hand_with_newcomers(tmp_path):

@@ -238,9 +238,15 @@ def check_search(search: str, space: Mapping[str, Any]) -> dict[str, Any]:
     return dict(space)
 
 
-def make_search(search: str, seed: int) -> Any:
-    """Tune's search algorithm for ``--search`` (None: Tune's default BasicVariantGenerator), seeded by the
-    base config's seed so a sweep proposes the same trials again; metric and mode come from the TuneConfig."""
+def make_search(search: str, seed: int, max_concurrent: int = 0) -> Any:
+    """Tune's search algorithm for ``--search``, seeded by the base config's seed so a sweep proposes the
+    same trials again; metric and mode come from the TuneConfig. ``random`` and ``grid`` are Tune's
+    BasicVariantGenerator, which takes the concurrency limit itself (Tune ignores ``max_concurrent_trials``
+    for a generator passed in)."""
+    if search in ("random", "grid"):
+        from ray.tune.search import BasicVariantGenerator
+
+        return BasicVariantGenerator(max_concurrent=max_concurrent, random_state=seed)
     if search == "optuna":
         from ray.tune.search.optuna import OptunaSearch
 
@@ -249,7 +255,7 @@ def make_search(search: str, seed: int) -> Any:
         from ray.tune.search.hyperopt import HyperOptSearch
 
         return HyperOptSearch(random_state_seed=seed)
-    return None
+    raise ValueError(f"unknown search {search!r}")
 
 
 def space_spec(domain: Any) -> Any:
@@ -759,8 +765,9 @@ def run_sweep(
                 param_space=param_space,
                 tune_config=tune.TuneConfig(metric=obj.metric, mode=obj.mode, num_samples=num_samples,
                                             scheduler=make_scheduler(obj),
-                                            search_alg=make_search(search, base.seed),
-                                            max_concurrent_trials=max_concurrent or None,
+                                            search_alg=make_search(search, base.seed, max_concurrent),
+                                            max_concurrent_trials=(max_concurrent or None) if search in SEARCH_LIBRARIES
+                                            else None,
                                             # a local trial's process (torch imported, warm) serves the next trial
                                             reuse_actors=engine == "local"),
                 run_config=run_config,
