@@ -317,6 +317,8 @@ ROWS += [
     ("compare-target", "compare --methods fedavg,standalone --target 2", {}, "--target"),
     ("compare-search", "compare --methods fedavg,standalone --search bayes", {}, "--search"),
     ("compare-scheduler", "compare --methods fedavg,standalone --scheduler pbt", {}, "--scheduler"),
+    ("compare-missing-dataset", "compare --methods fedavg,standalone --set data.dataset=mnist --set data.data_dir=nodata",
+     {}, "lcfed data import"),
     # reproduce
     ("repro-seeds", "reproduce table1 --seeds 0 --no-track", {}, "--seeds"),
     ("repro-datasets", "reproduce table1 --datasets imagenet --no-track", {}, "--datasets"),

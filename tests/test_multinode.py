@@ -10,6 +10,7 @@ drivers on the head, attached through ``RAY_ADDRESS`` as inside a submitted job,
 
 from __future__ import annotations
 
+import csv
 import json
 import signal
 import subprocess
@@ -194,3 +195,32 @@ def test_sweep_on_workers_logs_through_the_driver_and_resumes_from_s3(env: Env, 
     assert len(client.search_runs([exp.experiment_id])) == 5
     assert all(c.data.tags["mlflow.parentRunId"] == parent.info.run_id for c in children)
     print(f"\nsweep placement: {sorted(w[:8] for w in workers)}; root {ROOT}")
+
+
+def test_compare_needs_a_storage_every_node_reaches_and_runs_on_the_workers(env: Env, tmp_path: Path):
+    """`lcfed compare` as a job's driver: without a shared --storage it is refused before any file or run
+    exists; with one (S3) both phases run their trials on the GPU workers and the report is written."""
+    spaces = tmp_path / "spaces"
+    spaces.mkdir()
+    (spaces / "lcfed.yaml").write_text("method.mu: {loguniform: [0.01, 1.0]}\n")
+    (spaces / "standalone.yaml").write_text("train.lr: {loguniform: [0.02, 0.1]}\n")
+    out = tmp_path / "out"
+    args = ["compare", "--config", str(env.config), "--methods", "lcfed,standalone", "--budget", "1", "--seeds", "2",
+            "--space-dir", str(spaces), "--scheduler", "fifo", "--gpus-per-trial", "0.5", "--out", str(out),
+            "--set", "engine.cpus_per_actor=0.5", "--set", "tracking.enabled=true",
+            "--set", f"tracking.uri={env.mlflow_url}", "--set", "tracking.experiment=mn-compare"]
+    client = mlflow.MlflowClient(tracking_uri=env.mlflow_url)
+    refused = env.lcfed(*args)
+    assert refused.returncode == 2, refused.stderr[-3000:]
+    assert "--storage" in refused.stderr and "4 nodes" in refused.stderr and "Traceback" not in refused.stderr
+    assert not out.exists() and client.get_experiment_by_name("mn-compare") is None
+
+    done = env.lcfed(*args, "--storage", env.s3.uri("compare"))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-4000:]
+    rows = {r["method"]: r for r in csv.DictReader((out / "compare.csv").open())}
+    assert set(rows) == {"lcfed", "standalone"} and all(r["seed_0"] and r["seed_1"] for r in rows.values())
+    trials = [r for r in _children(client, "mn-compare") if "tune_trial_id" in r.data.tags]
+    assert len(trials) == 2 + 4 and all(t.info.status == "FINISHED" for t in trials)  # 1 trial + 2 seeds per method
+    names = env.cluster.node_names()
+    assert {names[t.data.tags["placement.trial_node"]] for t in trials} <= {"w0", "w1", "w2"}  # GPU workers only
+    assert any(k.startswith("compare/out-lcfed-seeds/") for k in env.s3.list("compare/"))

@@ -32,7 +32,17 @@ import numpy as np
 from lcfed.config import ExperimentConfig, check_output_dir, load_config, require, safe_name
 from lcfed.stats import mean_ci, paired_test
 from tune_jobs.reproduce import LAST_EVALS, parse_seeds, read_state, summarize, write_json
-from tune_jobs.sweep import SPACES_DIR, check_search, load_space, resolve_objective, restore_results, run_sweep
+from tune_jobs.sweep import (
+    SPACES_DIR,
+    check_search,
+    check_storage,
+    load_sources,
+    load_space,
+    resolve_objective,
+    restore_results,
+    run_sweep,
+    storage_location,
+)
 
 COMPARE_SPACES = SPACES_DIR / "compare"
 #: the validation share of each device's training samples when the base config has none
@@ -97,7 +107,6 @@ def run_compare(
     """Both phases for every method (what is on disk already is kept), then the report."""
     from actors.engine import ensure_ray
     from lcfed.methods import METHODS
-    from lcfed.tracking import RunGuard, get_or_create_experiment, open_client, resolve_tracking_uri
 
     out = Path(out)
     name = name or (out.name or "compare")
@@ -118,6 +127,26 @@ def run_compare(
     for s in seeds:
         base.replace(seed=s)
     storage = storage or str(out.resolve() / "tune")
+    load_sources(configs[methods[0]], {})  # a missing dataset fails here, before any run or file exists
+    started = ensure_ray(base.engine)
+    try:
+        check_storage(storage_location(storage))  # a multi-node cluster needs a storage every node reaches
+        return _run_phases(base, methods, out, configs, spaces, budget=budget, seeds=seeds, search=search,
+                           scheduler=scheduler, max_concurrent=max_concurrent, gpus_per_trial=gpus_per_trial,
+                           storage=storage, target=target, name=name, val_fraction=val_fraction)
+    finally:
+        if started:
+            import ray
+
+            ray.shutdown()
+
+
+def _run_phases(base: ExperimentConfig, methods: Sequence[str], out: Path, configs: dict[str, ExperimentConfig],
+                spaces: dict[str, Any], *, budget: int, seeds: Sequence[int], search: str, scheduler: str,
+                max_concurrent: int, gpus_per_trial: float, storage: str, target: float | None, name: str,
+                val_fraction: float) -> dict[str, Any]:
+    from lcfed.tracking import RunGuard, get_or_create_experiment, open_client, resolve_tracking_uri
+
     params = {"methods": ",".join(methods), "budget": str(budget), "seeds": ",".join(map(str, seeds)),
               "search": search, "scheduler": scheduler, "metric": METRIC, "val_fraction": str(val_fraction),
               "rounds": str(base.train.rounds), "base_digest": base.digest(), "name": name}
@@ -138,7 +167,6 @@ def run_compare(
         write_json(out / "state.json", {**state, "parent_run_id": parent_id})
     guard = RunGuard(uri, parent_id, "; rerun the same command to resume")
     tracked = {"tracking.uri": uri, "tracking.enabled": True}
-    started = ensure_ray(base.engine)
     t0 = time.perf_counter()
     phase1: dict[str, dict[str, Any]] = {}
     phase2: dict[str, dict[int, dict[str, Any]]] = {}
@@ -184,10 +212,6 @@ def run_compare(
         raise
     finally:
         guard.release()
-        if started:
-            import ray
-
-            ray.shutdown()
     return {"table": report["md"], "out": str(out), "parent_run_id": parent_id, "tracking_uri": uri,
             "wall_seconds": time.perf_counter() - t0, "results": report["rows"]}
 
