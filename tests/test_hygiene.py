@@ -252,7 +252,8 @@ def test_run_prints_partition_and_summary_and_logs_them(tmp_path: Path, tracking
     out = tmp_path / "summary.json"
     args = ["run", "--config", str(ROOT / "configs" / "demo.yaml"), "-q", "--json", str(out),
             "--set", f"tracking.uri={tracking_uri}", "--set", "train.rounds=4", "--set", "train.local_steps=2",
-            "--set", "data.num_devices=10", "--set", "tracking.summary_evals=3", "--set", "data.min_test_samples=50"]
+            "--set", "data.num_devices=10", "--set", "tracking.summary_evals=3", "--set", "data.min_test_samples=50",
+            "--set", "data.partition=pathological", "--set", "data.classes_per_device=2", "--set", "data.test_fraction=0.25"]
     assert main(args) == 0
     printed = capsys.readouterr().out
     summary = json.loads(out.read_text())
