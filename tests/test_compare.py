@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import csv
 import json
-import struct
 from pathlib import Path
 
 import mlflow
@@ -18,6 +17,7 @@ from lcfed.config import ConfigError, to_dict
 from lcfed.data.sources import load_dataset
 from lcfed.federation import prepare
 from tests.conftest import tiny_config
+from tests.test_data import write_idx
 from tune_jobs.cli import main
 from tune_jobs.compare import parse_seeds
 
@@ -35,13 +35,6 @@ def test_seeds_are_a_count_or_a_list():
             parse_seeds(bad)
 
 
-def write_idx(path: Path, arr) -> None:
-    """``arr`` (uint8) as an IDX file, the format the MNIST loader reads."""
-    with path.open("wb") as f:
-        f.write(struct.pack(">BBBB", 0, 0, 0x08, arr.ndim) + struct.pack(f">{arr.ndim}I", *arr.shape))
-        f.write(arr.astype("uint8").tobytes())
-
-
 def as_mnist_files(data_dir: Path, x, y) -> None:
     """digits' samples as MNIST IDX files under ``data_dir``, so that every Tune trial loads them itself
     through the real loader (1500 as the train pool, the rest as the test pool: the union is the data)."""
@@ -49,7 +42,7 @@ def as_mnist_files(data_dir: Path, x, y) -> None:
     raw.mkdir(parents=True)
     for pool, rows in (("train", slice(0, 1500)), ("t10k", slice(1500, None))):
         write_idx(raw / f"{pool}-images-idx3-ubyte", x[rows, 0])
-        write_idx(raw / f"{pool}-labels-idx1-ubyte", y[rows])
+        write_idx(raw / f"{pool}-labels-idx1-ubyte", y[rows].astype(np.uint8))
 
 
 def base_config(uri: str, data_dir: Path, experiment: str = "compare"):
