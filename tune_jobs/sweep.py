@@ -240,22 +240,25 @@ def check_search(search: str, space: Mapping[str, Any]) -> dict[str, Any]:
 
 def make_search(search: str, seed: int, max_concurrent: int = 0) -> Any:
     """Tune's search algorithm for ``--search``, seeded by the base config's seed so a sweep proposes the
-    same trials again; metric and mode come from the TuneConfig. ``random`` and ``grid`` are Tune's
-    BasicVariantGenerator, which takes the concurrency limit itself (Tune ignores ``max_concurrent_trials``
-    for a generator passed in)."""
+    same trials again, running at most ``max_concurrent`` trials at once (0: as the resources allow);
+    metric and mode come from the TuneConfig. ``random`` and ``grid`` are Tune's BasicVariantGenerator."""
     if search in ("random", "grid"):
         from ray.tune.search import BasicVariantGenerator
 
         return BasicVariantGenerator(max_concurrent=max_concurrent, random_state=seed)
+    from ray.tune.search import ConcurrencyLimiter
+
     if search == "optuna":
         from ray.tune.search.optuna import OptunaSearch
 
-        return OptunaSearch(seed=seed)
-    if search == "hyperopt":
+        searcher: Any = OptunaSearch(seed=seed)
+    elif search == "hyperopt":
         from ray.tune.search.hyperopt import HyperOptSearch
 
-        return HyperOptSearch(random_state_seed=seed)
-    raise ValueError(f"unknown search {search!r}")
+        searcher = HyperOptSearch(random_state_seed=seed)
+    else:
+        raise ValueError(f"unknown search {search!r}")
+    return ConcurrencyLimiter(searcher, max_concurrent=max_concurrent) if max_concurrent else searcher
 
 
 def space_spec(domain: Any) -> Any:
@@ -766,8 +769,6 @@ def run_sweep(
                 tune_config=tune.TuneConfig(metric=obj.metric, mode=obj.mode, num_samples=num_samples,
                                             scheduler=make_scheduler(obj),
                                             search_alg=make_search(search, base.seed, max_concurrent),
-                                            max_concurrent_trials=(max_concurrent or None) if search in SEARCH_LIBRARIES
-                                            else None,
                                             # a local trial's process (torch imported, warm) serves the next trial
                                             reuse_actors=engine == "local"),
                 run_config=run_config,
