@@ -19,6 +19,7 @@ import ray
 import torch
 
 from actors.connect import ClusterError, ensure_ray
+from lcfed import numerics
 from lcfed.checkpoint import Snapshot
 from lcfed.config import EngineConfig, ExperimentConfig
 from lcfed.data import Dataset, Partition
@@ -63,6 +64,7 @@ class DeviceActor:
         self, cfg: ExperimentConfig, setup: Setup, devices: Sequence[int], shard: tuple[Dataset, Partition],
         cpus: float = 1.0,
     ) -> None:
+        numerics.activate(cfg.engine.numerics)
         fast_tensor_transfer()
         self.devices = tuple(devices)
         workers = auto_workers(cfg, cpus, resolve_device(cfg.engine.device))
@@ -77,6 +79,8 @@ class DeviceActor:
             "gpu_ids": ray.get_gpu_ids(),
             "node_id": ray.get_runtime_context().get_node_id(),
             "pid": os.getpid(),
+            "kernels": numerics.state()["level"],
+            "gpu": torch.cuda.get_device_name(self.hosted.where) if self.hosted.where.type == "cuda" else "",
         }
 
     def train(self, rnd: int, devices: Sequence[int], payload: Any, instructions: dict[int, Any]) -> list[Message]:
@@ -108,6 +112,7 @@ class ServerActor:
     """Holds the strategy's server state; does the clustering and aggregation."""
 
     def __init__(self, cfg: ExperimentConfig, setup: Setup) -> None:
+        numerics.activate(cfg.engine.numerics)
         fast_tensor_transfer()
         torch.set_num_threads(cfg.engine.torch_threads)
         self.server = LocalServer(make_strategy(cfg, setup.federation))
@@ -480,6 +485,7 @@ class RayFederation:
     ) -> None:
         """``resources`` = (CPUs, GPUs) the pool may use inside an enclosing placement group (a Tune
         trial's): the actors join that group. Default: a placement group of our own on the cluster."""
+        numerics.activate(cfg.engine.numerics)  # before Ray starts: its workers inherit the environment
         self.cfg = cfg
         self.group = None
         self.hosts: Hosts | None = None
@@ -521,9 +527,22 @@ class RayFederation:
     def run(self, observers: Sequence[Observer] = (), resume: Snapshot | None = None) -> RunResult:
         assert self.hosts is not None
         server, pool = RayServer(self.hosts), RayPool(self.hosts)
-        result = run_rounds(self.cfg, self.setup.federation, server, pool, observers, resume)
+        result = run_rounds(self.cfg, self.setup.federation, server, pool, observers, resume, self.provenance())
         result.placement = self.placement()
         return result
+
+    def provenance(self) -> dict[str, str]:
+        """This process's record (:func:`lcfed.numerics.provenance`), with the device actors' kernel levels
+        where one differs from it (an actor whose kernels were chosen before lcfed pinned them)."""
+        out = numerics.provenance()
+        gpus = sorted({str(info.get("gpu", "")) for info in self.actor_info} - {""})
+        if gpus:  # the actors' GPUs (the driver may have none)
+            out.update(gpu=", ".join(gpus), cuda=str(torch.version.cuda))
+        levels = sorted({str(info["kernels"]) for info in self.actor_info} | {out["kernels"]})
+        if len(levels) > 1:
+            out["kernels"] = ", ".join(levels)
+            out["numerics_note"] = "the device actors ran other kernels than the driver: " + out["kernels"]
+        return out
 
     def close(self) -> None:
         if self.hosts is not None:

@@ -120,7 +120,7 @@ def main() -> None:
     rows = [run_local(args, "never"), run_local(args, "always")]
     import ray
 
-    ray.init(num_cpus=os.cpu_count(), num_gpus=1 if args.device == "cuda" else 0, include_dashboard=False,
+    ray.init(address="local", num_cpus=os.cpu_count(), num_gpus=1 if args.device == "cuda" else 0, include_dashboard=False,
              object_store_memory=2 * 1024**3 if args.device == "cuda" else 512 * 1024**2, log_to_driver=False)
     try:
         for n in [int(a) for a in args.actors.split(",") if a]:

@@ -80,7 +80,7 @@ def measure(args: argparse.Namespace, engine: str) -> dict:
 
         from actors.engine import RayFederation
 
-        ray.init(num_cpus=args.actors, include_dashboard=False, object_store_memory=256 * 2**20, log_to_driver=False)
+        ray.init(address="local", num_cpus=args.actors, include_dashboard=False, object_store_memory=256 * 2**20, log_to_driver=False)
         fed = RayFederation(cfg)
         try:
             res = fed.run([rss])

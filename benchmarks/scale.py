@@ -178,7 +178,7 @@ def main() -> None:
     clock = RoundClock()
     t0 = time.perf_counter()
     with TreeMemory(me, args.sample_every) as mem:
-        ray.init(num_cpus=args.actors, include_dashboard=False, object_store_memory=args.object_store_mb * 2**20,
+        ray.init(address="local", num_cpus=args.actors, include_dashboard=False, object_store_memory=args.object_store_mb * 2**20,
                  log_to_driver=False)
         try:
             fed = RayFederation(cfg)

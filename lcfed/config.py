@@ -19,6 +19,8 @@ from typing import Any
 
 import yaml
 
+from lcfed.numerics import PROFILES
+
 
 class ConfigError(ValueError):
     """A configuration value is invalid; the message names the field and what is allowed."""
@@ -230,6 +232,7 @@ class EngineConfig:
     num_cpus: int = 0
     object_store_mb: int = 256
     max_failures: int = 3
+    numerics: str = "portable"
 
     def validate(self, prefix: str = "engine") -> None:
         require(self.kind in ("local", "ray"), f"{prefix}.kind", self.kind, "one of ['local', 'ray']")
@@ -280,6 +283,9 @@ class EngineConfig:
         require(self.num_cpus >= 0, f"{prefix}.num_cpus", self.num_cpus, "must be >= 0 (0 = all)")
         require(self.object_store_mb >= 64, f"{prefix}.object_store_mb", self.object_store_mb, "must be >= 64")
         require(self.max_failures >= 0, f"{prefix}.max_failures", self.max_failures, "must be >= 0 (lost hosts tolerated per run)")
+        require(self.numerics in PROFILES, f"{prefix}.numerics", self.numerics,
+                f"one of {list(PROFILES)} (portable: CPU kernels pinned at AVX2, the same numbers on any x86-64; "
+                "native: the CPU's own kernels, numbers tied to the CPU)")
 
 
 @dataclass(frozen=True)

@@ -96,6 +96,7 @@ class RunResult:
     tracking: dict[str, str] = field(default_factory=dict)
     failures: list[dict[str, Any]] = field(default_factory=list)
     placement: dict[str, Any] = field(default_factory=dict)  # where an engine ran it (Ray: nodes, GPUs)
+    provenance: dict[str, str] = field(default_factory=dict)  # what produced the numbers (lcfed.numerics)
     # the last evaluation per device and which devices had trained by then (the devices acc_mean counts)
     evaluation: dict[int, EvalResult] = field(default_factory=dict)
     trained: np.ndarray | None = None
@@ -188,8 +189,12 @@ def run_rounds(
     pool: DevicePool,
     observers: Sequence[Observer] = (),
     resume: checkpoint.Snapshot | None = None,
+    provenance: dict[str, str] | None = None,
 ) -> RunResult:
     """Run the remaining rounds (all, or those after ``resume``); return metrics and history.
+
+    ``provenance``: the engine's record of what produces the numbers (:mod:`lcfed.numerics`), on the
+    result before the observers' ``on_end``.
 
     With ``checkpoint.dir`` set the full state is saved every ``checkpoint.every`` rounds and at
     the end. If a round fails, observers that define ``on_error`` hear about it (MLflow marks the
@@ -201,7 +206,7 @@ def run_rounds(
     for obs in observers:
         obs.on_start(cfg, fed)
     try:
-        return _loop(cfg, fed, server, pool, observers, resume)
+        return _loop(cfg, fed, server, pool, observers, resume, provenance or {})
     except BaseException as exc:
         for obs in observers:
             on_error = getattr(obs, "on_error", None)
@@ -321,9 +326,10 @@ def _loop(
     pool: DevicePool,
     observers: Sequence[Observer],
     resume: checkpoint.Snapshot | None,
+    provenance: dict[str, str],
 ) -> RunResult:
     t_start = time.perf_counter()
-    result = RunResult(final={})
+    result = RunResult(final={}, provenance=provenance)
     trained = np.zeros(fed.num_devices, dtype=bool)
     rnd, totals = _restore(result, resume, trained)
     ckpt = checkpoint_path(cfg)

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from lcfed import numerics
 from lcfed.config import ConfigError, ExperimentConfig, holdout_count, require
 from lcfed.data import (
     Dataset,
@@ -219,6 +220,7 @@ def shard(ds: Dataset, part: Partition, devices: Iterable[int]) -> tuple[Dataset
 def resolve_device(kind: str) -> torch.device:
     """``auto`` picks CUDA when torch sees a GPU (e.g. a fractional Ray GPU), else the CPU."""
     if kind == "cuda" or (kind == "auto" and torch.cuda.is_available()):
+        numerics.deterministic_gpu()
         return torch.device("cuda")
     return torch.device("cpu")
 

@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 import numpy as np
 import torch
 
+from lcfed import numerics
 from lcfed.checkpoint import Snapshot
 from lcfed.config import ExperimentConfig
 from lcfed.engine import DivergenceError, Newcomer, Observer, RunResult, run_rounds
@@ -272,6 +273,7 @@ class LocalFederation:
     ``close`` as the Ray engine's federation, so a Tune trial can run either)."""
 
     def __init__(self, cfg: ExperimentConfig, dataset: Any, cpus: int) -> None:
+        numerics.activate(cfg.engine.numerics)
         self.cfg, self.cpus = cfg, cpus
         self.setup = prepare(cfg, dataset)
         workers = auto_workers(cfg, cpus, resolve_device(cfg.engine.device))
@@ -283,7 +285,8 @@ class LocalFederation:
 
     def run(self, observers: Sequence[Observer] = (), resume: Snapshot | None = None) -> RunResult:
         server = LocalServer(make_strategy(self.cfg, self.setup.federation))
-        return run_rounds(self.cfg, self.setup.federation, server, LocalPool(self.hosted), observers, resume)
+        return run_rounds(self.cfg, self.setup.federation, server, LocalPool(self.hosted), observers, resume,
+                          numerics.provenance(self.hosted.where))
 
     def close(self) -> None:
         self.hosted.close()
@@ -291,6 +294,7 @@ class LocalFederation:
 
 def run_local(cfg: ExperimentConfig, observers: Sequence[Observer] = (), resume: Snapshot | None = None) -> RunResult:
     """Run the whole federation in this process (continuing from ``resume`` if given)."""
+    numerics.activate(cfg.engine.numerics)
     fed = LocalFederation(cfg, load(cfg), cfg.engine.num_cpus or len(os.sched_getaffinity(0)))
     try:
         return fed.run(observers, resume)

@@ -20,6 +20,7 @@ from urllib.parse import urlparse
 import numpy as np
 import torch
 
+from lcfed import numerics
 from lcfed.config import ConfigError, ExperimentConfig, drop_later_defaults, flatten, require
 from lcfed.engine import SERVER_MODELS, RunResult
 from lcfed.methods.base import Federation, RoundStats
@@ -335,7 +336,7 @@ class MLflowObserver:
         """The run of a training process: params, tags, the dataset input, system metrics."""
         self.fed = fed
         resumed = self.run_id is not None
-        self.start(cfg, federation_facts(fed))
+        self.start(cfg, federation_facts(fed), numerics.provenance())
         assert self.run_id is not None
         log_dataset(self.client, self.run_id, dataset_input(cfg, fed))
         self.wants_models = self.log_models_enabled and bool(fed.input_shape)
@@ -374,8 +375,9 @@ class MLflowObserver:
             except Exception as exc:
                 warnings.warn(f"last system metrics not logged: {type(exc).__name__}: {exc}", stacklevel=2)
 
-    def start(self, cfg: ExperimentConfig, facts: dict[str, str]) -> None:
-        """Create (or reopen, when resuming) the run; ``facts`` are logged as ``federation.*`` params."""
+    def start(self, cfg: ExperimentConfig, facts: dict[str, str], provenance: dict[str, str] | None = None) -> None:
+        """Create (or reopen, when resuming) the run; ``facts`` are logged as ``federation.*`` params,
+        ``provenance`` (what produces the numbers: :func:`lcfed.numerics.provenance`) as ``provenance.*`` tags."""
         from mlflow.entities import Param
 
         self.cfg = cfg
@@ -384,6 +386,7 @@ class MLflowObserver:
             self.client.update_run(self.run_id, status="RUNNING")
             self._guard(cfg)
             self.client.set_tag(self.run_id, "resumed", "true")
+            self.log_provenance(provenance or {})
             if self.backfill:
                 logged = {m.step for m in self.client.get_metric_history(self.run_id, "train_loss")}
                 for row in self.backfill:
@@ -391,7 +394,7 @@ class MLflowObserver:
                         self.log_round(int(row["round"]), dict(row), None)
             return
         tags = {**source_tags(), "method": cfg.method.name, "dataset": cfg.data.dataset, "engine": cfg.engine.kind,
-                **self.tags}
+                **provenance_tags(provenance or {}), **self.tags}
         if self.parent_run_id:
             tags["mlflow.parentRunId"] = self.parent_run_id
         run = self.client.create_run(self.experiment_id, run_name=cfg.tracking.run_name or cfg.name, tags=tags)
@@ -407,6 +410,13 @@ class MLflowObserver:
         if self.want_guard and self.guard is None and self.run_id is not None:
             hint = "; continue it with --resume (checkpoint.dir is set)" if cfg.checkpoint.dir else ""
             self.guard = RunGuard(self.uri, self.run_id, hint)
+
+    def log_provenance(self, provenance: dict[str, str]) -> None:
+        """``provenance.*`` tags, replacing earlier values (one call)."""
+        from mlflow.entities import RunTag
+
+        if provenance and self.run_id is not None:
+            self.client.log_batch(self.run_id, tags=[RunTag(k, v) for k, v in provenance_tags(provenance).items()])
 
     def release_guard(self) -> None:
         if self.guard is not None:
@@ -480,6 +490,7 @@ class MLflowObserver:
                 warnings.warn("the final models were not logged: the MLflow store is unreachable", stacklevel=2)
             return
         self.stop_system_metrics(flush=True)
+        self.log_provenance(result.provenance)  # the engine's, with the device actors' kernels and GPUs
         self._artifacts(result)
         self.log_models(result)
         self.client.set_terminated(self.run_id, "FINISHED")
@@ -609,6 +620,11 @@ def devices_csv(result: RunResult) -> str:
         loss = repr(r.loss_sum / r.total) if r.total else ""
         lines.append(f"{d},{cluster},{trained},{r.correct},{r.total},{acc},{loss}")
     return "\n".join(lines) + "\n"
+
+
+def provenance_tags(provenance: dict[str, str]) -> dict[str, str]:
+    """``provenance.<field>`` tags of :func:`lcfed.numerics.provenance`'s record (MLflow caps a tag at 8000 characters)."""
+    return {f"provenance.{k}": str(v)[:8000] for k, v in provenance.items()}
 
 
 def partition_digest(cfg: ExperimentConfig) -> str:

@@ -25,6 +25,16 @@ def tiny_config(*extra: str) -> ExperimentConfig:
     return from_dict(apply_overrides(TINY, [parse_override(e) for e in extra]))
 
 
+def start_test_ray(**resources: float) -> None:
+    """A test's own small Ray (``num_cpus=2`` unless given). ``address="local"``, as the product's private
+    start: never an attach to a cluster named by Ray's address file, which a killed ``ray start --head``
+    leaves behind (and which would then refuse our resources)."""
+    import ray
+
+    ray.init(address="local", **{"num_cpus": 2, **resources}, include_dashboard=False,
+             object_store_memory=256 * 1024**2, log_to_driver=False)
+
+
 @pytest.fixture
 def tracking_uri(tmp_path):
     return f"sqlite:///{tmp_path / 'mlflow.db'}"

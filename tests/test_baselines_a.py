@@ -24,7 +24,7 @@ from lcfed.methods.ifca import IFCAMessage, IFCAState, cluster_losses
 from lcfed.methods.lcfed import PersonalModel
 from lcfed.models import Network, param_spec
 from lcfed.runner import run_local
-from tests.conftest import tiny_config
+from tests.conftest import start_test_ray, tiny_config
 from tests.test_math import Tiny
 
 # Tiny: w = [a | W0, W1 | b0, b1], logits = W * (a x) + b; the embedding φ is a, the decision h the rest.
@@ -281,7 +281,7 @@ def test_seeded_run_on_digits_is_deterministic_and_learns(name, min_acc, up, dow
 
 @pytest.fixture(scope="module")
 def ray_cluster():
-    ray.init(num_cpus=2, include_dashboard=False, object_store_memory=256 * 1024**2, log_to_driver=False)
+    start_test_ray()
     yield
     ray.shutdown()
 

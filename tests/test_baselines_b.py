@@ -20,7 +20,7 @@ from lcfed.methods.flhc import FLHC, hierarchical_labels
 from lcfed.methods.perfedavg import Batch, PerFedAvg, PerFedAvgState, hessian_vector_product, maml_step
 from lcfed.models import Network, param_spec
 from lcfed.runner import run_local
-from tests.conftest import tiny_config
+from tests.conftest import start_test_ray, tiny_config
 from tests.test_math import Tiny  # w = [a | W0, W1, b0, b1]: layer emb = a, layer head = the rest
 
 
@@ -280,7 +280,7 @@ def test_end_to_end_is_deterministic_and_learns(method, extra, min_acc):
 def ray_cluster():
     started = not ray.is_initialized()
     if started:
-        ray.init(num_cpus=2, include_dashboard=False, object_store_memory=256 * 1024**2, log_to_driver=False)
+        start_test_ray()
     yield
     if started:
         ray.shutdown()

@@ -90,6 +90,10 @@ def test_the_report_has_every_method_with_intervals_and_paired_tests(compared):
     assert "n = 8" in within  # the 8 devices of each seed, paired
     phase1 = json.loads((out / "phase1" / "lcfed.json").read_text())
     assert set(phase1["best_config"]) == {"train.lr", "method.mu"} and phase1["trials"] == 2
+    # every phase-2 run says what produced its numbers, all alike: no note
+    phase2 = json.loads((out / "phase2" / "lcfed.json").read_text())
+    assert {phase2[s]["provenance"]["numerics"] for s in ("0", "1")} == {"portable"}
+    assert "different numerics" not in md
 
 
 def test_mlflow_holds_one_parent_with_a_sweep_per_method_and_phase(compared):
@@ -107,6 +111,7 @@ def test_mlflow_holds_one_parent_with_a_sweep_per_method_and_phase(compared):
         assert sweep.data.params["metric"] == "val_acc_mean"  # phase 1 decides on validation, never test
         trials = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == sweep.info.run_id]
         assert len(trials) == 2 and all(t.info.status == "FINISHED" for t in trials)
+        assert {t.data.tags.get("provenance.numerics") for t in trials} == {"portable"}  # the trials' own record
         if name.endswith("-seeds"):
             assert sorted(t.data.params["seed"] for t in trials) == ["0", "1"]
     assert {a.path for a in client.list_artifacts(pid)} >= {"compare.md", "compare.csv", "plots"}
@@ -175,3 +180,20 @@ def test_the_report_by_hand_with_newcomers(tmp_path):
     assert rows["lcfed"]["reached"] == 2 and rows["lcfed"]["bytes_to_target"] == 2e6
     # differences 0.1, 0.2, 0.3: mean 0.2, s = 0.1, t = 0.2 / (0.1 / sqrt 3) = 3.464, df 2 -> p = 0.0742
     assert "| lcfed vs standalone | +20.00 (p = 0.074, n = 3) | – |" in report["md"]
+    assert "different numerics" not in report["md"]  # none recorded: nothing to tell apart
+
+
+def test_the_report_says_when_its_runs_ran_under_different_numerics(tmp_path):
+    from tune_jobs.compare import write_report
+
+    def seed(acc, profile, kernels):
+        return {"acc_mean": acc, "bytes_up_total": 1e6, "bytes_down_total": 1e6, "curve": [[0, acc, 2e6, 1.0]],
+                "devices": {}, "provenance": {"numerics": profile, "kernels": kernels, "torch": "2.14.1"}}
+
+    phase1 = {m: {"best_config": {}, "val_acc_mean": 0.8, "trials": 1} for m in ("lcfed", "fedavg")}
+    same = {"lcfed": {0: seed(0.9, "portable", "AVX2")}, "fedavg": {0: seed(0.8, "portable", "AVX2")}}
+    assert "different numerics" not in write_report(tmp_path, ["lcfed", "fedavg"], [0], phase1, same, None,
+                                                    tiny_config())["md"]
+    mixed = {"lcfed": {0: seed(0.9, "native", "AVX512")}, "fedavg": {0: seed(0.8, "portable", "AVX2")}}
+    md = write_report(tmp_path, ["lcfed", "fedavg"], [0], phase1, mixed, None, tiny_config())["md"]
+    assert "different numerics" in md and "numerics: native, portable" in md and "kernels: AVX2, AVX512" in md

@@ -13,10 +13,13 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -144,3 +147,41 @@ def test_rejected_token_is_a_cluster_error(head, tmp_path):
     """, head)
     assert info["error"] and head.gcs in info["error"] and "rejected the auth token" in info["error"]
     assert "InvalidAuthToken" not in stderr
+
+
+def test_a_stale_address_file_is_ignored_by_the_suite_and_the_product():
+    """What a ``ray start --head`` stopped by killing its process group leaves: Ray's address file naming
+    a GCS that is gone. A plain ``ray.init(num_cpus=...)`` follows it and refuses our resources; the
+    suite's fixtures (:func:`tests.conftest.start_test_ray`) and the product (``engine.address: null``)
+    start a private Ray instead."""
+    base = Path(tempfile.mkdtemp(prefix="rs", dir="/tmp"))  # short: Ray's unix sockets live under it
+    try:
+        (base / "ray").mkdir()
+        dead = f"127.0.0.1:{free_port()}"
+        (base / "ray" / "ray_current_cluster").write_text(dead)
+        code = PRELUDE + textwrap.dedent("""
+            from tests.conftest import start_test_ray
+            try:
+                ray.init(num_cpus=1, include_dashboard=False)
+                plain = "attached"
+            except ValueError as exc:
+                plain = str(exc)
+            start_test_ray()
+            fixture = [ray.get_runtime_context().gcs_address, ray.cluster_resources().get("CPU")]
+            ray.shutdown()
+            started = ensure_ray(EngineConfig(kind="ray", num_cpus=1))
+            product = [ray.get_runtime_context().gcs_address, ray.cluster_resources().get("CPU")]
+            ray.shutdown()
+            result(plain=plain, fixture=fixture, product=product, started=started)
+        """)
+        env = {**_clean_env(), "RAY_TMPDIR": str(base), "PYTHONPATH": str(ROOT)}
+        proc = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True,
+                              timeout=180)
+        lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+        assert proc.returncode == 0 and lines, f"rc={proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+        info = json.loads(lines[-1][len("RESULT "):])
+        assert "num_cpus" in info["plain"], info  # the file is live: a plain init follows it
+        assert info["fixture"][0] != dead and info["fixture"][1] == 2, info
+        assert info["started"] is True and info["product"][0] != dead and info["product"][1] == 1, info
+    finally:
+        shutil.rmtree(base, ignore_errors=True)

@@ -6,7 +6,9 @@ import json
 from pathlib import Path
 
 import mlflow
+import torch
 
+from lcfed import numerics
 from tests.conftest import tiny_config
 from tune_jobs.cli import main
 
@@ -40,6 +42,11 @@ def test_run_logs_to_mlflow_and_lcfed_beats_fedavg(tmp_path, tracking_uri, capsy
     assert run.info.status == "FINISHED"
     assert run.data.params["method.name"] == "lcfed" and run.data.params["method.mu"] == "0.1"
     assert run.data.params["data.partition"] == "pathological"
+    # what produced the numbers: the summary's record and the run's provenance.* tags agree
+    p = lc["provenance"]
+    assert p["numerics"] == "portable" and p["torch"] == torch.__version__ and p["threads"] == "1"
+    assert p["kernels"] == torch.backends.cpu.get_cpu_capability() and p["cpu"] == numerics.cpu_model()
+    assert {k: run.data.tags[f"provenance.{k}"] for k in p} == p
     for key in ("acc_mean", "acc_weighted", "acc_p10", "acc_p90", "train_loss", "bytes_up", "bytes_down",
                 "cluster_size_0", "num_clusters", "label_homogeneity", "coverage"):
         assert key in run.data.metrics, key

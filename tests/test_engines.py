@@ -22,7 +22,7 @@ from actors.engine import (
 from lcfed.config import ConfigError, EngineConfig
 from lcfed.federation import prepare
 from lcfed.runner import HostedDevices, run_local
-from tests.conftest import tiny_config
+from tests.conftest import start_test_ray, tiny_config
 
 
 def _same(a: list[dict], b: list[dict]) -> None:
@@ -37,7 +37,7 @@ def _same(a: list[dict], b: list[dict]) -> None:
 @pytest.fixture(scope="module")
 def ray_cluster():
     # one logical GPU on this CPU machine: actors get fractional GPUs, torch still runs on the CPU
-    ray.init(num_cpus=2, num_gpus=1, include_dashboard=False, object_store_memory=256 * 1024**2, log_to_driver=False)
+    start_test_ray(num_gpus=1)
     yield
     ray.shutdown()
 

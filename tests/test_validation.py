@@ -14,7 +14,7 @@ from lcfed.data import Dataset, Scaling, format_stats, partition_stats, split_va
 from lcfed.engine import RunResult, run_rounds
 from lcfed.federation import load, make_strategy, partition, prepare
 from lcfed.runner import HostedDevices, LocalPool, LocalServer, run_local
-from tests.conftest import tiny_config
+from tests.conftest import start_test_ray, tiny_config
 
 VAL = "data.val_fraction=0.25"
 VAL_KEYS = ("val_acc_mean", "val_acc_weighted", "val_loss")
@@ -133,7 +133,7 @@ def test_ray_engine_matches_in_process_on_val(val_run):
     from actors.engine import RayFederation
 
     cfg = tiny_config(VAL, "engine.kind=ray", "engine.devices_per_actor=4")
-    ray.init(num_cpus=2, include_dashboard=False, object_store_memory=256 * 1024**2, log_to_driver=False)
+    start_test_ray()
     try:
         fed = RayFederation(cfg)
         try:

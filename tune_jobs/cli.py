@@ -12,6 +12,7 @@ from typing import Any
 
 import yaml
 
+from lcfed import numerics
 from lcfed.config import (
     ConfigError,
     ExperimentConfig,
@@ -129,6 +130,7 @@ def _observers(cfg: ExperimentConfig, args: argparse.Namespace, resume: Any) -> 
 def cmd_run(args: argparse.Namespace) -> int:
     overrides = list(args.set) + ([f"engine.kind={args.engine}"] if args.engine else [])
     cfg = load_config(args.config, overrides)
+    numerics.activate(cfg.engine.numerics)  # before this process's first tensor op
     check_output_file(args.json, "--json", protect=[args.config])
     check_output_dir(cfg.checkpoint.dir, "checkpoint.dir")
     if cfg.engine.kind == "local" and cfg.engine.device == "cuda":
@@ -178,6 +180,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         **{k: v for k, v in result.final.items() if k != "round"},
         "last_evals": averaged,
         "partition": stats,
+        "provenance": result.provenance,
         **result.tracking,
         **({"placement": result.placement} if result.placement else {}),
     }
@@ -185,6 +188,7 @@ def cmd_run(args: argparse.Namespace) -> int:
           f"{cfg.data.num_devices} devices, {cfg.train.rounds} rounds, engine {cfg.engine.kind}")
     print(summary_table(result.final, averaged))
     print(f"  {'s/round':<14} {result.round_seconds:>10.3f}   (wall {result.wall_seconds:.1f} s)")
+    print(f"  numerics       {provenance_line(result.provenance)}")
     if result.placement:
         print(f"  placement      {placement_line(result.placement)}")
     if tracker is not None:
@@ -235,6 +239,18 @@ def summary_table(final: dict[str, float], averaged: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def provenance_line(p: dict[str, str]) -> str:
+    """E.g. ``portable: AVX2 kernels (MKL 2024.2, oneDNN 3.12.0), torch 2.14.1, 1 thread, AMD EPYC``."""
+    if not p:
+        return "not recorded"
+    threads = p.get("threads", "?")
+    line = (f"{p.get('numerics', '?')}: {p.get('kernels', '?')} kernels ({p.get('blas', '?')}, {p.get('onednn', '?')}), "
+            f"torch {p.get('torch', '?')}, {threads} thread{'s' if threads != '1' else ''}, {p.get('cpu', '?')}")
+    if p.get("gpu"):
+        line += f", {p['gpu']} (CUDA {p.get('cuda', '?')})"
+    return line
+
+
 def partition_label(cfg: ExperimentConfig) -> str:
     """E.g. ``mnist dirichlet alpha=0.1 (niid_bench), min_samples 10, test_fraction 0.2, min_test_samples 20``."""
     d = cfg.data
@@ -258,11 +274,12 @@ def checked_partition_stats(cfg: ExperimentConfig) -> dict[str, float]:
 def cmd_table(args: argparse.Namespace) -> int:
     """Methods side by side: the mean of the last evaluations (the number to compare), the last one,
     the sample-weighted mean and the time, best first."""
-    rows = []
+    rows, records = [], []
     for name in args.files:
         try:
             summary = json.loads(Path(name).read_text())
             averaged = summary["last_evals"]
+            records.append(summary.get("provenance") if isinstance(summary.get("provenance"), dict) else {})
             rows.append((summary.get("method", "?"), summary.get("seed", "?"), summary["rounds"], averaged["acc_mean"],
                          averaged.get("acc_weighted", float("nan")), summary.get("acc_mean", float("nan")),
                          summary.get("seconds_per_round", float("nan")), averaged.get("rounds", [])))
@@ -274,6 +291,10 @@ def cmd_table(args: argparse.Namespace) -> int:
           f"{'last eval':>9} {'s/round':>8}")
     for method, seed, rounds, acc, weighted, last, spr, _ in rows:
         print(f"{method:<12} {seed!s:>4} {rounds:>6}  {acc:>18.4f} {weighted:>12.4f} {last:>9.4f} {spr:>8.2f}")
+    differ = numerics.differences(records)
+    if differ:
+        print("note: these runs were produced under different numerics, so equal configs need not give equal "
+              "numbers: " + "; ".join(differ))
     return 0
 
 

@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from lcfed import numerics
 from lcfed.config import ExperimentConfig, check_output_dir, load_config, require, safe_name
 from lcfed.stats import mean_ci, paired_test
 from tune_jobs.reproduce import LAST_EVALS, parse_seeds, read_state, summarize, write_json
@@ -81,8 +82,10 @@ def _seed_rows(grid: Any) -> dict[int, dict[str, Any]]:
         history = [h for h in history if "round" in h]
         curve = [[h["round"], h["acc_mean"], h.get("bytes_up_total", 0.0) + h.get("bytes_down_total", 0.0),
                   h.get("sim_seconds_total", math.nan)] for h in history if "acc_mean" in h]
-        devices = json.loads(((r.metrics or {}).get("lcfed") or {}).get("devices") or "{}")
+        last = (r.metrics or {}).get("lcfed") or {}
+        devices = json.loads(last.get("devices") or "{}")
         rows[int(r.config["seed"])] = {**summarize(history), "curve": curve, "devices": devices,
+                                       "provenance": last.get("provenance") or {},
                                        "val_acc_mean": float(history[-1].get("val_acc_mean", math.nan)),
                                        "acc_new_mean": float(history[-1].get("acc_new_mean", math.nan))}
     return rows
@@ -281,6 +284,10 @@ def write_report(out: Path, methods: Sequence[str], seeds: list[int], phase1: di
                      f"{mb}{reached} | {secs}{reached} | "
                      + (f"{mean_ci(r['acc_new']).format(100)} | " if newcomers else "") + f"{cfg} |")
     lines += _device_pairs(methods, seeds, phase2, {r["method"]: r["best_other"] for r in rows})
+    differ = numerics.differences([phase2[m][s].get("provenance") or {} for m in methods for s in seeds])
+    if differ:
+        lines += ["", "**Note:** the runs compared were produced under different numerics (torch's kernels, "
+                  "profile or versions), so part of a difference may come from there: " + "; ".join(differ) + "."]
     md = "\n".join(lines) + "\n"
     buf = io.StringIO()
     w = csv.writer(buf)

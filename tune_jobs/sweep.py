@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 import yaml
 
+from lcfed import numerics
 from lcfed.config import (
     NAME_RULE,
     ConfigError,
@@ -358,6 +359,7 @@ class TuneReporter:
         self.metric = metric
         self.value = float("nan")
         self.facts: dict[str, str] | None = None
+        self.provenance: dict[str, str] | None = None
         self.placement = placement
         self.pending: tuple[dict[str, Any], bool] | None = None
 
@@ -365,6 +367,7 @@ class TuneReporter:
         from lcfed.tracking import federation_facts
 
         self.facts = federation_facts(fed)
+        self.provenance = numerics.provenance()
 
     def on_round(self, rnd: int, metrics: dict[str, float], stats: Any) -> None:
         self.value = float(metrics.get(self.metric, self.value))
@@ -376,6 +379,8 @@ class TuneReporter:
             data["federation"], self.facts = self.facts, None
         if self.placement is not None:
             data["placement"], self.placement = self.placement, None
+        if self.provenance is not None:
+            data["provenance"], self.provenance = self.provenance, None
         report = {self.metric: self.value, "round": rnd, REPORT_KEY: data}
         ck = self.cfg.checkpoint
         saved = bool(ck.dir) and ((rnd + 1) % ck.every == 0 or rnd == self.cfg.train.rounds - 1)
@@ -390,6 +395,8 @@ class TuneReporter:
             # the last evaluation per counted device, as a JSON text (one column, however many devices): what
             # `lcfed compare` pairs device by device
             report[REPORT_KEY]["devices"] = json.dumps(device_accuracies(result))
+            if getattr(result, "provenance", None):  # the engine's record, with its actors' kernels and GPUs
+                report[REPORT_KEY]["provenance"] = result.provenance
             self._report(report, saved)
 
     def _report(self, metrics: dict[str, Any], saved: bool) -> None:
@@ -528,6 +535,8 @@ def _trial_tracker(uri: str, exp_id: str, parent_id: str, sweep_name: str, round
             if not isinstance(data, dict):
                 return
             obs = self._run(trial, data.get("federation") or {})
+            if isinstance(data.get("provenance"), dict):
+                obs.log_provenance(data["provenance"])
             if isinstance(data.get("placement"), dict):
                 place = data["placement"]
                 obs.client.set_tag(obs.run_id, "placement.trial_node", place["trial_node"])

@@ -1,0 +1,260 @@
+"""Numerics profiles: which CPU kernels torch runs, so that one seed gives one set of numbers on any x86-64.
+
+Torch picks its CPU kernels by the CPU it runs on: ATen's dispatch (``ATEN_CPU_CAPABILITY``),
+oneDNN's JIT (``ONEDNN_MAX_CPU_ISA``) and MKL's code path (``MKL_CBWR``, conditional numerical
+reproducibility). An AVX-512 machine and an AVX2 machine therefore give different numbers for the
+same config and seed. The ``portable`` profile (the default, ``engine.numerics``) pins all three at
+AVX2, which every x86-64 machine of the last decade runs; ``native`` lets torch choose (faster on
+AVX-512 machines, numbers tied to the CPU).
+
+Each library reads its variable once, when the process runs its first kernel (not at ``import
+torch``). So every process that runs kernels applies its profile before its first tensor op:
+importing ``lcfed`` applies ``$LCFED_NUMERICS`` (default portable), and the CLI, the engines, the
+device and server actors and Tune trials call :func:`activate` with the config's profile. Child
+processes inherit the choice through the environment (and a Ray ``runtime_env``'s ``env_vars`` on
+a cluster the driver did not start). This module imports no torch at the top: it must run before.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import re
+import sys
+from functools import cache
+from typing import Any
+
+PROFILES = ("portable", "native")
+#: the profile a process applies on ``import lcfed`` (and that child processes inherit)
+ENV_PROFILE = "LCFED_NUMERICS"
+#: the variables a profile controls, each read by its library at the process's first kernel
+KEYS = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_CBWR", "CUBLAS_WORKSPACE_CONFIG")
+PORTABLE_LEVEL = "AVX2"
+_PINNED = {
+    "ATEN_CPU_CAPABILITY": "avx2",
+    "ONEDNN_MAX_CPU_ISA": "AVX2",
+    "MKL_CBWR": "AVX2,STRICT",  # STRICT: bitwise equal whatever the arrays' alignment
+    "CUBLAS_WORKSPACE_CONFIG": ":4096:8",  # deterministic cuBLAS (read at its first call; no effect on CPU)
+}
+#: an x86-64 CPU without AVX2 (or FMA) runs the baseline kernels: the same on every such machine
+_FALLBACK = {
+    "ATEN_CPU_CAPABILITY": "default",
+    "ONEDNN_MAX_CPU_ISA": "SSE41",
+    "MKL_CBWR": "COMPATIBLE",
+    "CUBLAS_WORKSPACE_CONFIG": ":4096:8",
+}
+#: the outer environment's values, as they were before lcfed changed any: what ``native`` restores
+_OUTER = {key: os.environ.get(key) for key in KEYS}
+_state: dict[str, str] = {}
+
+
+class NumericsError(ValueError):
+    """An unknown profile name (the config's validation names the field)."""
+
+
+def is_x86() -> bool:
+    return platform.machine().lower() in ("x86_64", "amd64", "i686", "i386")
+
+
+@cache
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags (Linux), empty where they cannot be read."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith(("flags", "Features")):
+                    return frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return frozenset()
+
+
+@cache
+def cpu_model() -> str:
+    """E.g. ``AMD EPYC 7B13``; ``platform.processor()`` where /proc/cpuinfo has no model name."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def cpu_isa() -> str:
+    """The widest vector extension the CPU has, as torch names its kernel levels."""
+    flags = cpu_flags()
+    if not is_x86():
+        return platform.machine() or "unknown"
+    if "avx512f" in flags and "avx512bw" in flags and "avx512vl" in flags and "avx512dq" in flags:
+        return "AVX512"
+    if "avx2" in flags and "fma" in flags:
+        return "AVX2"
+    return "DEFAULT" if flags else "unknown"
+
+
+def pinned_env(profile: str) -> tuple[dict[str, str | None], str]:
+    """The variables ``profile`` sets on this machine (None = unset) and a note when the portable level
+    cannot run here ('' otherwise)."""
+    if profile not in PROFILES:
+        raise NumericsError(f"numerics profile {profile!r}: must be one of {list(PROFILES)}")
+    if profile == "native":
+        return dict(_OUTER), ""
+    if not is_x86():
+        return dict(_OUTER), (f"portable numerics pin x86-64 kernels; this {platform.machine()} CPU runs its own "
+                              "(numbers close to an x86-64 machine's, not identical)")
+    isa = cpu_isa()
+    if isa in ("AVX2", "AVX512"):
+        return dict(_PINNED), ""
+    if isa == "unknown":
+        return dict(_OUTER), "portable numerics: this CPU's features cannot be read; torch picks its kernels"
+    return dict(_FALLBACK), ("portable numerics: this CPU lacks AVX2/FMA; it runs torch's baseline kernels "
+                             "(the same on every such CPU, not the AVX2 machines' numbers)")
+
+
+def activate(profile: str = "portable") -> dict[str, str]:
+    """Apply ``profile`` to this process (and the processes it starts), overriding the outer
+    environment's kernel settings; returns :func:`state`.
+
+    Must come before the process's first tensor op. When torch already chose its kernels (some
+    earlier code ran one), the level in force is kept and reported: one line on stderr, and the same
+    note in the run's record.
+    """
+    env, note = pinned_env(profile)
+    for key, value in env.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+    os.environ[ENV_PROFILE] = profile
+    expected = (env.get("ATEN_CPU_CAPABILITY") or "").upper() if profile == "portable" else ""
+    level = kernel_level()
+    if expected and level != expected:
+        note = (f"portable numerics: torch chose its {level} kernels before lcfed could pin {expected} "
+                "(a tensor op ran first); this process's numbers follow its CPU")
+    changed = _state.get("profile") != profile or _state.get("note", "") != note
+    _state.update(profile=profile, level=level, note=note)
+    if note and changed:
+        print(f"lcfed: {note}", file=sys.stderr, flush=True)
+    return state()
+
+
+def activate_from_env() -> None:
+    """What ``import lcfed`` does: the profile of ``$LCFED_NUMERICS`` (default portable), without
+    locking torch's kernels in yet (torch may not even be imported)."""
+    profile = os.environ.get(ENV_PROFILE, "portable").strip().lower() or "portable"
+    if profile not in PROFILES:
+        print(f"lcfed: ${ENV_PROFILE}={profile!r} is not one of {list(PROFILES)}; using portable",
+              file=sys.stderr, flush=True)
+        profile = "portable"
+    env, _ = pinned_env(profile)
+    for key, value in env.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+    os.environ[ENV_PROFILE] = profile
+
+
+def kernel_level() -> str:
+    """ATen's kernel level in force (``AVX2``, ``AVX512``, ``DEFAULT``, ...); asking fixes it."""
+    import torch
+
+    try:
+        return str(torch.backends.cpu.get_cpu_capability())
+    except Exception:  # very old torch
+        return "unknown"
+
+
+def state() -> dict[str, str]:
+    """The profile this process runs under: ``profile``, ``level`` and ``note`` ('' when none)."""
+    if not _state:
+        activate(os.environ.get(ENV_PROFILE, "portable") if os.environ.get(ENV_PROFILE) in PROFILES else "portable")
+    return dict(_state)
+
+
+def runtime_env_vars(profile: str) -> dict[str, str]:
+    """``env_vars`` for a Ray ``runtime_env``: workers on nodes this process did not start run the
+    same kernels (a var that ``native`` leaves unset is not sent: the node's own environment holds)."""
+    env, _ = pinned_env(profile)
+    return {ENV_PROFILE: profile, **{k: v for k, v in env.items() if v is not None}}
+
+
+def deterministic_gpu() -> None:
+    """Under the portable profile, the GPU's deterministic switches: cuDNN's deterministic
+    algorithms, no autotuning, and torch's deterministic implementations (a warning where an op
+    has none). GPU numbers are then repeatable on one GPU model and software stack, and close,
+    not identical, to the CPU's."""
+    import torch
+
+    if _state.get("profile", os.environ.get(ENV_PROFILE, "portable")) != "portable":
+        return
+    torch.backends.cudnn.deterministic = True
+    torch.backends.cudnn.benchmark = False
+    torch.use_deterministic_algorithms(True, warn_only=True)
+
+
+def _blas() -> str:
+    import torch
+
+    shown = torch.__config__.show()
+    mkl = re.search(r"Math Kernel Library Version ([\d.]+)", shown)
+    if mkl:
+        return f"MKL {mkl.group(1)}"
+    blas = re.search(r"BLAS_INFO=(\w+)", shown)
+    return blas.group(1) if blas else "unknown"
+
+
+def _onednn() -> str:
+    import torch
+
+    found = re.search(r"MKL-DNN v([\w.]+)", torch.__config__.show())
+    return f"oneDNN {found.group(1)}" if found else "none"
+
+
+def provenance(device: Any = None) -> dict[str, str]:
+    """What produced a run's numbers: software, CPU and the kernels in force, threads, and the GPU and
+    CUDA version when ``device`` is a CUDA device. Flat strings: MLflow tags and ``--json``."""
+    import torch
+
+    s = state()
+    out = {
+        "numerics": s["profile"],
+        "kernels": s["level"],
+        "onednn_isa": os.environ.get("ONEDNN_MAX_CPU_ISA", "native"),
+        "mkl_cbwr": os.environ.get("MKL_CBWR", "native"),
+        "cpu": cpu_model(),
+        "cpu_isa": cpu_isa(),
+        "torch": torch.__version__,
+        "blas": _blas(),
+        "onednn": _onednn(),
+        "threads": str(torch.get_num_threads()),
+        "interop_threads": str(torch.get_num_interop_threads()),
+        "python": platform.python_version(),
+    }
+    if s["note"]:
+        out["numerics_note"] = s["note"]
+    if device is not None and getattr(device, "type", str(device)) == "cuda" and torch.cuda.is_available():
+        out["gpu"] = torch.cuda.get_device_name(device)
+        out["cuda"] = str(torch.version.cuda)
+        out["cudnn"] = str(torch.backends.cudnn.version())
+    return out
+
+
+#: the provenance fields that decide whether two runs' numbers can be compared bit for bit
+SAME_NUMBERS = ("numerics", "kernels", "onednn_isa", "mkl_cbwr", "torch", "blas", "gpu")
+
+
+def differences(records: list[dict[str, Any]]) -> list[str]:
+    """The :data:`SAME_NUMBERS` fields (``cpu`` too under ``native``) on which ``records`` disagree,
+    each as ``field: a, b``; records from before provenance was recorded count as ``unrecorded``."""
+    keys = list(SAME_NUMBERS)
+    if any(r.get("numerics") == "native" for r in records):
+        keys.append("cpu")
+    out = []
+    for key in keys:
+        values = sorted({str(r.get(key, "unrecorded" if key != "gpu" else "none")) for r in records})
+        if len(values) > 1:
+            out.append(f"{key}: {', '.join(values)}")
+    return out
