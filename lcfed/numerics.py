@@ -10,9 +10,10 @@ AVX-512 machines, numbers tied to the CPU).
 Each library reads its variable once, when the process runs its first kernel (not at ``import
 torch``). So every process that runs kernels applies its profile before its first tensor op:
 importing ``lcfed`` applies ``$LCFED_NUMERICS`` (default portable), and the CLI, the engines, the
-device and server actors and Tune trials call :func:`activate` with the config's profile. Child
-processes inherit the choice through the environment (and a Ray ``runtime_env``'s ``env_vars`` on
-a cluster the driver did not start). This module imports no torch at the top: it must run before.
+device and server actors and Tune trials call :func:`activate` with the config's profile. Processes a
+private Ray starts inherit the environment; a worker on another node pins itself when it imports
+lcfed, and its actors then switch to the config's profile. This module imports no torch at the
+top: it must run before.
 """
 
 from __future__ import annotations
@@ -172,13 +173,6 @@ def state() -> dict[str, str]:
     if not _state:
         activate(os.environ.get(ENV_PROFILE, "portable") if os.environ.get(ENV_PROFILE) in PROFILES else "portable")
     return dict(_state)
-
-
-def runtime_env_vars(profile: str) -> dict[str, str]:
-    """``env_vars`` for a Ray ``runtime_env``: workers on nodes this process did not start run the
-    same kernels (a var that ``native`` leaves unset is not sent: the node's own environment holds)."""
-    env, _ = pinned_env(profile)
-    return {ENV_PROFILE: profile, **{k: v for k, v in env.items() if v is not None}}
 
 
 def deterministic_gpu() -> None:

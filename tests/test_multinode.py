@@ -2,7 +2,8 @@
 
 One cluster for the module: a CPU-only head (2 CPUs, the dataset in its ``~/data``) and three
 workers with 1 CPU and 1 logical GPU each, whose ``~/data`` is empty and where importing ``mlflow``
-fails (so a trial or actor that tried to talk to MLflow would error). ``lcfed`` commands run as
+fails (so a trial or actor that tried to talk to MLflow would error), and whose environment asks torch
+for baseline kernels (``OTHER_CPU``, as another CPU would pick other kernels than the head's). ``lcfed`` commands run as
 drivers on the head, attached through ``RAY_ADDRESS`` as inside a submitted job, without
 ``RAY_AUTH_MODE`` in their environment. An S3-compatible server (moto) and an MLflow server run on
 127.0.0.1.
@@ -24,6 +25,7 @@ import mlflow
 import pytest
 import yaml
 
+from lcfed import numerics
 from lcfed.config import load_config
 from lcfed.data import import_idx
 from lcfed.runner import run_local
@@ -45,6 +47,10 @@ CONFIG = {
     "engine": {"kind": "ray", "torch_threads": 1},
     "tracking": {"enabled": False},
 }
+
+
+#: the workers' environment asks torch for other kernels than the head's, as another CPU would pick
+OTHER_CPU = {"ATEN_CPU_CAPABILITY": "default", "ONEDNN_MAX_CPU_ISA": "SSE41", "MKL_CBWR": "COMPATIBLE"}
 
 
 @dataclass
@@ -76,7 +82,8 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     (blocker / "__init__.py").write_text("raise ImportError('mlflow imported on a worker node')\n")
     with S3Server() as s3:
         server, url = start_mlflow_server("127.0.0.1", free_port(), tmp / "mlflow")
-        cluster = LocalCluster.start(2, [(1, 1)] * 3, env=s3.env, worker_env={"PYTHONPATH": str(blocker.parent)})
+        cluster = LocalCluster.start(2, [(1, 1)] * 3, env=s3.env,
+                                     worker_env={"PYTHONPATH": str(blocker.parent), **OTHER_CPU})
         try:
             assert cluster.head is not None
             home = cluster.head.home
@@ -108,7 +115,9 @@ def test_run_places_device_actors_on_gpu_workers_and_matches_in_process(env: Env
     assert sum(a["devices"] for a in actors) == CONFIG["data"]["num_devices"]
     assert summary["placement"]["server"]["node_gpus"] == 0  # the server stays on the head, by the driver
     assert "placement" in proc.stdout and "device actors" in proc.stdout
-    # the workers' ~/data is empty: the samples came from the head's driver, and the numbers are the same
+    # the workers' ~/data is empty: the samples came from the head's driver, and the numbers are the same;
+    # the workers' environment asks for baseline kernels, and their actors run the portable ones all the same
+    assert summary["provenance"]["kernels"] == numerics.kernel_level() and "numerics_note" not in summary["provenance"]
     local = _in_process(env)
     for key in ("acc_mean", "acc_weighted", "train_loss", "test_loss"):
         assert summary[key] == local.final[key], key
