@@ -29,6 +29,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from lcfed import numerics
+
 if TYPE_CHECKING:
     from lcfed.config import EngineConfig
 
@@ -60,6 +62,7 @@ def ensure_ray(engine: EngineConfig) -> bool:
         return False
     address = (engine.address or os.environ.get("RAY_ADDRESS") or "").strip()
     if not address:
+        numerics.activate(engine.numerics)  # the private Ray's workers inherit this process's kernel settings
         start_local(engine)
         return True
     attach(address)

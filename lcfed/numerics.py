@@ -18,6 +18,7 @@ top: it must run before.
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import re
@@ -44,8 +45,25 @@ _FALLBACK = {
     "MKL_CBWR": "COMPATIBLE",
     "CUBLAS_WORKSPACE_CONFIG": ":4096:8",
 }
-#: the outer environment's values, as they were before lcfed changed any: what ``native`` restores
-_OUTER = {key: os.environ.get(key) for key in KEYS}
+#: the outer values of :data:`KEYS` (JSON), for child processes, which inherit the pinned ones
+ENV_OUTER = "LCFED_NUMERICS_OUTER"
+
+
+def _outer() -> dict[str, str | None]:
+    """The outer environment's values, as they were before lcfed changed any (in this process or the
+    one that started it): what ``native`` restores."""
+    try:
+        saved = json.loads(os.environ.get(ENV_OUTER, ""))
+        if isinstance(saved, dict):
+            return {key: saved.get(key) if isinstance(saved.get(key), str) else None for key in KEYS}
+    except ValueError:
+        pass
+    outer = {key: os.environ.get(key) for key in KEYS}
+    os.environ[ENV_OUTER] = json.dumps(outer)
+    return outer
+
+
+_OUTER = _outer()
 _state: dict[str, str] = {}
 
 

@@ -22,7 +22,7 @@ from tune_jobs.cli import main
 
 AVX2 = numerics.cpu_isa() in ("AVX2", "AVX512")
 needs_avx2 = pytest.mark.skipif(not AVX2, reason="the portable level (AVX2) needs an x86-64 CPU with AVX2")
-OUTER = [k for k in numerics.KEYS] + [numerics.ENV_PROFILE]
+OUTER = [*numerics.KEYS, numerics.ENV_PROFILE, numerics.ENV_OUTER]  # what a fresh shell would not have
 
 
 def run_cli(tmp_path: Path, name: str, outer: dict[str, str], *extra: str) -> dict:
@@ -122,3 +122,13 @@ def test_the_table_says_when_runs_ran_under_different_numerics(tmp_path, capsys)
     assert main(["table", summary("a", same), summary("c", {**same, "numerics": "native", "kernels": "AVX512"})]) == 0
     out = capsys.readouterr().out
     assert "different numerics" in out and "numerics: native, portable" in out and "kernels: AVX2, AVX512" in out
+
+
+def test_native_in_a_child_restores_the_outer_environment_not_the_pinned_one():
+    """A process that lcfed started (a Ray worker, a Tune trial) inherits the pinned variables; ``native``
+    there restores what the user's environment said, which the parent passed down."""
+    env = {**os.environ, "ATEN_CPU_CAPABILITY": "avx2",  # as pinned by a parent whose user asked for 'default'
+           numerics.ENV_OUTER: json.dumps({"ATEN_CPU_CAPABILITY": "default"}), "PYTHONPATH": str(ROOT)}
+    code = "from lcfed import numerics; print(numerics.activate('native')['level'])"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "DEFAULT", out.stderr[-2000:]
