@@ -19,6 +19,7 @@ from typing import Any
 
 import yaml
 
+from lcfed import registry
 from lcfed.numerics import PROFILES
 
 
@@ -95,9 +96,9 @@ class DataConfig:
         return self.num_devices - holdout_count(self.num_devices, self.holdout_fraction)
 
     def validate(self, prefix: str = "data") -> None:
-        from lcfed.data import DIRICHLET_CONVENTIONS, PARTITIONERS, SOURCES
+        from lcfed.data import DIRICHLET_CONVENTIONS, PARTITIONERS
 
-        require(self.dataset in SOURCES, f"{prefix}.dataset", self.dataset, f"one of {sorted(SOURCES)}")
+        resolve("dataset", f"{prefix}.dataset", self.dataset)
         require(
             self.partition in PARTITIONERS,
             f"{prefix}.partition",
@@ -174,9 +175,7 @@ class ModelConfig:
     name: str = "lenet5"
 
     def validate(self, prefix: str = "model") -> None:
-        from lcfed.models import MODELS
-
-        require(self.name in MODELS, f"{prefix}.name", self.name, f"one of {sorted(MODELS)}")
+        resolve("model", f"{prefix}.name", self.name)
 
 
 @dataclass(frozen=True)
@@ -493,8 +492,6 @@ def build_dataclass(cls: type, values: Mapping[str, Any], prefix: str) -> Any:
 
 def from_dict(raw: Mapping[str, Any]) -> ExperimentConfig:
     """Build and validate an :class:`ExperimentConfig` from nested plain data."""
-    from lcfed.methods import METHODS
-
     require(isinstance(raw, Mapping), "<config>", type(raw).__name__, "must be a mapping")
     top = {f.name for f in dataclasses.fields(ExperimentConfig)}
     for key in raw:
@@ -513,8 +510,7 @@ def from_dict(raw: Mapping[str, Any]) -> ExperimentConfig:
             "must be a mapping of fields (name and the method's parameters)")
     method_raw = dict(method_section)
     name = method_raw.pop("name", MethodConfig.name)
-    require(name in METHODS, "method.name", name, f"one of {sorted(METHODS)}")
-    params = build_dataclass(METHODS[name].params, method_raw, "method")
+    params = build_dataclass(resolve("method", "method.name", name).params, method_raw, "method")
     kwargs["method"] = MethodConfig(name=name, params=params)
     return ExperimentConfig(**kwargs).validate()
 
@@ -577,20 +573,37 @@ def parse_override(text: str) -> tuple[str, Any]:
     return key, value
 
 
+def resolve(kind: str, field_name: str, name: Any) -> Any:
+    """What the registry finds for the ``kind`` (method, model, dataset) ``name``: a built-in, an installed
+    plugin or a ``package.module:attr`` path; a :class:`ConfigError` naming ``field_name`` otherwise."""
+    require(isinstance(name, str) and name != "", field_name, name,
+            f"a {kind} name: one of {registry.known(kind)}, or a package.module:attr path")
+    try:
+        return getattr(registry, kind)(name)
+    except registry.PluginError as exc:
+        raise ConfigError(field_name, name, str(exc)) from None
+
+
+def _method_or_none(name: Any) -> Any:
+    try:
+        return registry.method(name) if isinstance(name, str) else None
+    except registry.PluginError:
+        return None  # refused with the whole config's validation
+
+
 def apply_overrides(raw: Mapping[str, Any], overrides: Mapping[str, Any] | Iterable[tuple[str, Any]]) -> dict[str, Any]:
     """Return a deep copy of ``raw`` with dotted-key overrides set.
 
     Switching ``method.name`` keeps only the file's method fields the new method accepts, so one
     config file can be run with every method.
     """
-    from lcfed.methods import METHODS
-
     out = _deepcopy(raw)
     items = list(overrides.items()) if isinstance(overrides, Mapping) else list(overrides)
     for key, value in items:
-        if key == "method.name" and value in METHODS:
+        spec = _method_or_none(value) if key == "method.name" else None
+        if spec is not None:
             old = dict(out.get("method") or {})
-            accepted = {f.name for f in dataclasses.fields(METHODS[value].params)}
+            accepted = {f.name for f in dataclasses.fields(spec.params)}
             explicit = {k.split(".", 1)[1] for k, _ in items if k.startswith("method.")}
             out["method"] = {k: v for k, v in old.items() if k in accepted or k in explicit}
         node = out

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from lcfed import numerics
+from lcfed import numerics, registry
 from lcfed.config import ConfigError, ExperimentConfig, holdout_count, require
 from lcfed.data import (
     Dataset,
@@ -27,9 +27,9 @@ from lcfed.data import (
     split_validation,
 )
 from lcfed.local import DeviceData, LocalWork
-from lcfed.methods import METHODS, Strategy
+from lcfed.methods import Strategy
 from lcfed.methods.base import Federation
-from lcfed.models import MODELS, Network, build_network
+from lcfed.models import Network, build_network
 
 
 @dataclass(frozen=True)
@@ -85,9 +85,16 @@ def check_against_data(cfg: ExperimentConfig, ds: Dataset) -> Partition:
             f"must be <= the {ds.num_classes} classes of {ds.name}",
         )
     try:
-        MODELS[cfg.model.name](ds.input_shape, ds.num_classes)
-    except ValueError as exc:
-        raise ConfigError("model.name", cfg.model.name, f"does not fit {ds.name}: {exc}") from None
+        net, _ = build_network(cfg.model.name, ds.input_shape, ds.num_classes, cfg.seed)
+        with torch.no_grad():
+            out = net.module(torch.zeros(1, *ds.input_shape))
+        if not isinstance(out, torch.Tensor) or tuple(out.shape) != (1, ds.num_classes):
+            got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+            raise ValueError(f"one sample gives {got}, not logits of shape (1, {ds.num_classes})")
+    except Exception as exc:  # a plugin model can fail in any way: one line, before any work
+        raise ConfigError("model.name", cfg.model.name, f"does not fit {ds.name} "
+                          f"({'x'.join(map(str, ds.input_shape))}, {ds.num_classes} classes): "
+                          f"{registry.one_line(exc)}") from None
     return partition(cfg, ds)
 
 
@@ -252,7 +259,7 @@ def local_work(cfg: ExperimentConfig) -> LocalWork:
 
 
 def make_strategy(cfg: ExperimentConfig, fed: Federation) -> Strategy:
-    return METHODS[cfg.method.name].strategy(cfg, fed)
+    return registry.method(cfg.method.name).strategy(cfg, fed)
 
 
 def make_network(cfg: ExperimentConfig, input_shape: tuple[int, int, int], num_classes: int, where: torch.device) -> Network:

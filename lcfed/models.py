@@ -15,6 +15,8 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
+from lcfed import registry
+
 
 class LeNet5(nn.Module):
     """LeNet-5 with ReLU and max-pooling; 61,706 parameters for 1x28x28 input and 10 classes."""
@@ -71,6 +73,7 @@ class FedACCNN(nn.Module):
 
 
 def _lenet5(input_shape: tuple[int, int, int], num_classes: int) -> nn.Module:
+    """LeNet-5 (61,706 parameters on 1x28x28, 10 classes): 2 conv + 3 fc; decision layer fc3. 28x28 or 32x32."""
     channels, height, width = input_shape
     if height != width or height not in (28, 32):
         raise ValueError(f"lenet5 takes 28x28 or 32x32 input, got {height}x{width}")
@@ -78,6 +81,7 @@ def _lenet5(input_shape: tuple[int, int, int], num_classes: int) -> nn.Module:
 
 
 def _cnn(input_shape: tuple[int, int, int], num_classes: int) -> nn.Module:
+    """FedAC's CNN (4,778,954 parameters on 3x32x32): 2 conv + 3 fc; decision layer fc3. 28x28 or 32x32."""
     channels, height, width = input_shape
     if height != width or height not in (28, 32):
         raise ValueError(f"cnn takes 28x28 or 32x32 input, got {height}x{width}")
@@ -179,11 +183,15 @@ class Network:
 
 def build_network(name: str, input_shape: tuple[int, int, int], num_classes: int, seed: int) -> tuple[Network, torch.Tensor]:
     """The model skeleton and its seeded initial flat weights (identical on every process)."""
-    if name not in MODELS:
-        raise ValueError(f"unknown model {name!r}; one of {sorted(MODELS)}")
+    try:
+        builder = registry.model(name)
+    except registry.PluginError as exc:
+        raise ValueError(str(exc)) from None
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        module = MODELS[name](input_shape, num_classes)
+        module = builder(input_shape, num_classes)
+    if not isinstance(module, nn.Module):
+        raise ValueError(f"model {name!r} built a {type(module).__name__}, not a torch.nn.Module")
     spec = param_spec(module)
     init = flatten_params(module, spec)
     return Network(module.requires_grad_(False), spec), init

@@ -10,6 +10,7 @@ from __future__ import annotations
 import gzip
 import shlex
 import struct
+import sys
 from pathlib import Path
 
 import pytest
@@ -330,6 +331,31 @@ ROWS += [
     ("repro-method-set-syntax", "reproduce table1 --method-set mu --no-track", {}, "--method-set"),
     ("repro-out-file", "reproduce table1 --out inputs/afile --no-track", {"inputs/afile": "x"}, "--out"),
     ("repro-no-table", "reproduce", {}, "TABLE"),
+    # plugins (method.name / model.name / data.dataset as package.module:attr in the working directory)
+    ("plugin-module-missing", f"{R} --set method.name=nosuchplugin:FedProx", {}, "No module named 'nosuchplugin'"),
+    ("plugin-import-fails", f"{R} --set method.name=plugbroken:FedProx", {"plugbroken.py": "import no_such_dep_xyz\n"},
+     "cannot import 'plugbroken'"),
+    ("plugin-attr-missing", f"{R} --set method.name=plugattr:FedProx", {"plugattr.py": "x = 1\n"},
+     "has no attribute 'FedProx'"),
+    ("plugin-not-a-strategy", f"{R} --set method.name=plugnot:FedProx", {"plugnot.py": "class FedProx:\n    pass\n"},
+     "not a Strategy subclass"),
+    ("plugin-params-not-dataclass", f"{R} --set method.name=plugparams:Mine",
+     {"plugparams.py": "from lcfed.methods.fedavg import FedAvg\n\n\nclass Mine(FedAvg):\n    Params = dict\n"},
+     "Params must be the dataclass"),
+    ("plugin-path-syntax", f"{R} --set method.name=1plug:X", {}, "not a plugin path"),
+    ("plugin-model-not-callable", f"{R} --set model.name=plugmodel:mlp", {"plugmodel.py": "mlp = 3\n"}, "model.name"),
+    ("plugin-model-no-decision-layer", f"{R} --set model.name=plugmodel2:build",
+     {"plugmodel2.py": "import torch\n\n\ndef build(shape, k):\n    return torch.nn.Sequential(torch.nn.Flatten(), "
+                       "torch.nn.Linear(784, k))\n"}, "decision_layer"),
+    ("plugin-model-wrong-output", f"{R} --set model.name=plugmodel3:build",
+     {"plugmodel3.py": "import torch\n\n\nclass M(torch.nn.Module):\n    decision_layer = 'fc'\n\n"
+                       "    def __init__(self):\n        super().__init__()\n        self.fc = torch.nn.Linear(784, 3)\n\n"
+                       "    def forward(self, x):\n        return self.fc(x.flatten(1))\n\n\ndef build(shape, k):\n"
+                       "    return M()\n"}, "not logits of shape (1, 10)"),
+    ("plugin-dataset-not-callable", f"{R} --set data.dataset=plugdata:load", {"plugdata.py": "load = 'x'\n"},
+     "data.dataset"),
+    ("plugin-dataset-returns-a-list", f"{R} --set data.dataset=plugdata2:load",
+     {"plugdata2.py": "def load(data_dir, download):\n    return [1, 2]\n"}, "not an lcfed.data.Dataset"),
     # mlflow-server
     ("server-port-neg", "mlflow-server --port -1", {}, "--port"),
     ("server-port-big", "mlflow-server --port 70000", {}, "--port"),
@@ -361,6 +387,7 @@ def _home(tmp_path, monkeypatch):
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "dont_write_bytecode", True)  # a plugin row's import would leave __pycache__ behind
 
 
 def _tree(root: Path) -> set[str]:

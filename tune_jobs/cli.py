@@ -66,6 +66,15 @@ def build_parser() -> argparse.ArgumentParser:
     methods = sub.add_parser("methods", help="list the registered methods and their parameters")
     methods.set_defaults(func=cmd_methods)
 
+    for kind, what in (("model", "models"), ("dataset", "datasets")):
+        listing = sub.add_parser(
+            what, help=f"list the {what}: built-in, installed plugins (entry points lcfed.{what}) and where each comes from",
+            description=f"List every {kind} name that {'model.name' if kind == 'model' else 'data.dataset'} accepts "
+                        f"without a path: the built-in ones, then those installed packages register under the "
+                        f"entry-point group lcfed.{what}. A package.module:attr path names any other.",
+            epilog=f"example:\n  lcfed {what}", formatter_class=argparse.RawDescriptionHelpFormatter)
+        listing.set_defaults(func=cmd_components, kind=kind)
+
     data = sub.add_parser("data", help="dataset utilities")
     data_sub = data.add_subparsers(dest="data_command", required=True, metavar="ACTION")
     imp = data_sub.add_parser(
@@ -359,17 +368,46 @@ def cmd_config(args: argparse.Namespace) -> int:
 
 
 def cmd_methods(args: argparse.Namespace) -> int:
+    """Every method by name (built-in, then installed plugins, with where each comes from) and its
+    parameters with their defaults."""
     import dataclasses
 
-    from lcfed.methods import METHODS
+    from lcfed import registry
 
-    for name, spec in METHODS.items():
+    for entry in registry.names("method"):
+        try:
+            spec = registry.method(entry.name)
+        except registry.PluginError as exc:
+            print(f"{entry.name:<12} ({entry.origin}) cannot be used: {exc}")
+            continue
         fields = ", ".join(f"{f.name}={f.default!r}" for f in dataclasses.fields(spec.params))
-        doc = (spec.strategy.__module__ and sys.modules[spec.strategy.__module__].__doc__ or "").strip().splitlines()[0]
-        print(f"{name:<12} {doc}")
+        print(f"{entry.name:<12} {_first_line(spec.strategy)}")
+        if entry.origin != "built-in":
+            print(f"{'':<12} from: {entry.origin}")
         if fields:
             print(f"{'':<12} params: {fields}")
     return 0
+
+
+def cmd_components(args: argparse.Namespace) -> int:
+    """``lcfed models`` / ``lcfed datasets``: every name, its first docstring line and where it comes from."""
+    from lcfed import registry
+
+    for entry in registry.names(args.kind):
+        try:
+            obj = getattr(registry, args.kind)(entry.name)
+        except registry.PluginError as exc:
+            print(f"{entry.name:<14} ({entry.origin}) cannot be used: {exc}")
+            continue
+        origin = "" if entry.origin == "built-in" else f"  [{entry.origin}]"
+        print(f"{entry.name:<14} {_first_line(obj)}{origin}")
+    return 0
+
+
+def _first_line(obj: Any) -> str:
+    """The first paragraph of ``obj``'s docstring (its module's for a class without one), as one line."""
+    doc = obj.__doc__ if obj.__doc__ and not isinstance(obj, type) else sys.modules[obj.__module__].__doc__
+    return " ".join((doc or "").strip().split("\n\n")[0].split())
 
 
 def cmd_data_import(args: argparse.Namespace) -> int:

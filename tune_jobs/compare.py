@@ -29,8 +29,8 @@ from typing import Any
 
 import numpy as np
 
-from lcfed import numerics
-from lcfed.config import ExperimentConfig, check_output_dir, load_config, require, safe_name
+from lcfed import numerics, registry
+from lcfed.config import ExperimentConfig, check_output_dir, load_config, require, resolve, safe_name
 from lcfed.stats import mean_ci, paired_test
 from tune_jobs.reproduce import LAST_EVALS, parse_seeds, read_state, summarize, write_json
 from tune_jobs.sweep import (
@@ -54,9 +54,13 @@ REFERENCE = "standalone"
 
 
 def method_space(method: str, space_dir: str | Path | None) -> Path:
-    """``<space_dir>/<method>.yaml`` (default: the bundled compare spaces)."""
+    """``<space_dir>/<method>.yaml`` (default: the bundled compare spaces, then the space a plugin method
+    ships as its strategy's ``compare_space``: a YAML file's path)."""
     where = Path(space_dir) if space_dir is not None else COMPARE_SPACES
     path = where / f"{method}.yaml"
+    shipped = getattr(registry.method(method).strategy, "compare_space", None)
+    if space_dir is None and not path.is_file() and shipped is not None:
+        path = Path(shipped)
     bundled = sorted(p.stem for p in COMPARE_SPACES.glob("*.yaml"))
     require(path.is_file(), "--methods", method,
             f"has no search space {path} (bundled: {bundled}; write one there, or pass --space-dir)")
@@ -109,7 +113,6 @@ def run_compare(
 ) -> dict[str, Any]:
     """Both phases for every method (what is on disk already is kept), then the report."""
     from actors.engine import ensure_ray
-    from lcfed.methods import METHODS
 
     out = Path(out)
     name = name or (out.name or "compare")
@@ -117,7 +120,7 @@ def run_compare(
     require(len(methods) >= 2 and len(set(methods)) == len(methods), "--methods", ",".join(methods),
             "at least two distinct methods")
     for m in methods:
-        require(m in METHODS, "--methods", m, f"one of {sorted(METHODS)}")
+        resolve("method", "--methods", m)
     require(budget >= 1, "--budget", budget, "trials per method, >= 1")
     require(len(seeds) >= 1, "--seeds", list(seeds), ">= 1 seed")
     require(target is None or 0 < target <= 1, "--target", target, "an accuracy in (0, 1]")

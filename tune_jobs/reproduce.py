@@ -25,7 +25,16 @@ from typing import Any
 
 import numpy as np
 
-from lcfed.config import ConfigError, ExperimentConfig, check_output_dir, load_config, parse_override, require
+from lcfed import registry
+from lcfed.config import (
+    ConfigError,
+    ExperimentConfig,
+    check_output_dir,
+    load_config,
+    parse_override,
+    require,
+    resolve,
+)
 
 #: evaluations averaged per cell (the unweighted mean jumps between evaluations on small devices)
 LAST_EVALS = 3
@@ -96,9 +105,7 @@ def partition_label(spec: str) -> str:
 def cell_config(base: ExperimentConfig, cell: Cell, method_sets: dict[str, Any], out: Path) -> ExperimentConfig:
     """The base config with the cell's dataset, partition and method (plus the method settings
     that method accepts), on Ray, checkpointed under ``out``."""
-    from lcfed.methods import METHODS
-
-    accepted = {f.name for f in dataclasses.fields(METHODS[cell.method].params)}
+    accepted = {f.name for f in dataclasses.fields(registry.method(cell.method).params)}
     overrides: dict[str, Any] = {"data.dataset": cell.dataset, **partition_overrides(cell.partition),
                                  "method.name": cell.method, "engine.kind": "ray",
                                  "checkpoint.dir": str(out / "checkpoints" / cell.key),
@@ -343,21 +350,18 @@ def add_parser(sub: Any) -> None:
 
 
 def cmd_table1(args: argparse.Namespace) -> int:
-    from lcfed.data import SOURCES
-    from lcfed.methods import METHODS
-
     require(args.rounds is None or args.rounds >= 1, "--rounds", args.rounds, "must be >= 1 (rounds per cell)")
     overrides = list(args.set) + ([f"train.rounds={args.rounds}"] if args.rounds is not None else [])
     base = load_config(args.config, overrides)
     check_output_dir(args.out, "--out")
-    methods = list(METHODS) if args.methods == "all" else [m.strip() for m in args.methods.split(",") if m.strip()]
-    for m in methods:
-        require(m in METHODS, "--methods", m, f"one of {sorted(METHODS)} or 'all'")
+    methods = [e.name for e in registry.names("method") if e.origin == "built-in"] if args.methods == "all" \
+        else [m.strip() for m in args.methods.split(",") if m.strip()]
+    specs = {m: resolve("method", "--methods", m) for m in methods}
     datasets = [d.strip() for d in args.datasets.split(",") if d.strip()]
     partitions = [p.strip() for p in args.partitions.split(",") if p.strip()]
     require(bool(datasets), "--datasets", args.datasets, "at least one dataset")
     for d in datasets:
-        require(d in SOURCES, "--datasets", d, f"comma-separated names, each one of {sorted(SOURCES)}")
+        resolve("dataset", "--datasets", d)
     require(bool(partitions), "--partitions", args.partitions, "at least one partition")
     for spec in partitions:
         partition_overrides(spec)
@@ -366,7 +370,7 @@ def cmd_table1(args: argparse.Namespace) -> int:
         require("=" in s and bool(s.partition("=")[0].strip()), "--method-set", s, "must look like KEY=VALUE, e.g. mu=0.1")
     sets = dict(parse_override(s) for s in args.method_set)
     for key in sets:
-        require(any(key in {f.name for f in dataclasses.fields(METHODS[m].params)} for m in methods),
+        require(any(key in {f.name for f in dataclasses.fields(spec.params)} for spec in specs.values()),
                 "--method-set", key, "a setting of at least one chosen method (see `lcfed methods`)")
     from tune_jobs.cli import stop_on_signals
 

@@ -23,6 +23,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from lcfed import registry
+
 __all__ = ["CACHE_DIR", "SOURCES", "DataError", "Dataset", "Scaling", "load_dataset", "to_float"]
 
 #: folder under the data dir that holds the decoded arrays
@@ -303,7 +305,10 @@ def load_dataset(name: str, data_dir: str | Path, download: bool = False) -> Dat
     Raises :class:`DataError` for an unknown name or when the files are missing.
     """
     try:
-        loader = SOURCES[name]
-    except KeyError:
-        raise DataError(f"unknown dataset {name!r}; known: {', '.join(sorted(SOURCES))}") from None
-    return loader(Path(data_dir).expanduser(), download)
+        loader = registry.dataset(name)
+    except registry.PluginError as exc:
+        raise DataError(str(exc)) from None
+    ds = loader(Path(data_dir).expanduser(), download)
+    if not isinstance(ds, Dataset):
+        raise DataError(f"dataset {name!r}: its loader returned a {type(ds).__name__}, not an lcfed.data.Dataset")
+    return ds

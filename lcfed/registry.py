@@ -1,0 +1,173 @@
+"""Names -> code, in one place: methods, models and datasets, built in or brought by the user.
+
+A name in ``method.name``, ``model.name`` or ``data.dataset`` is one of
+
+- a built-in name (``lcfed``, ``lenet5``, ``digits``, ...);
+- a name an installed package registers through a Python entry point, in the groups
+  ``lcfed.methods``, ``lcfed.models`` and ``lcfed.datasets`` (``[project.entry-points."lcfed.methods"]``
+  in the plugin's ``pyproject.toml``), as pytest and MLflow find their plugins;
+- a ``package.module:attr`` path to code importable from the working directory (as Ray, Hydra and
+  uvicorn name code); on a cluster, the job's working directory travels to every node.
+
+What each kind must be:
+
+- a method: a :class:`lcfed.methods.base.Strategy` subclass whose ``Params`` attribute is the
+  dataclass of its hyper-parameters (or a :class:`lcfed.methods.base.MethodSpec`);
+- a model: a builder ``(input_shape, num_classes) -> torch.nn.Module`` whose module names its
+  decision layer in ``decision_layer`` (the embedding/decision split LCFed-style methods need);
+- a dataset: a loader ``(data_dir: Path, download: bool) -> lcfed.data.Dataset``.
+
+Anything wrong with a plugin is a :class:`PluginError` whose message is one line (the CLI prints it
+as a config error naming the field, before any work starts).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cache
+from importlib import metadata
+from typing import Any
+
+KINDS = {"method": "lcfed.methods", "model": "lcfed.models", "dataset": "lcfed.datasets"}
+
+
+class PluginError(ValueError):
+    """A name that resolves to nothing usable; the message says why in one line."""
+
+
+@dataclass(frozen=True)
+class Entry:
+    """A name that resolves: where it comes from (``built-in``, ``entry point (dist 1.0)``, ``path``)."""
+
+    name: str
+    origin: str
+
+
+def _builtins(kind: str) -> dict[str, Any]:
+    # imported here: the built-in methods import the config, which validates names through this module
+    if kind == "method":
+        from lcfed.methods import METHODS
+
+        return dict(METHODS)
+    if kind == "model":
+        from lcfed.models import MODELS
+
+        return dict(MODELS)
+    from lcfed.data.sources import SOURCES
+
+    return dict(SOURCES)
+
+
+@cache
+def _entry_points(kind: str) -> dict[str, metadata.EntryPoint]:
+    return {ep.name: ep for ep in metadata.entry_points(group=KINDS[kind])}
+
+
+def refresh() -> None:
+    """Read the installed plugins again (after installing one into this running process)."""
+    _entry_points.cache_clear()
+
+
+def is_path(name: str) -> bool:
+    return ":" in name
+
+
+def names(kind: str) -> list[Entry]:
+    """Every name of ``kind`` that needs no path: built-ins first, then installed plugins (not loaded)."""
+    out = [Entry(n, "built-in") for n in _builtins(kind)]
+    taken = {e.name for e in out}
+    for n, ep in sorted(_entry_points(kind).items()):
+        if n not in taken:
+            dist = getattr(ep, "dist", None)
+            out.append(Entry(n, f"entry point {ep.value} ({dist.name} {dist.version})" if dist else f"entry point {ep.value}"))
+    return out
+
+
+def known(kind: str) -> list[str]:
+    return [e.name for e in names(kind)]
+
+
+def _import_path(name: str) -> Any:
+    module_name, _, attr = name.partition(":")
+    if not module_name or not attr or not all(p.isidentifier() for p in [*module_name.split("."), *attr.split(".")]):
+        raise PluginError(f"{name!r} is not a plugin path: write package.module:attr")
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())  # code in the working directory, as `python -m` would see it
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except Exception as exc:  # the plugin's own import error, in its words
+        raise PluginError(f"cannot import {module_name!r}: {type(exc).__name__}: {one_line(exc)}") from None
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise PluginError(f"module {module_name!r} has no attribute {attr!r}")
+        obj = getattr(obj, part)
+    return obj
+
+
+def _load(kind: str, name: str) -> tuple[Any, str]:
+    if not isinstance(name, str) or not name:
+        raise PluginError(f"{kind} name must be a non-empty string")
+    builtin = _builtins(kind)
+    if name in builtin:
+        return builtin[name], "built-in"
+    if is_path(name):
+        return _import_path(name), "path"
+    ep = _entry_points(kind).get(name)
+    if ep is None:
+        raise PluginError(f"unknown {kind} {name!r}: one of {known(kind)}, or a package.module:attr path")
+    try:
+        return ep.load(), f"entry point {ep.value}"
+    except Exception as exc:
+        raise PluginError(f"entry point {name!r} ({ep.value}) failed to load: {type(exc).__name__}: "
+                          f"{one_line(exc)}") from None
+
+
+def method(name: str) -> Any:
+    """The :class:`~lcfed.methods.base.MethodSpec` that ``name`` names."""
+    from lcfed.methods.base import MethodSpec, Strategy
+
+    obj, origin = _load("method", name)
+    if isinstance(obj, MethodSpec):
+        spec = obj
+    elif isinstance(obj, type) and issubclass(obj, Strategy):
+        params = getattr(obj, "Params", None)
+        if not (isinstance(params, type) and dataclasses.is_dataclass(params)):
+            raise PluginError(f"method {name!r}: {obj.__name__}.Params must be the dataclass of its "
+                              "hyper-parameters (an empty @dataclass if it has none)")
+        spec = MethodSpec(obj, params)
+    else:
+        raise PluginError(f"method {name!r} ({origin}) is {_what(obj)}, not a Strategy subclass "
+                          "(lcfed.methods.base.Strategy) or a MethodSpec")
+    if not (isinstance(spec.params, type) and dataclasses.is_dataclass(spec.params)):
+        raise PluginError(f"method {name!r}: its parameters ({_what(spec.params)}) are not a dataclass")
+    return spec
+
+
+def model(name: str) -> Callable[[tuple[int, int, int], int], Any]:
+    """The model builder that ``name`` names (checked when it builds: :func:`lcfed.models.build_network`)."""
+    obj, origin = _load("model", name)
+    if not callable(obj):
+        raise PluginError(f"model {name!r} ({origin}) is {_what(obj)}, not a builder (input_shape, num_classes) -> nn.Module")
+    return obj
+
+
+def dataset(name: str) -> Callable[..., Any]:
+    """The dataset loader that ``name`` names."""
+    obj, origin = _load("dataset", name)
+    if not callable(obj):
+        raise PluginError(f"dataset {name!r} ({origin}) is {_what(obj)}, not a loader (data_dir, download) -> Dataset")
+    return obj
+
+
+def one_line(text: object) -> str:
+    """A plugin's error message (possibly several lines) as one line."""
+    return " ".join(str(text).split())
+
+
+def _what(obj: Any) -> str:
+    return f"the class {obj.__name__}" if isinstance(obj, type) else f"a {type(obj).__name__}"

@@ -1,0 +1,123 @@
+"""Plugins: the example package (examples/lcfed-example-plugin) installed for real, found through its entry
+points, and the same code named by a ``package.module:attr`` path; FedProx with mu = 0 is FedAvg, number
+for number; a plugin that fails to load is one line, never a traceback."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from lcfed import registry
+from lcfed.data import load_dataset
+from tests.conftest import TINY
+from tune_jobs.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "examples" / "lcfed-example-plugin"
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """``pip install`` of the example into a target directory put on the path: its entry points are real."""
+    target = tmp_path_factory.mktemp("site")
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
+                    "--disable-pip-version-check", "--target", str(target), str(EXAMPLE)], check=True, timeout=300)
+    sys.path.insert(0, str(target))
+    registry.refresh()
+    try:
+        yield target
+    finally:
+        sys.path.remove(str(target))
+        for name in [m for m in sys.modules if m == "lcfed_example" or m.startswith("lcfed_example.")]:
+            del sys.modules[name]
+        registry.refresh()
+
+
+def run_json(tmp_path: Path, name: str, *sets: str) -> dict:
+    cfg = tmp_path / "tiny.yaml"
+    cfg.write_text(yaml.safe_dump(TINY))
+    out = tmp_path / f"{name}.json"
+    args = ["run", "-c", str(cfg), "--no-track", "-q", "--json", str(out)]
+    for s in sets:
+        args += ["--set", s]
+    assert main(args) == 0
+    return json.loads(out.read_text())
+
+
+def test_listings_show_the_plugins_and_where_they_come_from(installed, capsys):
+    assert main(["methods"]) == 0
+    out = capsys.readouterr().out
+    assert "fedprox      FedProx (Li et al., MLSys 2020)" in out
+    assert "from: entry point lcfed_example.fedprox:FedProx (lcfed-example-plugin 0.1.0)" in out
+    assert "params: mu=0.01" in out
+    assert main(["models"]) == 0
+    assert "mlp " in capsys.readouterr().out
+    assert main(["datasets"]) == 0
+    assert "npz " in capsys.readouterr().out
+
+
+def test_fedprox_with_mu_0_is_fedavg_number_for_number(installed, tmp_path):
+    prox = run_json(tmp_path, "prox", "method.name=fedprox", "method.mu=0")
+    avg = run_json(tmp_path, "avg", "method.name=fedavg")
+    keys = ("acc_mean", "acc_weighted", "train_loss", "test_loss", "bytes_up", "bytes_down")
+    assert [prox[k] for k in keys] == [avg[k] for k in keys]
+    assert prox["method"] == "fedprox"
+    pulled = run_json(tmp_path, "pulled", "method.name=fedprox", "method.mu=1")
+    assert pulled["train_loss"] != avg["train_loss"]  # the proximal term is there
+
+
+def test_a_plugin_model_on_a_plugin_dataset(installed, tmp_path, capsys):
+    digits = load_dataset("digits", tmp_path)
+    data = tmp_path / "data"
+    data.mkdir()
+    np.savez(data / "example.npz", x=digits.x[:600, 0], y=digits.y[:600])  # N x H x W: one channel added
+    summary = run_json(tmp_path, "mlp", "model.name=mlp", "data.dataset=npz", f"data.data_dir={data}",
+                       "method.name=fedavg", "train.rounds=5")
+    assert summary["acc_mean"] > 0.5  # 10 classes: chance is 0.1
+    assert main(["data", "stats", "--set", "data.dataset=npz", "--set", f"data.data_dir={data}"]) == 0
+    assert "npz" in capsys.readouterr().out
+
+
+def test_a_path_in_the_working_directory_without_installing(tmp_path, monkeypatch):
+    """``module:attr`` names code next to the command, as on a cluster's job working directory."""
+    work = tmp_path / "work"
+    work.mkdir()
+    shutil.copy(EXAMPLE / "lcfed_example" / "fedprox.py", work / "myprox.py")
+    monkeypatch.chdir(work)
+    monkeypatch.setattr(sys, "dont_write_bytecode", True)
+    try:
+        prox = run_json(tmp_path, "path", "method.name=myprox:FedProx", "method.mu=0")
+        avg = run_json(tmp_path, "avg", "method.name=fedavg")
+    finally:
+        sys.modules.pop("myprox", None)
+    assert prox["method"] == "myprox:FedProx" and prox["acc_mean"] == avg["acc_mean"]
+    assert prox["train_loss"] == avg["train_loss"]
+
+
+def test_an_entry_point_that_fails_to_load_is_one_line(tmp_path, monkeypatch, capsys):
+    dist = tmp_path / "broken_plugin-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: broken-plugin\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text("[lcfed.methods]\nbrokenep = no_such_module_xyz:Thing\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    registry.refresh()
+    try:
+        assert main(["run", "--no-track", "-q", "--set", "method.name=brokenep"]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "Traceback" not in err
+        assert "method.name: got 'brokenep'; entry point 'brokenep' (no_such_module_xyz:Thing) failed to load: " \
+               "ModuleNotFoundError: No module named 'no_such_module_xyz'" in err
+        assert main(["methods"]) == 0  # the listing goes on, saying what is wrong with it
+        assert "brokenep     (entry point no_such_module_xyz:Thing (broken-plugin 0.1)) cannot be used" in \
+            capsys.readouterr().out
+    finally:
+        monkeypatch.undo()
+        registry.refresh()
