@@ -365,8 +365,9 @@ def cmd_methods(args: argparse.Namespace) -> int:
 
     for name, spec in METHODS.items():
         fields = ", ".join(f"{f.name}={f.default!r}" for f in dataclasses.fields(spec.params))
-        doc = (spec.strategy.__module__ and sys.modules[spec.strategy.__module__].__doc__ or "").strip().splitlines()[0]
-        print(f"{name:<12} {doc}")
+        # the module docstring's first paragraph, on one line (its first line may end mid-sentence)
+        doc = (sys.modules[spec.strategy.__module__].__doc__ or "").strip().split("\n\n")[0]
+        print(f"{name:<12} {' '.join(doc.split())}")
         if fields:
             print(f"{'':<12} params: {fields}")
     return 0

@@ -123,6 +123,17 @@ def summarize(history: list[dict[str, float]], last: int = LAST_EVALS) -> dict[s
     return out
 
 
+def last_evaluations(results: dict[str, dict[str, Any]]) -> str:
+    """What the runs' accuracies average: ``last 3 evaluations``, or fewer where runs made fewer
+    (``last evaluation``, ``last 2-3 evaluations``)."""
+    counts = sorted({int(r["evaluations"]) for r in results.values() if "evaluations" in r}) or [LAST_EVALS]
+    if counts == [1]:
+        return "last evaluation"
+    if len(counts) == 1:
+        return f"last {counts[0]} evaluations"
+    return f"last {counts[0]}-{counts[-1]} evaluations (as many as each run made, up to {LAST_EVALS})"
+
+
 def write_tables(out: Path, cells: list[Cell], results: dict[str, dict[str, Any]], title: str) -> tuple[str, str]:
     """``table1.md`` (methods x dataset/partition, in %: accuracy ± its std over devices; with ``--seeds``
     the mean over seeds ± its 95 % confidence interval) and ``table1.csv`` (one row per run)."""
@@ -132,10 +143,10 @@ def write_tables(out: Path, cells: list[Cell], results: dict[str, dict[str, Any]
     methods = list(dict.fromkeys(c.method for c in cells))
     seeded = any(c.seed is not None for c in cells)
     head = [f"{d} {partition_label(p)}" for d, p in columns]
+    averaged = last_evaluations(results)
     what = (f"mean over seeds ± its 95 % confidence interval (Student t) of the mean personalized test accuracy "
-            f"(%), each run averaged over its last {LAST_EVALS} evaluations" if seeded else
-            f"Mean personalized test accuracy (%) ± its std over devices, averaged over the last {LAST_EVALS} "
-            "evaluations")
+            f"(%), each run averaged over its {averaged}" if seeded else
+            f"Mean personalized test accuracy (%) ± its std over devices, averaged over the {averaged}")
     lines = [f"# {title}", "", f"{what[0].upper()}{what[1:]}; best per column in bold.", "",
              "| method | " + " | ".join(head) + " |", "|---|" + "---:|" * len(head)]
     cell_text: dict[tuple[str, tuple[str, str]], tuple[float, str]] = {}
