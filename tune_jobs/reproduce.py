@@ -331,9 +331,22 @@ def reproduce_table1(
 
 
 def add_parser(sub: Any) -> None:
-    rep = sub.add_parser("reproduce", help="reproduce a paper table (every cell on one budget, on Ray)")
-    rep_sub = rep.add_subparsers(dest="table", required=True, metavar="TABLE")
-    t1 = rep_sub.add_parser("table1", help="methods x (dataset, partition): mean personalized accuracy ± std")
+    from tune_jobs.cli import add_actions, examples
+
+    rep = sub.add_parser("reproduce", help="reproduce a paper table (every cell on one budget, on Ray)",
+                         description="Reproduce a paper table: every cell a run on one budget, on Ray, under one "
+                         "MLflow parent run.",
+                         epilog=examples("lcfed reproduce table1 --rounds 50 --out outputs/table1"))
+    rep_sub = add_actions(rep, "table", "TABLE")
+    t1 = rep_sub.add_parser(
+        "table1", help="methods x (dataset, partition): mean personalized accuracy ± std",
+        description="Table I: one run per method x (dataset, partition) cell, each averaged over its last "
+        f"{LAST_EVALS} evaluations (all it made, if fewer); writes table1.md and table1.csv to --out (rerun "
+        "with the same --out to resume: finished cells are kept).",
+        epilog=examples(
+            "lcfed reproduce table1 --datasets fashion_mnist,mnist --rounds 100",
+            "lcfed reproduce table1 --methods lcfed,fedavg,ifca --partitions dirichlet:0.1 --seeds 3",
+            "lcfed reproduce table1 --method-set num_clusters=10 --out outputs/k10 --no-track"))
     t1.add_argument("--config", "-c", metavar="FILE", help="base config (budget, devices, engine, tracking)")
     t1.add_argument("--set", "-s", metavar="KEY=VALUE", action="append", default=[],
                     help="override a base config field (repeatable)")
