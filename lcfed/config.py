@@ -7,6 +7,7 @@ field (dotted path), the value and what is allowed.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 import os
 import re
@@ -55,6 +56,15 @@ def uri_scheme(uri: str) -> str:
     """The URI's scheme, lower-case and without a driver (``postgresql+psycopg2://`` -> ``postgresql``);
     ``""`` for a plain path."""
     return uri.split("://", 1)[0].split("+", 1)[0].lower() if "://" in uri else ""
+
+
+def did_you_mean(value: Any, choices: Iterable[str], prefix: str = "") -> str:
+    """``"; did you mean <prefix><closest>?"`` when ``value`` is a near miss of one of ``choices`` (a typo),
+    else ``""``: appended to the message that refuses it."""
+    if not isinstance(value, str):
+        return ""
+    close = difflib.get_close_matches(value, list(choices), n=1)
+    return f"; did you mean {prefix}{close[0]}?" if close else ""
 
 
 def require(cond: bool, field_name: str, value: Any, allowed: str) -> None:
@@ -481,7 +491,8 @@ def build_dataclass(cls: type, values: Mapping[str, Any], prefix: str) -> Any:
     names = [f.name for f in dataclasses.fields(cls) if f.init]
     kwargs: dict[str, Any] = {}
     for key, value in values.items():
-        require(key in names, f"{prefix}.{key}", value, f"unknown field; allowed: {', '.join(names)}")
+        require(key in names, f"{prefix}.{key}", value,
+                f"unknown field; allowed: {', '.join(names)}{did_you_mean(key, names, f'{prefix}.')}")
         ok, coerced = _type_ok(value, hints[key])
         hint = " (YAML reads on/off/yes/no as booleans: quote the word)" if isinstance(value, bool) and hints[key] is str else ""
         require(ok, f"{prefix}.{key}", value, f"must be of type {_type_name(hints[key])}{hint}")
@@ -495,7 +506,8 @@ def from_dict(raw: Mapping[str, Any]) -> ExperimentConfig:
     require(isinstance(raw, Mapping), "<config>", type(raw).__name__, "must be a mapping")
     top = {f.name for f in dataclasses.fields(ExperimentConfig)}
     for key in raw:
-        require(key in top, key, raw[key], f"unknown section; allowed: {', '.join(sorted(top))}")
+        require(key in top, key, raw[key],
+                f"unknown section; allowed: {', '.join(sorted(top))}{did_you_mean(key, top)}")
     kwargs: dict[str, Any] = {}
     for key in ("name", "seed"):
         if key in raw:
@@ -581,7 +593,8 @@ def resolve(kind: str, field_name: str, name: Any) -> Any:
     try:
         return getattr(registry, kind)(name)
     except registry.PluginError as exc:
-        raise ConfigError(field_name, name, str(exc)) from None
+        typo = "" if registry.is_path(name) else did_you_mean(name, registry.known(kind))
+        raise ConfigError(field_name, name, f"{exc}{typo}") from None
 
 
 def _method_or_none(name: Any) -> Any:

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import sys
+import textwrap
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import yaml
 
@@ -18,12 +20,94 @@ from lcfed.config import (
     ExperimentConfig,
     check_output_dir,
     check_output_file,
+    did_you_mean,
     load_config,
     require,
     to_dict,
 )
 
 EXIT_USAGE = 2
+#: what ``lcfed --version`` reports: lcfed and the packages that run and track it
+VERSIONED = ("lcfed", "torch", "ray", "mlflow")
+#: columns a command's description is filled to (argparse wraps the options to the terminal)
+HELP_WIDTH = 79
+
+
+class LcfedParser(argparse.ArgumentParser):
+    """argparse with the project's error form: one line naming the subcommand and the flag, exit 2,
+    instead of a usage dump (``lcfed: usage error: run: --engine: invalid choice 'x' (choose from local,
+    ray) (see lcfed run --help)``). Subparsers are of the parser's class, so every subcommand has it."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # the raw formatter prints the examples (epilog) as written; descriptions are filled here instead
+        kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
+        if kwargs.get("description"):
+            kwargs["description"] = textwrap.fill(kwargs["description"], HELP_WIDTH)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str) -> NoReturn:
+        command = self.prog.partition(" ")[2]
+        where = f"{command}: " if command else ""
+        self.exit(EXIT_USAGE, f"lcfed: usage error: {where}{message.removeprefix('argument ')} "
+                              f"(see {self.prog} --help)\n")
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[Any, list[str]]:
+        namespace, extras = super().parse_known_args(args, namespace)
+        if extras:  # refused by the subcommand that got them: argparse would report them from the top parser
+            self.error(f"unrecognized arguments: {' '.join(extras)}")
+        return namespace, extras
+
+    def _check_value(self, action: argparse.Action, value: Any) -> None:
+        # argparse's check, on one line with the choices unquoted and the nearest one suggested (`lcfed rn`)
+        if action.choices is not None and value not in action.choices:
+            choices = [str(c) for c in action.choices]
+            raise argparse.ArgumentError(action, f"invalid choice {value!r} (choose from {', '.join(choices)})"
+                                                 f"{did_you_mean(value, choices)}")
+
+
+class _Versions(argparse.Action):
+    """``--version``: print :func:`versions` and exit."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str = argparse.SUPPRESS, help: str | None = None) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help=help)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        print(versions())
+        parser.exit()
+
+
+def versions() -> str:
+    """E.g. ``lcfed 0.1.0 (torch 2.14.1, ray 2.60.0, mlflow 3.17.2)``, from the installed packages'
+    metadata: no torch or Ray import."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    found = []
+    for name in VERSIONED:
+        try:
+            found.append(f"{name} {version(name)}")
+        except PackageNotFoundError:
+            found.append(f"{name} not installed")
+    return f"{found[0]} ({', '.join(found[1:])})"
+
+
+def examples(*commands: str) -> str:
+    """A subcommand's ``epilog``: example command lines, printed as written."""
+    return "examples:\n" + "\n".join(f"  {c}" for c in commands)
+
+
+def add_actions(parser: argparse.ArgumentParser, dest: str, metavar: str = "ACTION") -> Any:
+    """The sub-actions of a command (``lcfed data import``); the bare command prints its help and
+    exits 0 instead of an error."""
+    parser.set_defaults(func=functools.partial(_print_help, parser))
+    return parser.add_subparsers(dest=dest, metavar=metavar)
+
+
+def _print_help(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    parser.print_help()
+    return 0
 
 
 def _config_args(p: argparse.ArgumentParser) -> None:
@@ -39,14 +123,28 @@ def _config_args(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = LcfedParser(
         prog="lcfed",
         description="Clustered personalized federated learning experiments (LCFed and its baselines) "
-        "in-process or on Ray, tracked in MLflow.",
+        "in-process or on Ray, tracked in MLflow. `lcfed COMMAND --help` describes a command.",
+        epilog=examples("lcfed run --config configs/demo.yaml",
+                        "lcfed config --config configs/demo.yaml --set method.mu=0.5   # the resolved config",
+                        "lcfed methods"),
     )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    parser.add_argument("--version", action=_Versions, help="print the versions of lcfed, torch, Ray and MLflow")
+    sub = add_actions(parser, "command", "COMMAND")
 
-    run = sub.add_parser("run", help="run one federation and log it to MLflow")
+    run = sub.add_parser(
+        "run", help="run one federation and log it to MLflow",
+        description="Run one federation (every round: local training, clustering, aggregation, evaluation), "
+        "print a summary and log the run to MLflow. `lcfed config` with the same --config and --set "
+        "prints the resolved config the run would use.",
+        epilog=examples("lcfed run --config configs/demo.yaml",
+                        "lcfed config --config configs/demo.yaml --set method.mu=0.5   # the config that run uses",
+                        "lcfed run --config configs/demo.yaml --set method.mu=0.5",
+                        "lcfed run --config configs/demo.yaml --set method.name=fedavg --json fedavg.json",
+                        "lcfed run --config configs/demo.yaml --engine ray --no-track",
+                        "lcfed run --config configs/demo.yaml --set checkpoint.dir=runs/demo --resume"))
     _config_args(run)
     run.add_argument("--engine", choices=["local", "ray"], help="execution engine (overrides engine.kind)")
     run.add_argument("--no-track", action="store_true", help="do not log to MLflow")
@@ -59,11 +157,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.set_defaults(func=cmd_run)
 
-    show = sub.add_parser("config", help="print the resolved, validated config as YAML")
+    show = sub.add_parser(
+        "config", help="print the resolved, validated config as YAML",
+        description="Print the config a run with the same --config and --set would use: the file's fields, "
+        "the overrides and every default, validated (a bad value is an error here, as in `lcfed run`).",
+        epilog=examples("lcfed config",
+                        "lcfed config --config configs/demo.yaml --set data.alpha=0.1 > my.yaml"))
     _config_args(show)
     show.set_defaults(func=cmd_config)
 
-    methods = sub.add_parser("methods", help="list the registered methods and their parameters")
+    methods = sub.add_parser(
+        "methods", help="list the registered methods and their parameters",
+        description="List the registered methods (the values of method.name), each with its description "
+        "and its parameters (method.<param>) with their defaults.",
+        epilog=examples("lcfed methods", "lcfed run --set method.name=ifca --set method.num_clusters=3"))
     methods.set_defaults(func=cmd_methods)
 
     for kind, what in (("model", "models"), ("dataset", "datasets")):
@@ -72,14 +179,22 @@ def build_parser() -> argparse.ArgumentParser:
             description=f"List every {kind} name that {'model.name' if kind == 'model' else 'data.dataset'} accepts "
                         f"without a path: the built-in ones, then those installed packages register under the "
                         f"entry-point group lcfed.{what}. A package.module:attr path names any other.",
-            epilog=f"example:\n  lcfed {what}", formatter_class=argparse.RawDescriptionHelpFormatter)
+            epilog=examples(f"lcfed {what}", f"lcfed run --set {'model.name' if kind == 'model' else 'data.dataset'}"
+                                             f"=mypackage.module:{'build' if kind == 'model' else 'load'}"))
         listing.set_defaults(func=cmd_components, kind=kind)
 
-    data = sub.add_parser("data", help="dataset utilities")
-    data_sub = data.add_subparsers(dest="data_command", required=True, metavar="ACTION")
+    data = sub.add_parser("data", help="dataset utilities", description="Dataset utilities: place IDX files where "
+                          "torchvision expects them, or print the partition a config makes.",
+                          epilog=examples("lcfed data import --from /tmp/mnist-idx",
+                                          "lcfed data stats --config configs/mnist_dirichlet.yaml"))
+    data_sub = add_actions(data, "data_command")
     imp = data_sub.add_parser(
         "import",
         help="place MNIST / Fashion-MNIST IDX files found on this machine where torchvision expects them",
+        description="Place MNIST / Fashion-MNIST IDX files (.gz or not) found on this machine where "
+        "torchvision reads them under --data-dir, after checking each file (magic number, size, labels).",
+        epilog=examples("lcfed data import --data-dir ~/.cache/lcfed --from /tmp/mnist-idx",
+                        "lcfed run --set data.dataset=mnist --set data.data_dir=~/.cache/lcfed   # then"),
     )
     imp.add_argument("--data-dir", default="~/.cache/lcfed", help="destination data directory (default: %(default)s)")
     imp.add_argument(
@@ -93,18 +208,34 @@ def build_parser() -> argparse.ArgumentParser:
     )
     imp.set_defaults(func=cmd_data_import)
     stats = data_sub.add_parser(
-        "stats", help="print the config's partition: train/test sizes and classes per device (what a run starts with)"
+        "stats", help="print the config's partition: train/test sizes and classes per device (what a run starts with)",
+        description="Partition the config's dataset as a run would and print the devices' train/test sizes "
+        "and classes per device, without training.",
+        epilog=examples("lcfed data stats --config configs/mnist_dirichlet.yaml",
+                        "lcfed data stats --set data.partition=pathological --set data.classes_per_device=2"),
     )
     _config_args(stats)
     stats.set_defaults(func=cmd_data_stats)
 
-    tracking = sub.add_parser("tracking", help="tracking utilities")
-    tracking_sub = tracking.add_subparsers(dest="tracking_command", required=True, metavar="ACTION")
-    rep = tracking_sub.add_parser("replay", help="send the metrics a run saved while its MLflow store was unreachable")
+    tracking = sub.add_parser("tracking", help="tracking utilities",
+                              description="Tracking utilities: send metrics a run kept while MLflow was unreachable.",
+                              epilog=examples("lcfed tracking replay unlogged-metrics-3f2a1b9c.json"))
+    tracking_sub = add_actions(tracking, "tracking_command")
+    rep = tracking_sub.add_parser(
+        "replay", help="send the metrics a run saved while its MLflow store was unreachable",
+        description="Send the metric points a run saved to unlogged-metrics-<run id>.json while its MLflow "
+        "store was unreachable to that run (the file names the store), and finish the run.",
+        epilog=examples("lcfed tracking replay unlogged-metrics-3f2a1b9c.json"))
     rep.add_argument("file", metavar="FILE", help="an unlogged-metrics-<run id>.json file")
     rep.set_defaults(func=cmd_tracking_replay)
 
-    table = sub.add_parser("table", help="compare finished runs: one row per `lcfed run --json` summary")
+    table = sub.add_parser(
+        "table", help="compare finished runs: one row per `lcfed run --json` summary",
+        description="Compare finished runs side by side, best first: one row per summary written by "
+        "`lcfed run --json FILE` (mean accuracy of the last evaluations, last evaluation, time).",
+        epilog=examples("lcfed run -c configs/demo.yaml --json a.json",
+                        "lcfed run -c configs/demo.yaml --set method.name=fedavg --json b.json",
+                        "lcfed table a.json b.json"))
     table.add_argument("files", nargs="+", metavar="FILE", help="summaries written by `lcfed run --json FILE`")
     table.set_defaults(func=cmd_table)
 

@@ -372,8 +372,17 @@ def _plots(out: Path, methods: Sequence[str], seeds: list[int], phase2: dict[str
 
 
 def add_parser(sub: Any) -> None:
-    p = sub.add_parser("compare", help="tune methods on one budget (validation), re-run them on seeds, report "
-                       "mean ± CI and paired tests")
+    from tune_jobs.cli import examples
+
+    p = sub.add_parser(
+        "compare", help="tune methods on one budget (validation), re-run them on seeds, report mean ± CI and "
+        "paired tests",
+        description="Compare methods fairly: phase 1 tunes each method by a sweep of --budget trials on "
+        "validation accuracy; phase 2 runs each chosen config on --seeds seeds; the report gives the test "
+        "accuracy's mean ± 95 % CI and paired tests between methods (compare.md, compare.csv, compare.png).",
+        epilog=examples(
+            "lcfed compare --config configs/digits_dirichlet.yaml --methods lcfed,fedavg,standalone,ifca",
+            "lcfed compare --methods lcfed,standalone --budget 4 --seeds 0,5,9 --out outputs/cmp"))
     p.add_argument("--config", "-c", metavar="FILE", help="base config (data, budget, engine, tracking)")
     p.add_argument("--set", "-s", metavar="KEY=VALUE", action="append", default=[], help="override a base field")
     p.add_argument("--methods", required=True, help="comma-separated, e.g. lcfed,fedavg,standalone,ifca")

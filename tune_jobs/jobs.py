@@ -493,13 +493,18 @@ def _address_arg(p: argparse.ArgumentParser) -> None:
 
 def add_parser(sub: Any) -> None:
     """Register ``lcfed submit`` and ``lcfed job {status,logs,stop,list}`` on the CLI's subparsers."""
+    from tune_jobs.cli import add_actions, examples
+
     submit = sub.add_parser(
         "submit",
         help="run an lcfed command on a Ray cluster as a Ray job (ships this directory)",
         description="Submit COMMAND (after `--`) as a Ray job, shipping the working directory; "
-        "by default follow its logs and exit 0 only if it SUCCEEDED. Example: "
-        "lcfed submit -- lcfed run --config configs/demo.yaml --engine ray "
-        "--set engine.address=auto --set tracking.uri=http://127.0.0.1:5000",
+        "by default follow its logs and exit 0 only if it SUCCEEDED.",
+        epilog=examples(
+            "lcfed submit -- lcfed run --config configs/demo.yaml --engine ray --set engine.address=auto "
+            "--set tracking.uri=http://127.0.0.1:5000",
+            "lcfed submit --dry-run -- lcfed methods      # what would be shipped",
+            "lcfed submit --no-wait --address http://head:8265 -- lcfed sweep --space mu_lambda.yaml"),
     )
     _address_arg(submit)
     submit.add_argument("--working-dir", default=".", metavar="DIR",
@@ -529,19 +534,29 @@ def add_parser(sub: Any) -> None:
                         help="the command to run on the cluster, after `--`")
     submit.set_defaults(func=cmd_submit)
 
-    job = sub.add_parser("job", help="inspect and control Ray jobs (status, logs, stop, list)")
-    job_sub = job.add_subparsers(dest="job_command", required=True, metavar="ACTION")
-    for name, func, text in (
-        ("status", cmd_job_status, "status, message and times of a job"),
-        ("logs", cmd_job_logs, "a job's output (driver stdout/stderr)"),
-        ("stop", cmd_job_stop, "stop a running job"),
+    job = sub.add_parser("job", help="inspect and control Ray jobs (status, logs, stop, list)",
+                         description="Inspect and control the Ray jobs on a cluster (`lcfed submit` starts them).",
+                         epilog=examples("lcfed job list", "lcfed job logs JOB_ID --follow"))
+    job_sub = add_actions(job, "job_command")
+    for name, func, text, description, example in (
+        ("status", cmd_job_status, "status, message and times of a job",
+         "Print a job's status, its status message, its entrypoint and its start and end times.",
+         "lcfed job status JOB_ID"),
+        ("logs", cmd_job_logs, "a job's output (driver stdout/stderr)",
+         "Print a job's output (its driver's stdout and stderr); --follow until it ends.",
+         "lcfed job logs JOB_ID --follow"),
+        ("stop", cmd_job_stop, "stop a running job",
+         "Stop a running job: its driver gets SIGTERM, so an lcfed run ends at the end of its current round.",
+         "lcfed job stop JOB_ID --address http://head:8265"),
     ):
-        p = job_sub.add_parser(name, help=text)
+        p = job_sub.add_parser(name, help=text, description=description, epilog=examples(example))
         p.add_argument("job_id", metavar="JOB_ID")
         _address_arg(p)
         if name == "logs":
             p.add_argument("--follow", "-f", action="store_true", help="keep printing until the job ends")
         p.set_defaults(func=func)
-    ls = job_sub.add_parser("list", help="all jobs on the cluster")
+    ls = job_sub.add_parser("list", help="all jobs on the cluster",
+                            description="List every job on the cluster: id, status, start time, entrypoint.",
+                            epilog=examples("lcfed job list", "lcfed job list --address http://head:8265"))
     _address_arg(ls)
     ls.set_defaults(func=cmd_job_list)

@@ -443,11 +443,16 @@ def cmd_mlflow_server(args: argparse.Namespace) -> int:
 
 def add_parser(sub: Any) -> None:
     """Register ``lcfed mlflow-server`` on the CLI's subparsers."""
+    from tune_jobs.cli import examples
+
     p = sub.add_parser(
         "mlflow-server",
         help="run an MLflow tracking server (127.0.0.1 by default) for runs, sweeps and cluster jobs",
         description="Start `mlflow server` with an absolute sqlite store and artifact directory, wait until "
         "it is healthy, print the tracking URI to use, and keep it in the foreground (Ctrl-C stops it).",
+        epilog=examples(
+            "lcfed mlflow-server --store-dir ~/lcfed-mlflow          # prints http://127.0.0.1:5000",
+            "lcfed run --config configs/demo.yaml --set tracking.uri=http://127.0.0.1:5000"),
     )
     p.add_argument("--host", default=DEFAULT_HOST,
                    help="interface to bind (default: %(default)s; reach it remotely via an SSH port-forward)")

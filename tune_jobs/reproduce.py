@@ -130,6 +130,17 @@ def summarize(history: list[dict[str, float]], last: int = LAST_EVALS) -> dict[s
     return out
 
 
+def last_evaluations(results: dict[str, dict[str, Any]]) -> str:
+    """What the runs' accuracies average: ``last 3 evaluations``, or fewer where runs made fewer
+    (``last evaluation``, ``last 2-3 evaluations``)."""
+    counts = sorted({int(r["evaluations"]) for r in results.values() if "evaluations" in r}) or [LAST_EVALS]
+    if counts == [1]:
+        return "last evaluation"
+    if len(counts) == 1:
+        return f"last {counts[0]} evaluations"
+    return f"last {counts[0]}-{counts[-1]} evaluations (as many as each run made, up to {LAST_EVALS})"
+
+
 def write_tables(out: Path, cells: list[Cell], results: dict[str, dict[str, Any]], title: str) -> tuple[str, str]:
     """``table1.md`` (methods x dataset/partition, in %: accuracy ± its std over devices; with ``--seeds``
     the mean over seeds ± its 95 % confidence interval) and ``table1.csv`` (one row per run)."""
@@ -139,10 +150,10 @@ def write_tables(out: Path, cells: list[Cell], results: dict[str, dict[str, Any]
     methods = list(dict.fromkeys(c.method for c in cells))
     seeded = any(c.seed is not None for c in cells)
     head = [f"{d} {partition_label(p)}" for d, p in columns]
+    averaged = last_evaluations(results)
     what = (f"mean over seeds ± its 95 % confidence interval (Student t) of the mean personalized test accuracy "
-            f"(%), each run averaged over its last {LAST_EVALS} evaluations" if seeded else
-            f"Mean personalized test accuracy (%) ± its std over devices, averaged over the last {LAST_EVALS} "
-            "evaluations")
+            f"(%), each run averaged over its {averaged}" if seeded else
+            f"Mean personalized test accuracy (%) ± its std over devices, averaged over the {averaged}")
     lines = [f"# {title}", "", f"{what[0].upper()}{what[1:]}; best per column in bold.", "",
              "| method | " + " | ".join(head) + " |", "|---|" + "---:|" * len(head)]
     cell_text: dict[tuple[str, tuple[str, str]], tuple[float, str]] = {}
@@ -327,9 +338,22 @@ def reproduce_table1(
 
 
 def add_parser(sub: Any) -> None:
-    rep = sub.add_parser("reproduce", help="reproduce a paper table (every cell on one budget, on Ray)")
-    rep_sub = rep.add_subparsers(dest="table", required=True, metavar="TABLE")
-    t1 = rep_sub.add_parser("table1", help="methods x (dataset, partition): mean personalized accuracy ± std")
+    from tune_jobs.cli import add_actions, examples
+
+    rep = sub.add_parser("reproduce", help="reproduce a paper table (every cell on one budget, on Ray)",
+                         description="Reproduce a paper table: every cell a run on one budget, on Ray, under one "
+                         "MLflow parent run.",
+                         epilog=examples("lcfed reproduce table1 --rounds 50 --out outputs/table1"))
+    rep_sub = add_actions(rep, "table", "TABLE")
+    t1 = rep_sub.add_parser(
+        "table1", help="methods x (dataset, partition): mean personalized accuracy ± std",
+        description="Table I: one run per method x (dataset, partition) cell, each averaged over its last "
+        f"{LAST_EVALS} evaluations (all it made, if fewer); writes table1.md and table1.csv to --out (rerun "
+        "with the same --out to resume: finished cells are kept).",
+        epilog=examples(
+            "lcfed reproduce table1 --datasets fashion_mnist,mnist --rounds 100",
+            "lcfed reproduce table1 --methods lcfed,fedavg,ifca --partitions dirichlet:0.1 --seeds 3",
+            "lcfed reproduce table1 --method-set num_clusters=10 --out outputs/k10 --no-track"))
     t1.add_argument("--config", "-c", metavar="FILE", help="base config (budget, devices, engine, tracking)")
     t1.add_argument("--set", "-s", metavar="KEY=VALUE", action="append", default=[],
                     help="override a base config field (repeatable)")

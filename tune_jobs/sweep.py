@@ -1108,7 +1108,18 @@ def _log_assignment_heatmap(client: Any, parent_id: str, exp_id: str, best: Any)
 
 
 def add_parser(sub: Any) -> None:
-    p = sub.add_parser("sweep", help="Ray Tune sweep over config fields; each trial a full federation")
+    from tune_jobs.cli import examples
+
+    p = sub.add_parser(
+        "sweep", help="Ray Tune sweep over config fields; each trial a full federation",
+        description="A Ray Tune sweep over the config fields a search space (--space) names: each trial is "
+        "a full federation on the base config, reported every round; all trials go under one MLflow "
+        "parent run. Prints the best config and its metric.",
+        epilog=examples(
+            "lcfed sweep --config configs/digits_dirichlet.yaml --space mu_lambda.yaml --num-samples 16",
+            "lcfed sweep --space mu_lambda.yaml --search optuna --num-samples 20 --metric val_acc_mean "
+            "--set data.val_fraction=0.2",
+            "lcfed sweep --space mu_lambda.yaml --name my-sweep --resume   # continue an interrupted sweep"))
     p.add_argument("--config", "-c", metavar="FILE", help="base experiment config")
     p.add_argument("--set", "-s", metavar="KEY=VALUE", action="append", default=[], help="override a base field")
     p.add_argument("--space", required=True, metavar="FILE",
