@@ -34,8 +34,8 @@ METHODS = ("lcfed", "fedavg", "standalone")
 LABELS = {"lcfed": "LCFed", "fedavg": "FedAvg", "standalone": "Standalone"}
 SEEDS = (0, 1, 2, 3, 4)
 #: the previous demo: pathological n = 2, 20 devices, 25 % test, 30 rounds, LCFed with mu = lam = 0.1
-PREVIOUS = ("data.partition=pathological", "data.classes_per_device=2", "data.test_fraction=0.25", "train.rounds=30",
-            "method.mu=0.1", "method.lam=0.1")
+PREVIOUS = ("data.partition=pathological", "data.classes_per_device=2", "data.test_fraction=0.25", "train.rounds=30")
+PREVIOUS_LCFED = ("method.mu=0.1", "method.lam=0.1")
 #: (label, seed, overrides of PREVIOUS, overrides for LCFed only)
 SPLITS: tuple[tuple[str, int, tuple[str, ...], tuple[str, ...]], ...] = (
     ("pathological n = 2, 20 devices (the previous demo)", 0, (), ()),
@@ -96,7 +96,7 @@ def demo_seeds(pool: ThreadPoolExecutor, work: Path) -> str:
 
 def splits(pool: ThreadPoolExecutor, work: Path) -> str:
     jobs = {(i, m): pool.submit(run, (*PREVIOUS, *extra, f"seed={seed}", f"method.name={m}",
-                                      *(lcfed_only if m == "lcfed" else ())), work)
+                                      *((*PREVIOUS_LCFED, *lcfed_only) if m == "lcfed" else ())), work)
             for i, (_, seed, extra, lcfed_only) in enumerate(SPLITS) for m in METHODS}
     rows = [(f"{label} | {seed}", {m: jobs[i, m].result() for m in METHODS})
             for i, (label, seed, _, _) in enumerate(SPLITS)]
