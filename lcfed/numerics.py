@@ -141,12 +141,7 @@ def activate(profile: str = "portable") -> dict[str, str]:
     note in the run's record.
     """
     env, note = pinned_env(profile)
-    for key, value in env.items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
-    os.environ[ENV_PROFILE] = profile
+    _set_env(env, profile)
     expected = (env.get("ATEN_CPU_CAPABILITY") or "").upper() if profile == "portable" else ""
     level = kernel_level()
     if expected and level != expected:
@@ -167,7 +162,10 @@ def activate_from_env() -> None:
         print(f"lcfed: ${ENV_PROFILE}={profile!r} is not one of {list(PROFILES)}; using portable",
               file=sys.stderr, flush=True)
         profile = "portable"
-    env, _ = pinned_env(profile)
+    _set_env(pinned_env(profile)[0], profile)
+
+
+def _set_env(env: dict[str, str | None], profile: str) -> None:
     for key, value in env.items():
         if value is None:
             os.environ.pop(key, None)

@@ -28,8 +28,10 @@ EXAMPLE = ROOT / "examples" / "lcfed-example-plugin"
 def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """``pip install`` of the example into a target directory put on the path: its entry points are real."""
     target = tmp_path_factory.mktemp("site")
+    source = tmp_path_factory.mktemp("src") / EXAMPLE.name
+    shutil.copytree(EXAMPLE, source, ignore=shutil.ignore_patterns("build", "*.egg-info"))  # pip builds in the tree
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
-                    "--disable-pip-version-check", "--target", str(target), str(EXAMPLE)], check=True, timeout=300)
+                    "--disable-pip-version-check", "--target", str(target), str(source)], check=True, timeout=300)
     sys.path.insert(0, str(target))
     registry.refresh()
     try:
