@@ -1,0 +1,77 @@
+"""The conformance check (lcfed/conformance.py, `lcfed check`): every built-in keeps the contract, and a
+deliberately broken strategy fails on the property it breaks, named in the report."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import ray
+import torch
+
+from lcfed import conformance
+from lcfed.clustering import weighted_mean
+from lcfed.methods import METHODS
+from lcfed.methods.fedavg import FedAvg, FedAvgParams, FedAvgState
+from tests.conftest import start_test_ray
+from tune_jobs.cli import main
+
+
+class Mutating(FedAvg):
+    """Writes the new global model into the old state's tensor."""
+
+
+    def aggregate(self, state, plan, msgs):
+        new, stats = super().aggregate(state, plan, msgs)
+        state.weights.copy_(new.weights)
+        return FedAvgState(state.weights), stats
+
+
+class Unseeded(FedAvg):
+    """Jitters the local models with noise from an unseeded generator."""
+
+    def local(self, ctx, dev, payload, instruction):
+        noise = torch.from_numpy(np.random.default_rng().standard_normal(payload.numel()).astype(np.float32))
+        return super().local(ctx, dev, payload + 1e-3 * noise, instruction)
+
+
+class RayOnly(FedAvg):
+    """Trains less inside a Ray actor than in the driver: numbers depend on where a device lives."""
+
+    def local(self, ctx, dev, payload, instruction):
+        in_actor = ray.is_initialized() and ray.get_runtime_context().get_actor_id() is not None
+        return super().local(ctx, dev, payload * (0.5 if in_actor else 1.0), instruction)
+
+
+for broken in (Mutating, Unseeded, RayOnly):
+    broken.Params = FedAvgParams  # type: ignore[attr-defined]
+
+
+def failed(findings):
+    return {f.prop: f.detail for f in findings if not f.ok}
+
+
+@pytest.mark.parametrize("name", list(METHODS))
+def test_every_builtin_keeps_the_contract(name):
+    findings = conformance.check(name)
+    assert [f.prop for f in findings] == ["seeded", "pure", "priced", "resumable"]
+    assert failed(findings) == {}, conformance.report(name, findings)
+
+
+def test_broken_strategies_fail_on_the_property_they_break(capsys):
+    assert set(failed(conformance.check(f"{__name__}:Mutating"))) == {"pure"}
+    assert "aggregate changed its arguments in place" in failed(conformance.check(f"{__name__}:Mutating"))["pure"]
+    unseeded = failed(conformance.check(f"{__name__}:Unseeded"))
+    assert "seeded" in unseeded and "round 1" in unseeded["seeded"]
+    assert main(["check", f"{__name__}:Mutating"]) == 1
+    out = capsys.readouterr().out
+    assert "  pure       FAILED  aggregate changed its arguments in place" in out and "  seeded     ok" in out
+
+
+def test_the_ray_engine_property():
+    start_test_ray()
+    try:
+        assert failed(conformance.check("fedavg", ray=True)) == {}
+        ray_only = failed(conformance.check(f"{__name__}:RayOnly", ray=True))
+    finally:
+        ray.shutdown()
+    assert set(ray_only) == {"engines"} and "round 1" in ray_only["engines"]
