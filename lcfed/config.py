@@ -450,7 +450,10 @@ def _type_ok(value: Any, annotation: Any) -> tuple[bool, Any]:
     if annotation is str:
         return isinstance(value, str), value
     if origin is tuple:
-        if isinstance(value, (list, tuple)):
+        # elements are checked but kept as given ([0, 1] stays ints in a list of floats): digests of
+        # existing configs do not change
+        element = typing.get_args(annotation)[0]
+        if isinstance(value, (list, tuple)) and all(_type_ok(v, element)[0] for v in value):
             return True, tuple(value)
         return False, value
     return True, value
@@ -466,11 +469,25 @@ def _finite(value: Any) -> bool:
 
 
 def _type_name(annotation: Any) -> str:
-    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
         return " or ".join(_type_name(a) for a in typing.get_args(annotation))
+    if origin is tuple:
+        return f"list of {_type_name(typing.get_args(annotation)[0])}"
     if annotation is type(None):
         return "null"
     return getattr(annotation, "__name__", str(annotation))
+
+
+def typed_value(field_name: str, value: Any, annotation: Any) -> Any:
+    """``value`` as a field annotated ``annotation`` holds it (an int for a float field becomes a float),
+    or :class:`ConfigError`: every value is checked here before any use, so a list or a mapping where a
+    scalar belongs is refused instead of reaching code that hashes or compares it."""
+    ok, coerced = _type_ok(value, annotation)
+    hint = " (YAML reads on/off/yes/no as booleans: quote the word)" if isinstance(value, bool) and annotation is str else ""
+    require(ok, field_name, value, f"must be of type {_type_name(annotation)}{hint}")
+    require(_finite(coerced), field_name, value, "must be a finite number (not inf or nan)")
+    return coerced
 
 
 def build_dataclass(cls: type, values: Mapping[str, Any], prefix: str) -> Any:
@@ -483,11 +500,7 @@ def build_dataclass(cls: type, values: Mapping[str, Any], prefix: str) -> Any:
     kwargs: dict[str, Any] = {}
     for key, value in values.items():
         require(key in names, f"{prefix}.{key}", value, f"unknown field; allowed: {', '.join(names)}")
-        ok, coerced = _type_ok(value, hints[key])
-        hint = " (YAML reads on/off/yes/no as booleans: quote the word)" if isinstance(value, bool) and hints[key] is str else ""
-        require(ok, f"{prefix}.{key}", value, f"must be of type {_type_name(hints[key])}{hint}")
-        require(_finite(coerced), f"{prefix}.{key}", value, "must be a finite number (not inf or nan)")
-        kwargs[key] = coerced
+        kwargs[key] = typed_value(f"{prefix}.{key}", value, hints[key])
     return cls(**kwargs)
 
 
@@ -502,9 +515,7 @@ def from_dict(raw: Mapping[str, Any]) -> ExperimentConfig:
     kwargs: dict[str, Any] = {}
     for key in ("name", "seed"):
         if key in raw:
-            ok, value = _type_ok(raw[key], typing.get_type_hints(ExperimentConfig)[key])
-            require(ok, key, raw[key], f"must be of type {_type_name(typing.get_type_hints(ExperimentConfig)[key])}")
-            kwargs[key] = value
+            kwargs[key] = typed_value(key, raw[key], typing.get_type_hints(ExperimentConfig)[key])
     for section, cls in _SECTIONS.items():
         if section in raw:
             kwargs[section] = build_dataclass(cls, raw[section], section)
@@ -512,7 +523,8 @@ def from_dict(raw: Mapping[str, Any]) -> ExperimentConfig:
     require(isinstance(method_section, Mapping), "method", method_section,
             "must be a mapping of fields (name and the method's parameters)")
     method_raw = dict(method_section)
-    name = method_raw.pop("name", MethodConfig.name)
+    name = typed_value("method.name", method_raw.pop("name", MethodConfig.name),
+                       typing.get_type_hints(MethodConfig)["name"])
     require(name in METHODS, "method.name", name, f"one of {sorted(METHODS)}")
     params = build_dataclass(METHODS[name].params, method_raw, "method")
     kwargs["method"] = MethodConfig(name=name, params=params)
@@ -588,7 +600,7 @@ def apply_overrides(raw: Mapping[str, Any], overrides: Mapping[str, Any] | Itera
     out = _deepcopy(raw)
     items = list(overrides.items()) if isinstance(overrides, Mapping) else list(overrides)
     for key, value in items:
-        if key == "method.name" and value in METHODS:
+        if key == "method.name" and isinstance(value, str) and value in METHODS:  # from_dict refuses the rest
             old = dict(out.get("method") or {})
             accepted = {f.name for f in dataclasses.fields(METHODS[value].params)}
             explicit = {k.split(".", 1)[1] for k, _ in items if k.startswith("method.")}
