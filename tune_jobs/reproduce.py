@@ -351,6 +351,7 @@ def cmd_table1(args: argparse.Namespace) -> int:
     base = load_config(args.config, overrides)
     check_output_dir(args.out, "--out")
     methods = list(METHODS) if args.methods == "all" else [m.strip() for m in args.methods.split(",") if m.strip()]
+    require(bool(methods), "--methods", args.methods, "at least one method: comma-separated names, or 'all'")
     for m in methods:
         require(m in METHODS, "--methods", m, f"one of {sorted(METHODS)} or 'all'")
     datasets = [d.strip() for d in args.datasets.split(",") if d.strip()]
