@@ -62,6 +62,19 @@ def require(cond: bool, field_name: str, value: Any, allowed: str) -> None:
         raise ConfigError(field_name, value, allowed)
 
 
+#: CPU threads (``engine.torch_threads``, ``engine.num_cpus``) allowed per CPU of this machine: a few
+#: times the cores only oversubscribes, far more makes torch's OpenMP run out of memory at the first kernel
+THREADS_PER_CPU = 4
+
+
+def machine_limits() -> tuple[int, int, int]:
+    """(this machine's CPUs, the most CPU threads a field may ask for, its memory in MB)."""
+    import psutil
+
+    cpus = os.cpu_count() or 1
+    return cpus, THREADS_PER_CPU * cpus, psutil.virtual_memory().total // 2**20
+
+
 NORMALIZE = ("standardize", "unit")
 """``data.normalize``: how uint8 pixels become model inputs."""
 
@@ -266,6 +279,9 @@ class EngineConfig:
             "must be > 0 seconds (how long to wait for the cluster to place the federation's actors)",
         )
         require(self.torch_threads >= 1, f"{prefix}.torch_threads", self.torch_threads, "must be >= 1")
+        cpus, max_threads, memory_mb = machine_limits()
+        require(self.torch_threads <= max_threads, f"{prefix}.torch_threads", self.torch_threads,
+                f"must be <= {max_threads} ({THREADS_PER_CPU} x this machine's {cpus} CPUs)")
         require(
             self.workers >= 0,
             f"{prefix}.workers",
@@ -281,7 +297,11 @@ class EngineConfig:
         require(self.vectorize_max >= 1, f"{prefix}.vectorize_max", self.vectorize_max, "must be >= 1 (devices per vmapped call)")
         require(self.device in ("auto", "cpu", "cuda"), f"{prefix}.device", self.device, "one of ['auto', 'cpu', 'cuda']")
         require(self.num_cpus >= 0, f"{prefix}.num_cpus", self.num_cpus, "must be >= 0 (0 = all)")
+        require(self.num_cpus <= max_threads, f"{prefix}.num_cpus", self.num_cpus,
+                f"must be <= {max_threads} ({THREADS_PER_CPU} x this machine's {cpus} CPUs)")
         require(self.object_store_mb >= 64, f"{prefix}.object_store_mb", self.object_store_mb, "must be >= 64")
+        require(self.object_store_mb <= memory_mb, f"{prefix}.object_store_mb", self.object_store_mb,
+                f"must be <= {memory_mb} (this machine's memory in MB; Ray refuses more)")
         require(self.max_failures >= 0, f"{prefix}.max_failures", self.max_failures, "must be >= 0 (lost hosts tolerated per run)")
         require(self.numerics in PROFILES, f"{prefix}.numerics", self.numerics,
                 f"one of {list(PROFILES)} (portable: CPU kernels pinned at AVX2, the same numbers on any x86-64; "
