@@ -597,15 +597,20 @@ def flatten(cfg: ExperimentConfig) -> dict[str, Any]:
     return flat
 
 
-def parse_override(text: str) -> tuple[str, Any]:
-    """Parse ``key=value``; the value is read as YAML (``0.1`` -> float, ``null`` -> None)."""
+def parse_override(text: str, flag: str = "--set") -> tuple[str, Any]:
+    """Parse ``key=value``; the value is read as YAML (``0.1`` -> float, ``null`` -> None) as strictly as
+    a config file (:func:`read_yaml`), except that text which is not YAML is kept as written."""
     key, sep, raw = text.partition("=")
     key = key.strip()
-    require(bool(sep) and bool(key), "--set", text, "must look like key=value, e.g. method.mu=0.1")
+    require(bool(sep) and bool(key), flag, text, "must look like key=value, e.g. method.mu=0.1")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
+        value = yaml.load(raw, Loader=_StrictLoader) if raw.strip() else ""  # noqa: S506 (a SafeLoader subclass)
+    except _Refused as exc:
+        raise ConfigError(flag, text, f"must be valid YAML: {_yaml_problem(exc)}") from None
+    except RecursionError:
+        raise ConfigError(flag, text, "must be valid YAML: nesting too deep") from None
     except yaml.YAMLError:
-        value = raw
+        value = raw  # not YAML: the text as written
     return key, value
 
 
@@ -645,31 +650,49 @@ def _deepcopy(value: Any) -> Any:
     return value
 
 
+#: nodes that aliases may add to a YAML document: PyYAML shares an aliased value, but copying or printing
+#: it expands every alias, so a few lines of nested aliases ("billion laughs") become billions of nodes
+MAX_ALIAS_NODES = 10_000
+
+
+class _Refused(yaml.constructor.ConstructorError):
+    """Valid YAML that :class:`_StrictLoader` refuses (duplicate keys, aliases), as opposed to bad syntax."""
+
+
 class _StrictLoader(yaml.SafeLoader):
-    """SafeLoader that refuses duplicate keys (a second ``train:`` would silently replace the first)
-    and self-referencing anchors (which expand forever)."""
+    """SafeLoader that refuses duplicate keys (a second ``train:`` would silently replace the first),
+    self-referencing anchors (which expand forever) and aliases expanding past :data:`MAX_ALIAS_NODES`."""
 
     def __init__(self, stream: Any) -> None:
         super().__init__(stream)
         self._open_anchors: set[str] = set()
+        self._sizes: dict[int, int] = {}  # id(node) -> its nodes with every alias in it expanded
+        self._alias_nodes = 0
 
     def compose_node(self, parent: Any, index: Any) -> Any:
-        if self.check_event(yaml.AliasEvent):
-            event = self.peek_event()
-            if event.anchor in self._open_anchors:
-                raise yaml.constructor.ConstructorError(
-                    None, None, f"alias *{event.anchor} refers to the anchor that contains it (recursive)",
-                    event.start_mark)
-            return super().compose_node(parent, index)
         event = self.peek_event()
+        if self.check_event(yaml.AliasEvent):
+            if event.anchor in self._open_anchors:
+                raise _Refused(None, None, f"alias *{event.anchor} refers to the anchor that contains it (recursive)",
+                               event.start_mark)
+            node = super().compose_node(parent, index)
+            self._alias_nodes += self._sizes[id(node)]
+            if self._alias_nodes > MAX_ALIAS_NODES:
+                raise _Refused(None, None, f"aliases expand to more than {MAX_ALIAS_NODES} nodes (an alias bomb?): "
+                               "write the values out", event.start_mark)
+            return node
         anchor = getattr(event, "anchor", None)
-        if anchor is None:
-            return super().compose_node(parent, index)
-        self._open_anchors.add(anchor)
+        if anchor is not None:
+            self._open_anchors.add(anchor)
         try:
-            return super().compose_node(parent, index)
+            node = super().compose_node(parent, index)
         finally:
-            self._open_anchors.discard(anchor)
+            if anchor is not None:
+                self._open_anchors.discard(anchor)
+        children = [n for pair in node.value for n in pair] if isinstance(node, yaml.MappingNode) else (
+            node.value if isinstance(node, yaml.SequenceNode) else [])
+        self._sizes[id(node)] = 1 + sum(self._sizes[id(child)] for child in children)
+        return node
 
     def construct_mapping(self, node: Any, deep: bool = False) -> Any:
         seen: dict[Any, int] = {}
@@ -678,12 +701,11 @@ class _StrictLoader(yaml.SafeLoader):
             try:
                 first = seen.get(key)
             except TypeError:
-                raise yaml.constructor.ConstructorError(
-                    None, None, f"a key must be a plain value, not {type(key).__name__}", key_node.start_mark) from None
+                raise _Refused(None, None, f"a key must be a plain value, not {type(key).__name__}",
+                               key_node.start_mark) from None
             if first is not None:
-                raise yaml.constructor.ConstructorError(
-                    None, None, f"duplicate key {key!r} (first at line {first}): give each key once",
-                    key_node.start_mark)
+                raise _Refused(None, None, f"duplicate key {key!r} (first at line {first}): give each key once",
+                               key_node.start_mark)
             seen[key] = key_node.start_mark.line + 1
         return super().construct_mapping(node, deep=deep)
 
@@ -701,7 +723,8 @@ def read_yaml(path: str | Path, flag: str, what: str = "YAML file") -> Any:
     """Parse a YAML file strictly; any problem is a :class:`ConfigError` naming ``flag`` and saying which.
 
     Refused: a missing or non-regular file, non-UTF-8 bytes, syntax errors, duplicate keys (also
-    duplicated sections), recursive anchors, and an empty document.
+    duplicated sections), recursive anchors, aliases expanding past :data:`MAX_ALIAS_NODES` nodes, and an
+    empty document.
     """
     p = Path(path).expanduser()
     require(p.is_file(), flag, str(path), f"must be an existing {what}")

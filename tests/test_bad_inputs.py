@@ -144,6 +144,19 @@ METHOD_VALUES = [
     ("standalone", "method.mu=0.1", "method.mu"),
 ]
 
+
+
+def _laughs(levels: int = 9) -> list[str]:
+    """Flow-style YAML lists, each anchored and listing the one before ten times: a few lines that expand
+    to 10**levels items ("billion laughs")."""
+    return [f"&l0 [{', '.join(['lol'] * 10)}]"] + [f"&l{i} [{', '.join([f'*l{i - 1}'] * 10)}]"
+                                                  for i in range(1, levels)]
+
+
+BOMB_FILE = "".join(f"l{i}: {text}\n" for i, text in enumerate(_laughs()))
+BOMB_VALUE = f"[{', '.join(_laughs())}]"
+BOMB = "alias bomb"
+
 CONFIG_FILES = [
     ("empty", "", "is empty"),
     ("only-comment", "# nothing\n", "is empty"),
@@ -163,6 +176,9 @@ CONFIG_FILES = [
     ("python-tag", "train: !!python/object:os.system {}\n", "valid YAML"),
     ("inf-in-file", "train:\n  lr: .inf\n", "train.lr"),
     ("complex-key", "? [a]\n: 1\n", "plain value"),
+    ("alias-bomb", BOMB_FILE, BOMB),
+    ("alias-bomb-in-section", "method:\n" + "".join(f"  {line}" for line in BOMB_FILE.splitlines(True)), BOMB),
+    ("alias-bomb-one-line", f"data: {{primary: {BOMB_VALUE}}}\n", BOMB),
 ]
 
 SPACES = [
@@ -188,6 +204,8 @@ SPACES = [
     ("empty-space", "", "is empty"),
     ("list-space", "- 1\n", "must map config fields"),
     ("dup-key-space", "method.mu: 0.1\nmethod.mu: 0.2\n", "duplicate key"),
+    ("alias-bomb", BOMB_FILE, BOMB),
+    ("alias-bomb-as-choice", f"method.mu: {{choice: {BOMB_VALUE}}}\n", BOMB),
 ]
 
 IDX_LABELS_255 = "idx/train-labels-idx1-ubyte"
@@ -234,6 +252,9 @@ ROWS += [
     ("run-unknown-flag", "run --bogus", {}, "--bogus"),
     ("run-set-no-equals", f"{R} --set method.mu", {}, "--set"),
     ("run-set-empty-key", f"{R} --set =1", {}, "--set"),
+    ("run-set-alias-bomb", f"{R} --set {shlex.quote('data.primary=' + BOMB_VALUE)}", {}, BOMB),
+    ("run-set-recursive-anchor", f"{R} --set 'data.primary=&p [*p]'", {}, "recursive"),
+    ("run-set-dup-key", f"{R} --set 'method={{mu: 0.1, mu: 0.2}}'", {}, "duplicate key"),
     ("run-json-dir", f"{R} --json inputs", {"inputs/x": ""}, "--json"),
     ("run-json-no-parent", f"{R} --json nodir/out.json", {}, "--json"),
     ("run-json-is-config", f"{R} --config c.yaml --json c.yaml", {"c.yaml": "seed: 1\n"}, "--json"),
@@ -254,6 +275,7 @@ ROWS += [
     ("run-tracked-bad-seed-no-store", "run --set seed=18446744073709551616", {}, "seed"),
     # config / methods
     ("config-missing-file", "config --config nope.yaml", {}, "--config"),
+    ("config-set-alias-bomb", f"config --set {shlex.quote('method.mu=' + BOMB_VALUE)}", {}, BOMB),
     ("methods-extra-arg", "methods extra", {}, "unrecognized"),
     ("no-command", "", {}, "COMMAND"),
     ("unknown-command", "frobnicate", {}, "frobnicate"),
@@ -291,6 +313,8 @@ ROWS += [
     ("sweep-json-dir", "sweep --space mu_lambda.yaml --json inputs", {"inputs/x": ""}, "--json"),
     ("sweep-json-is-space", "sweep --space s.yaml --json s.yaml", {"s.yaml": "method.mu: 0.1\n"}, "--json"),
     ("sweep-bad-base", "sweep --space mu_lambda.yaml --set train.rounds=0", {}, "train.rounds"),
+    ("sweep-set-alias-bomb", f"sweep --space mu_lambda.yaml --set {shlex.quote('method.mu=' + BOMB_VALUE)}", {},
+     BOMB),
     ("sweep-metric-unknown", "sweep --space mu_lambda.yaml --metric accuracy", {}, "--metric"),
     ("sweep-metric-per-layer", "sweep --space mu_lambda.yaml --metric cluster_size_0", {}, "--metric"),
     ("sweep-mode-choice", "sweep --space mu_lambda.yaml --mode up", {}, "--mode"),
@@ -328,6 +352,8 @@ ROWS += [
     ("repro-rounds-0", "reproduce table1 --rounds 0 --no-track", {}, "--rounds"),
     ("repro-method-set", "reproduce table1 --method-set mu=-1 --methods lcfed --no-track", {}, "mu"),
     ("repro-method-set-syntax", "reproduce table1 --method-set mu --no-track", {}, "--method-set"),
+    ("repro-method-set-alias-bomb", f"reproduce table1 --method-set {shlex.quote('mu=' + BOMB_VALUE)} --no-track",
+     {}, BOMB),
     ("repro-out-file", "reproduce table1 --out inputs/afile --no-track", {"inputs/afile": "x"}, "--out"),
     ("repro-no-table", "reproduce", {}, "TABLE"),
     # mlflow-server

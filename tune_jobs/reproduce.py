@@ -365,7 +365,7 @@ def cmd_table1(args: argparse.Namespace) -> int:
     seeds = parse_seeds(args.seeds) if args.seeds is not None else None
     for s in args.method_set:
         require("=" in s and bool(s.partition("=")[0].strip()), "--method-set", s, "must look like KEY=VALUE, e.g. mu=0.1")
-    sets = dict(parse_override(s) for s in args.method_set)
+    sets = dict(parse_override(s, "--method-set") for s in args.method_set)
     for key in sets:
         require(any(key in {f.name for f in dataclasses.fields(METHODS[m].params)} for m in methods),
                 "--method-set", key, "a setting of at least one chosen method (see `lcfed methods`)")
