@@ -488,12 +488,18 @@ def _finite(value: Any) -> bool:
     return True
 
 
-def _type_name(annotation: Any) -> str:
+def accepts(annotation: Any, value: Any) -> bool:
+    """Whether a field annotated ``annotation`` takes ``value`` (its type; bounds are the field's validate)."""
+    return _type_ok(value, annotation)[0]
+
+
+def type_name(annotation: Any) -> str:
+    """``int or null``, ``list of float``: an annotation as the messages name it."""
     origin = typing.get_origin(annotation)
     if origin in (typing.Union, types.UnionType):
-        return " or ".join(_type_name(a) for a in typing.get_args(annotation))
+        return " or ".join(type_name(a) for a in typing.get_args(annotation))
     if origin is tuple:
-        return f"list of {_type_name(typing.get_args(annotation)[0])}"
+        return f"list of {type_name(typing.get_args(annotation)[0])}"
     if annotation is type(None):
         return "null"
     return getattr(annotation, "__name__", str(annotation))
@@ -505,9 +511,23 @@ def typed_value(field_name: str, value: Any, annotation: Any) -> Any:
     scalar belongs is refused instead of reaching code that hashes or compares it."""
     ok, coerced = _type_ok(value, annotation)
     hint = " (YAML reads on/off/yes/no as booleans: quote the word)" if isinstance(value, bool) and annotation is str else ""
-    require(ok, field_name, value, f"must be of type {_type_name(annotation)}{hint}")
+    require(ok, field_name, value, f"must be of type {type_name(annotation)}{hint}")
     require(_finite(coerced), field_name, value, "must be a finite number (not inf or nan)")
     return coerced
+
+
+def field_types(cfg: ExperimentConfig) -> dict[str, Any]:
+    """Dotted keys (those of :func:`flatten`) to their type annotations; the ``method.*`` ones from the
+    Params of ``cfg``'s method."""
+    from lcfed.methods import METHODS
+
+    top = typing.get_type_hints(ExperimentConfig)
+    out = {key: top[key] for key in ("name", "seed")}
+    out["method.name"] = typing.get_type_hints(MethodConfig)["name"]
+    for section, cls in {**_SECTIONS, "method": METHODS[cfg.method.name].params}.items():
+        hints = typing.get_type_hints(cls)
+        out.update({f"{section}.{f.name}": hints[f.name] for f in dataclasses.fields(cls) if f.init})
+    return out
 
 
 def build_dataclass(cls: type, values: Mapping[str, Any], prefix: str) -> Any:

@@ -204,8 +204,23 @@ SPACES = [
     ("empty-space", "", "is empty"),
     ("list-space", "- 1\n", "must map config fields"),
     ("dup-key-space", "method.mu: 0.1\nmethod.mu: 0.2\n", "duplicate key"),
+    ("empty-mapping-space", "{}\n", "maps no field"),
     ("alias-bomb", BOMB_FILE, BOMB),
     ("alias-bomb-as-choice", f"method.mu: {{choice: {BOMB_VALUE}}}\n", BOMB),
+    # a range drawing floats for a field that takes integers: its bounds are valid, its draws are not
+    ("uniform-int-field", "train.local_steps: {uniform: [1, 10]}\n", "randint"),
+    ("loguniform-int-field", "method.num_clusters: {loguniform: [1, 10]}\n", "randint"),
+    ("quniform-int-field", "method.rank: {quniform: [2, 10, 2]}\n", "randint"),
+    ("uniform-rounds", "train.rounds: {uniform: [1, 5]}\n", "train.rounds takes int"),
+    ("uniform-batch-size", "train.batch_size: {uniform: [16, 64]}\n", "randint"),
+    ("uniform-num-devices", "data.num_devices: {uniform: [10, 20]}\n", "randint"),
+    ("uniform-seed", "seed: {uniform: [0, 5]}\n", "randint"),
+    ("uniform-str-field", "data.dataset: {uniform: [0, 1]}\n", "use choice"),
+    ("uniform-bool-field", "data.download: {uniform: [0, 1]}\n", "use choice"),
+    ("quniform-off-grid", "method.mu: {quniform: [0, 1, 0.3]}\n", "multiples of q"),
+    ("qrandint-q1", "method.num_clusters: {qrandint: [2, 10, 1]}\n", "q = 1 is randint"),
+    ("qrandint-off-grid", "method.num_clusters: {qrandint: [2, 9, 2]}\n", "multiples of q"),
+    ("qrandint-floats", "method.num_clusters: {qrandint: [2, 10, 2.0]}\n", "integers"),
 ]
 
 IDX_LABELS_255 = "idx/train-labels-idx1-ubyte"
@@ -315,6 +330,8 @@ ROWS += [
     ("sweep-bad-base", "sweep --space mu_lambda.yaml --set train.rounds=0", {}, "train.rounds"),
     ("sweep-set-alias-bomb", f"sweep --space mu_lambda.yaml --set {shlex.quote('method.mu=' + BOMB_VALUE)}", {},
      BOMB),
+    ("sweep-int-field-of-other-method", "sweep --space s.yaml --set method.name=fedac",
+     {"s.yaml": "method.min_clusters: {uniform: [1, 3]}\n"}, "method.min_clusters takes int"),
     ("sweep-metric-unknown", "sweep --space mu_lambda.yaml --metric accuracy", {}, "--metric"),
     ("sweep-metric-per-layer", "sweep --space mu_lambda.yaml --metric cluster_size_0", {}, "--metric"),
     ("sweep-mode-choice", "sweep --space mu_lambda.yaml --mode up", {}, "--mode"),
