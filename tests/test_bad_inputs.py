@@ -121,6 +121,24 @@ CONFIG_VALUES = [
     ("method.sample_size=1", "method.sample_size"),
     ("method.refit_every=-1", "method.refit_every"),
     ("method.bogus=1", "method.bogus"),
+    # a list or mapping where a scalar belongs (and the reverse): refused by type, not a TypeError later
+    ("method.name=[lcfed]", "method.name"),
+    ("method.name={lcfed: 1}", "method.name"),
+    ("name=[a, b]", "name"),
+    ("seed=[1]", "seed"),
+    ("seed={a: 1}", "seed"),
+    ("train.lr={a: 1}", "train.lr"),
+    ("train.rounds=[3]", "train.rounds"),
+    ("data.dataset=[digits]", "data.dataset"),
+    ("engine.kind={ray: 1}", "engine.kind"),
+    ("tracking.uri=[a]", "tracking.uri"),
+    ("data.primary={low: 0.1}", "data.primary"),
+    ("data.samples_per_device=[[10, 20], [30, 40]]", "data.samples_per_device"),
+    ("method.mu=[0.1]", "method.mu"),
+    # beyond any machine: libgomp's 'Out of memory' crash, Ray's ValueError at start
+    ("engine.torch_threads=100000", "engine.torch_threads"),
+    ("engine.num_cpus=100000", "engine.num_cpus"),
+    ("engine.object_store_mb=1000000000", "engine.object_store_mb"),
 ]
 
 METHOD_VALUES = [
@@ -304,6 +322,9 @@ ROWS += [
     ("import-count-mismatch", "data import --data-dir out --from idx", _idx_files("count"), "labels"),
     ("import-bad-gzip", "data import --data-dir out --from idx", _idx_files("gzip"), "train-labels"),
     ("import-no-idx", "data import --data-dir out --from inputs", {"inputs/readme": "x"}, "inputs"),
+    ("import-from-empty-dir", "data import --data-dir out --from .", {}, "no complete mnist IDX set"),
+    ("import-incomplete-set", "data import --data-dir out --from idx",
+     {k: v for k, v in _idx_files("").items() if "t10k-labels" not in k}, "missing t10k-labels-idx1-ubyte"),
     # tracking replay
     ("replay-missing", "tracking replay nope.json", {}, "FILE"),
     ("replay-not-json", "tracking replay u.json", {"u.json": "{not json"}, "u.json"),
