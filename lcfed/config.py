@@ -73,6 +73,19 @@ def require(cond: bool, field_name: str, value: Any, allowed: str) -> None:
         raise ConfigError(field_name, value, allowed)
 
 
+#: CPU threads (``engine.torch_threads``, ``engine.num_cpus``) allowed per CPU of this machine: a few
+#: times the cores only oversubscribes, far more makes torch's OpenMP run out of memory at the first kernel
+THREADS_PER_CPU = 4
+
+
+def machine_limits() -> tuple[int, int, int]:
+    """(this machine's CPUs, the most CPU threads a field may ask for, its memory in MB)."""
+    import psutil
+
+    cpus = os.cpu_count() or 1
+    return cpus, THREADS_PER_CPU * cpus, psutil.virtual_memory().total // 2**20
+
+
 NORMALIZE = ("standardize", "unit")
 """``data.normalize``: how uint8 pixels become model inputs."""
 
@@ -275,6 +288,9 @@ class EngineConfig:
             "must be > 0 seconds (how long to wait for the cluster to place the federation's actors)",
         )
         require(self.torch_threads >= 1, f"{prefix}.torch_threads", self.torch_threads, "must be >= 1")
+        cpus, max_threads, memory_mb = machine_limits()
+        require(self.torch_threads <= max_threads, f"{prefix}.torch_threads", self.torch_threads,
+                f"must be <= {max_threads} ({THREADS_PER_CPU} x this machine's {cpus} CPUs)")
         require(
             self.workers >= 0,
             f"{prefix}.workers",
@@ -290,7 +306,11 @@ class EngineConfig:
         require(self.vectorize_max >= 1, f"{prefix}.vectorize_max", self.vectorize_max, "must be >= 1 (devices per vmapped call)")
         require(self.device in ("auto", "cpu", "cuda"), f"{prefix}.device", self.device, "one of ['auto', 'cpu', 'cuda']")
         require(self.num_cpus >= 0, f"{prefix}.num_cpus", self.num_cpus, "must be >= 0 (0 = all)")
+        require(self.num_cpus <= max_threads, f"{prefix}.num_cpus", self.num_cpus,
+                f"must be <= {max_threads} ({THREADS_PER_CPU} x this machine's {cpus} CPUs)")
         require(self.object_store_mb >= 64, f"{prefix}.object_store_mb", self.object_store_mb, "must be >= 64")
+        require(self.object_store_mb <= memory_mb, f"{prefix}.object_store_mb", self.object_store_mb,
+                f"must be <= {memory_mb} (this machine's memory in MB; Ray refuses more)")
         require(self.max_failures >= 0, f"{prefix}.max_failures", self.max_failures, "must be >= 0 (lost hosts tolerated per run)")
         require(self.numerics in PROFILES, f"{prefix}.numerics", self.numerics,
                 f"one of {list(PROFILES)} (portable: CPU kernels pinned at AVX2, the same numbers on any x86-64; "
@@ -459,7 +479,10 @@ def _type_ok(value: Any, annotation: Any) -> tuple[bool, Any]:
     if annotation is str:
         return isinstance(value, str), value
     if origin is tuple:
-        if isinstance(value, (list, tuple)):
+        # elements are checked but kept as given ([0, 1] stays ints in a list of floats): digests of
+        # existing configs do not change
+        element = typing.get_args(annotation)[0]
+        if isinstance(value, (list, tuple)) and all(_type_ok(v, element)[0] for v in value):
             return True, tuple(value)
         return False, value
     return True, value
@@ -474,12 +497,44 @@ def _finite(value: Any) -> bool:
     return True
 
 
-def _type_name(annotation: Any) -> str:
-    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
-        return " or ".join(_type_name(a) for a in typing.get_args(annotation))
+def accepts(annotation: Any, value: Any) -> bool:
+    """Whether a field annotated ``annotation`` takes ``value`` (its type; bounds are the field's validate)."""
+    return _type_ok(value, annotation)[0]
+
+
+def type_name(annotation: Any) -> str:
+    """``int or null``, ``list of float``: an annotation as the messages name it."""
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(type_name(a) for a in typing.get_args(annotation))
+    if origin is tuple:
+        return f"list of {type_name(typing.get_args(annotation)[0])}"
     if annotation is type(None):
         return "null"
     return getattr(annotation, "__name__", str(annotation))
+
+
+def typed_value(field_name: str, value: Any, annotation: Any) -> Any:
+    """``value`` as a field annotated ``annotation`` holds it (an int for a float field becomes a float),
+    or :class:`ConfigError`: every value is checked here before any use, so a list or a mapping where a
+    scalar belongs is refused instead of reaching code that hashes or compares it."""
+    ok, coerced = _type_ok(value, annotation)
+    hint = " (YAML reads on/off/yes/no as booleans: quote the word)" if isinstance(value, bool) and annotation is str else ""
+    require(ok, field_name, value, f"must be of type {type_name(annotation)}{hint}")
+    require(_finite(coerced), field_name, value, "must be a finite number (not inf or nan)")
+    return coerced
+
+
+def field_types(cfg: ExperimentConfig) -> dict[str, Any]:
+    """Dotted keys (those of :func:`flatten`) to their type annotations; the ``method.*`` ones from the
+    Params of ``cfg``'s method."""
+    top = typing.get_type_hints(ExperimentConfig)
+    out = {key: top[key] for key in ("name", "seed")}
+    out["method.name"] = typing.get_type_hints(MethodConfig)["name"]
+    for section, cls in {**_SECTIONS, "method": type(cfg.method.params)}.items():
+        hints = typing.get_type_hints(cls)
+        out.update({f"{section}.{f.name}": hints[f.name] for f in dataclasses.fields(cls) if f.init})
+    return out
 
 
 def build_dataclass(cls: type, values: Mapping[str, Any], prefix: str) -> Any:
@@ -493,11 +548,7 @@ def build_dataclass(cls: type, values: Mapping[str, Any], prefix: str) -> Any:
     for key, value in values.items():
         require(key in names, f"{prefix}.{key}", value,
                 f"unknown field; allowed: {', '.join(names)}{did_you_mean(key, names, f'{prefix}.')}")
-        ok, coerced = _type_ok(value, hints[key])
-        hint = " (YAML reads on/off/yes/no as booleans: quote the word)" if isinstance(value, bool) and hints[key] is str else ""
-        require(ok, f"{prefix}.{key}", value, f"must be of type {_type_name(hints[key])}{hint}")
-        require(_finite(coerced), f"{prefix}.{key}", value, "must be a finite number (not inf or nan)")
-        kwargs[key] = coerced
+        kwargs[key] = typed_value(f"{prefix}.{key}", value, hints[key])
     return cls(**kwargs)
 
 
@@ -511,9 +562,7 @@ def from_dict(raw: Mapping[str, Any]) -> ExperimentConfig:
     kwargs: dict[str, Any] = {}
     for key in ("name", "seed"):
         if key in raw:
-            ok, value = _type_ok(raw[key], typing.get_type_hints(ExperimentConfig)[key])
-            require(ok, key, raw[key], f"must be of type {_type_name(typing.get_type_hints(ExperimentConfig)[key])}")
-            kwargs[key] = value
+            kwargs[key] = typed_value(key, raw[key], typing.get_type_hints(ExperimentConfig)[key])
     for section, cls in _SECTIONS.items():
         if section in raw:
             kwargs[section] = build_dataclass(cls, raw[section], section)
@@ -521,7 +570,8 @@ def from_dict(raw: Mapping[str, Any]) -> ExperimentConfig:
     require(isinstance(method_section, Mapping), "method", method_section,
             "must be a mapping of fields (name and the method's parameters)")
     method_raw = dict(method_section)
-    name = method_raw.pop("name", MethodConfig.name)
+    name = typed_value("method.name", method_raw.pop("name", MethodConfig.name),
+                       typing.get_type_hints(MethodConfig)["name"])
     params = build_dataclass(resolve("method", "method.name", name).params, method_raw, "method")
     kwargs["method"] = MethodConfig(name=name, params=params)
     return ExperimentConfig(**kwargs).validate()
@@ -573,15 +623,20 @@ def flatten(cfg: ExperimentConfig) -> dict[str, Any]:
     return flat
 
 
-def parse_override(text: str) -> tuple[str, Any]:
-    """Parse ``key=value``; the value is read as YAML (``0.1`` -> float, ``null`` -> None)."""
+def parse_override(text: str, flag: str = "--set") -> tuple[str, Any]:
+    """Parse ``key=value``; the value is read as YAML (``0.1`` -> float, ``null`` -> None) as strictly as
+    a config file (:func:`read_yaml`), except that text which is not YAML is kept as written."""
     key, sep, raw = text.partition("=")
     key = key.strip()
-    require(bool(sep) and bool(key), "--set", text, "must look like key=value, e.g. method.mu=0.1")
+    require(bool(sep) and bool(key), flag, text, "must look like key=value, e.g. method.mu=0.1")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
+        value = yaml.load(raw, Loader=_StrictLoader) if raw.strip() else ""  # noqa: S506 (a SafeLoader subclass)
+    except _Refused as exc:
+        raise ConfigError(flag, text, f"must be valid YAML: {_yaml_problem(exc)}") from None
+    except RecursionError:
+        raise ConfigError(flag, text, "must be valid YAML: nesting too deep") from None
     except yaml.YAMLError:
-        value = raw
+        value = raw  # not YAML: the text as written
     return key, value
 
 
@@ -639,31 +694,49 @@ def _deepcopy(value: Any) -> Any:
     return value
 
 
+#: nodes that aliases may add to a YAML document: PyYAML shares an aliased value, but copying or printing
+#: it expands every alias, so a few lines of nested aliases ("billion laughs") become billions of nodes
+MAX_ALIAS_NODES = 10_000
+
+
+class _Refused(yaml.constructor.ConstructorError):
+    """Valid YAML that :class:`_StrictLoader` refuses (duplicate keys, aliases), as opposed to bad syntax."""
+
+
 class _StrictLoader(yaml.SafeLoader):
-    """SafeLoader that refuses duplicate keys (a second ``train:`` would silently replace the first)
-    and self-referencing anchors (which expand forever)."""
+    """SafeLoader that refuses duplicate keys (a second ``train:`` would silently replace the first),
+    self-referencing anchors (which expand forever) and aliases expanding past :data:`MAX_ALIAS_NODES`."""
 
     def __init__(self, stream: Any) -> None:
         super().__init__(stream)
         self._open_anchors: set[str] = set()
+        self._sizes: dict[int, int] = {}  # id(node) -> its nodes with every alias in it expanded
+        self._alias_nodes = 0
 
     def compose_node(self, parent: Any, index: Any) -> Any:
-        if self.check_event(yaml.AliasEvent):
-            event = self.peek_event()
-            if event.anchor in self._open_anchors:
-                raise yaml.constructor.ConstructorError(
-                    None, None, f"alias *{event.anchor} refers to the anchor that contains it (recursive)",
-                    event.start_mark)
-            return super().compose_node(parent, index)
         event = self.peek_event()
+        if self.check_event(yaml.AliasEvent):
+            if event.anchor in self._open_anchors:
+                raise _Refused(None, None, f"alias *{event.anchor} refers to the anchor that contains it (recursive)",
+                               event.start_mark)
+            node = super().compose_node(parent, index)
+            self._alias_nodes += self._sizes[id(node)]
+            if self._alias_nodes > MAX_ALIAS_NODES:
+                raise _Refused(None, None, f"aliases expand to more than {MAX_ALIAS_NODES} nodes (an alias bomb?): "
+                               "write the values out", event.start_mark)
+            return node
         anchor = getattr(event, "anchor", None)
-        if anchor is None:
-            return super().compose_node(parent, index)
-        self._open_anchors.add(anchor)
+        if anchor is not None:
+            self._open_anchors.add(anchor)
         try:
-            return super().compose_node(parent, index)
+            node = super().compose_node(parent, index)
         finally:
-            self._open_anchors.discard(anchor)
+            if anchor is not None:
+                self._open_anchors.discard(anchor)
+        children = [n for pair in node.value for n in pair] if isinstance(node, yaml.MappingNode) else (
+            node.value if isinstance(node, yaml.SequenceNode) else [])
+        self._sizes[id(node)] = 1 + sum(self._sizes[id(child)] for child in children)
+        return node
 
     def construct_mapping(self, node: Any, deep: bool = False) -> Any:
         seen: dict[Any, int] = {}
@@ -672,12 +745,11 @@ class _StrictLoader(yaml.SafeLoader):
             try:
                 first = seen.get(key)
             except TypeError:
-                raise yaml.constructor.ConstructorError(
-                    None, None, f"a key must be a plain value, not {type(key).__name__}", key_node.start_mark) from None
+                raise _Refused(None, None, f"a key must be a plain value, not {type(key).__name__}",
+                               key_node.start_mark) from None
             if first is not None:
-                raise yaml.constructor.ConstructorError(
-                    None, None, f"duplicate key {key!r} (first at line {first}): give each key once",
-                    key_node.start_mark)
+                raise _Refused(None, None, f"duplicate key {key!r} (first at line {first}): give each key once",
+                               key_node.start_mark)
             seen[key] = key_node.start_mark.line + 1
         return super().construct_mapping(node, deep=deep)
 
@@ -695,7 +767,8 @@ def read_yaml(path: str | Path, flag: str, what: str = "YAML file") -> Any:
     """Parse a YAML file strictly; any problem is a :class:`ConfigError` naming ``flag`` and saying which.
 
     Refused: a missing or non-regular file, non-UTF-8 bytes, syntax errors, duplicate keys (also
-    duplicated sections), recursive anchors, and an empty document.
+    duplicated sections), recursive anchors, aliases expanding past :data:`MAX_ALIAS_NODES` nodes, and an
+    empty document.
     """
     p = Path(path).expanduser()
     require(p.is_file(), flag, str(path), f"must be an existing {what}")

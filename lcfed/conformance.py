@@ -21,7 +21,7 @@ import math
 import tempfile
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -30,7 +30,7 @@ from lcfed import numerics
 from lcfed.config import ExperimentConfig, from_dict, resolve
 from lcfed.engine import RunResult, load_resume, run_rounds
 from lcfed.federation import load, make_strategy
-from lcfed.methods.base import Message, tensor_bytes
+from lcfed.methods.base import Message, Strategy, tensor_bytes
 from lcfed.runner import LocalFederation, LocalPool, LocalServer
 
 PROPERTIES = ("seeded", "pure", "priced", "resumable", "engines")
@@ -62,7 +62,7 @@ def small_config(name: str, **overrides: Any) -> ExperimentConfig:
     fields = {f.name for f in dataclasses.fields(resolve("method", "METHOD", name).params)}
     method: dict[str, Any] = {"name": name}
     method.update({k: v for k, v in {"num_clusters": 3, "rank": 4}.items() if k in fields})
-    raw = {"data": {"dataset": "digits", "partition": "pathological", "classes_per_device": 2, "num_devices": 6},
+    raw: dict[str, Any] = {"data": {"dataset": "digits", "partition": "pathological", "classes_per_device": 2, "num_devices": 6},
            "train": {"rounds": 2, "local_steps": 2, "lr": 0.05}, "method": method,
            "engine": {"torch_threads": 1, "workers": 1}, "tracking": {"enabled": False}}
     for key, value in overrides.items():
@@ -136,9 +136,9 @@ def _run(cfg: ExperimentConfig, audit: _Audit | None = None, resume: Any = None)
     fed = LocalFederation(cfg, load(cfg), 1)
     try:
         server_strategy = make_strategy(cfg, fed.setup.federation)
-        if audit is not None:
-            fed.hosted.strategy = _Guarded(fed.hosted.strategy, audit)
-            server_strategy = _Guarded(server_strategy, audit)
+        if audit is not None:  # the guard forwards every attribute: to the loop it is the strategy
+            fed.hosted.strategy = cast(Strategy, _Guarded(fed.hosted.strategy, audit))
+            server_strategy = cast(Strategy, _Guarded(server_strategy, audit))
         return run_rounds(cfg, fed.setup.federation, LocalServer(server_strategy), LocalPool(fed.hosted), (), resume)
     finally:
         fed.close()

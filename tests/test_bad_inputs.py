@@ -130,6 +130,24 @@ CONFIG_VALUES = [
                        "name, network, seed, tracking, train; did you mean train?"),
     ("method.name=lcfd", ("method.name: got 'lcfd'; unknown method 'lcfd': one of [", "path; did you mean lcfed?")),
     ("data.dataset=mnsit", ("data.dataset: got 'mnsit'; unknown dataset 'mnsit': one of [", "path; did you mean mnist?")),
+    # a list or mapping where a scalar belongs (and the reverse): refused by type, not a TypeError later
+    ("method.name=[lcfed]", "method.name"),
+    ("method.name={lcfed: 1}", "method.name"),
+    ("name=[a, b]", "name"),
+    ("seed=[1]", "seed"),
+    ("seed={a: 1}", "seed"),
+    ("train.lr={a: 1}", "train.lr"),
+    ("train.rounds=[3]", "train.rounds"),
+    ("data.dataset=[digits]", "data.dataset"),
+    ("engine.kind={ray: 1}", "engine.kind"),
+    ("tracking.uri=[a]", "tracking.uri"),
+    ("data.primary={low: 0.1}", "data.primary"),
+    ("data.samples_per_device=[[10, 20], [30, 40]]", "data.samples_per_device"),
+    ("method.mu=[0.1]", "method.mu"),
+    # beyond any machine: libgomp's 'Out of memory' crash, Ray's ValueError at start
+    ("engine.torch_threads=100000", "engine.torch_threads"),
+    ("engine.num_cpus=100000", "engine.num_cpus"),
+    ("engine.object_store_mb=1000000000", "engine.object_store_mb"),
 ]
 
 METHOD_VALUES = [
@@ -153,6 +171,19 @@ METHOD_VALUES = [
     ("standalone", "method.mu=0.1", "method.mu"),
 ]
 
+
+
+def _laughs(levels: int = 9) -> list[str]:
+    """Flow-style YAML lists, each anchored and listing the one before ten times: a few lines that expand
+    to 10**levels items ("billion laughs")."""
+    return [f"&l0 [{', '.join(['lol'] * 10)}]"] + [f"&l{i} [{', '.join([f'*l{i - 1}'] * 10)}]"
+                                                  for i in range(1, levels)]
+
+
+BOMB_FILE = "".join(f"l{i}: {text}\n" for i, text in enumerate(_laughs()))
+BOMB_VALUE = f"[{', '.join(_laughs())}]"
+BOMB = "alias bomb"
+
 CONFIG_FILES = [
     ("empty", "", "is empty"),
     ("only-comment", "# nothing\n", "is empty"),
@@ -173,6 +204,9 @@ CONFIG_FILES = [
     ("inf-in-file", "train:\n  lr: .inf\n", "train.lr"),
     ("complex-key", "? [a]\n: 1\n", "plain value"),
     ("field-typo", "train:\n  rouns: 3\n", ("train.rouns: got 3; unknown field", "; did you mean train.rounds?")),
+    ("alias-bomb", BOMB_FILE, BOMB),
+    ("alias-bomb-in-section", "method:\n" + "".join(f"  {line}" for line in BOMB_FILE.splitlines(True)), BOMB),
+    ("alias-bomb-one-line", f"data: {{primary: {BOMB_VALUE}}}\n", BOMB),
 ]
 
 SPACES = [
@@ -198,6 +232,23 @@ SPACES = [
     ("empty-space", "", "is empty"),
     ("list-space", "- 1\n", "must map config fields"),
     ("dup-key-space", "method.mu: 0.1\nmethod.mu: 0.2\n", "duplicate key"),
+    ("empty-mapping-space", "{}\n", "maps no field"),
+    ("alias-bomb", BOMB_FILE, BOMB),
+    ("alias-bomb-as-choice", f"method.mu: {{choice: {BOMB_VALUE}}}\n", BOMB),
+    # a range drawing floats for a field that takes integers: its bounds are valid, its draws are not
+    ("uniform-int-field", "train.local_steps: {uniform: [1, 10]}\n", "randint"),
+    ("loguniform-int-field", "method.num_clusters: {loguniform: [1, 10]}\n", "randint"),
+    ("quniform-int-field", "method.rank: {quniform: [2, 10, 2]}\n", "randint"),
+    ("uniform-rounds", "train.rounds: {uniform: [1, 5]}\n", "train.rounds takes int"),
+    ("uniform-batch-size", "train.batch_size: {uniform: [16, 64]}\n", "randint"),
+    ("uniform-num-devices", "data.num_devices: {uniform: [10, 20]}\n", "randint"),
+    ("uniform-seed", "seed: {uniform: [0, 5]}\n", "randint"),
+    ("uniform-str-field", "data.dataset: {uniform: [0, 1]}\n", "use choice"),
+    ("uniform-bool-field", "data.download: {uniform: [0, 1]}\n", "use choice"),
+    ("quniform-off-grid", "method.mu: {quniform: [0, 1, 0.3]}\n", "multiples of q"),
+    ("qrandint-q1", "method.num_clusters: {qrandint: [2, 10, 1]}\n", "q = 1 is randint"),
+    ("qrandint-off-grid", "method.num_clusters: {qrandint: [2, 9, 2]}\n", "multiples of q"),
+    ("qrandint-floats", "method.num_clusters: {qrandint: [2, 10, 2.0]}\n", "integers"),
 ]
 
 IDX_LABELS_255 = "idx/train-labels-idx1-ubyte"
@@ -255,6 +306,9 @@ ROWS += [
                                "; did you mean run? (see lcfed --help)")),
     ("run-set-no-equals", f"{R} --set method.mu", {}, "--set"),
     ("run-set-empty-key", f"{R} --set =1", {}, "--set"),
+    ("run-set-alias-bomb", f"{R} --set {shlex.quote('data.primary=' + BOMB_VALUE)}", {}, BOMB),
+    ("run-set-recursive-anchor", f"{R} --set 'data.primary=&p [*p]'", {}, "recursive"),
+    ("run-set-dup-key", f"{R} --set 'method={{mu: 0.1, mu: 0.2}}'", {}, "duplicate key"),
     ("run-json-dir", f"{R} --json inputs", {"inputs/x": ""}, "--json"),
     ("run-json-no-parent", f"{R} --json nodir/out.json", {}, "--json"),
     ("run-json-is-config", f"{R} --config c.yaml --json c.yaml", {"c.yaml": "seed: 1\n"}, "--json"),
@@ -277,6 +331,7 @@ ROWS += [
     ("config-missing-file", "config --config nope.yaml", {}, "--config"),
     ("methods-extra-arg", "methods extra", {}, "lcfed: usage error: methods: unrecognized arguments: extra"),
     ("unknown-command", "frobnicate", {}, "COMMAND: invalid choice 'frobnicate'"),
+    ("config-set-alias-bomb", f"config --set {shlex.quote('method.mu=' + BOMB_VALUE)}", {}, BOMB),
     # data import
     ("import-from-missing", "data import --data-dir out --from nodir", {}, "nodir"),
     ("import-data-dir-file", "data import --data-dir inputs/afile --from idx", {"inputs/afile": "x", **_idx_files("")},
@@ -287,6 +342,9 @@ ROWS += [
     ("import-count-mismatch", "data import --data-dir out --from idx", _idx_files("count"), "labels"),
     ("import-bad-gzip", "data import --data-dir out --from idx", _idx_files("gzip"), "train-labels"),
     ("import-no-idx", "data import --data-dir out --from inputs", {"inputs/readme": "x"}, "inputs"),
+    ("import-from-empty-dir", "data import --data-dir out --from .", {}, "no complete mnist IDX set"),
+    ("import-incomplete-set", "data import --data-dir out --from idx",
+     {k: v for k, v in _idx_files("").items() if "t10k-labels" not in k}, "missing t10k-labels-idx1-ubyte"),
     # tracking replay
     ("replay-missing", "tracking replay nope.json", {}, "FILE"),
     ("replay-not-json", "tracking replay u.json", {"u.json": "{not json"}, "u.json"),
@@ -314,6 +372,10 @@ ROWS += [
     ("sweep-json-dir", "sweep --space mu_lambda.yaml --json inputs", {"inputs/x": ""}, "--json"),
     ("sweep-json-is-space", "sweep --space s.yaml --json s.yaml", {"s.yaml": "method.mu: 0.1\n"}, "--json"),
     ("sweep-bad-base", "sweep --space mu_lambda.yaml --set train.rounds=0", {}, "train.rounds"),
+    ("sweep-set-alias-bomb", f"sweep --space mu_lambda.yaml --set {shlex.quote('method.mu=' + BOMB_VALUE)}", {},
+     BOMB),
+    ("sweep-int-field-of-other-method", "sweep --space s.yaml --set method.name=fedac",
+     {"s.yaml": "method.min_clusters: {uniform: [1, 3]}\n"}, "method.min_clusters takes int"),
     ("sweep-metric-unknown", "sweep --space mu_lambda.yaml --metric accuracy", {}, "--metric"),
     ("sweep-metric-per-layer", "sweep --space mu_lambda.yaml --metric cluster_size_0", {}, "--metric"),
     ("sweep-mode-choice", "sweep --space mu_lambda.yaml --mode up", {}, "--mode"),
@@ -351,6 +413,8 @@ ROWS += [
     ("repro-rounds-0", "reproduce table1 --rounds 0 --no-track", {}, "--rounds"),
     ("repro-method-set", "reproduce table1 --method-set mu=-1 --methods lcfed --no-track", {}, "mu"),
     ("repro-method-set-syntax", "reproduce table1 --method-set mu --no-track", {}, "--method-set"),
+    ("repro-method-set-alias-bomb", f"reproduce table1 --method-set {shlex.quote('mu=' + BOMB_VALUE)} --no-track",
+     {}, BOMB),
     ("repro-out-file", "reproduce table1 --out inputs/afile --no-track", {"inputs/afile": "x"}, "--out"),
     ("repro-table-typo", "reproduce tabel1", {},
      ("reproduce: TABLE: invalid choice 'tabel1'", "; did you mean table1?")),

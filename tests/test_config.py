@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from lcfed.config import ConfigError, flatten, from_dict, load_config, parse_override, to_dict
+from lcfed.config import MAX_ALIAS_NODES, ConfigError, flatten, from_dict, load_config, parse_override, to_dict
 from tune_jobs.cli import main
 
 BAD = [
@@ -101,6 +101,20 @@ def test_overrides_parse_yaml_values():
     assert parse_override("tracking.run_name=abc") == ("tracking.run_name", "abc")
     with pytest.raises(ConfigError):
         parse_override("novalue")
+
+
+def test_aliases_load_up_to_the_bound(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("data:\n  primary: &p [0.1, 0.2]\n  secondary: *p\n")
+    assert load_config(path).data.secondary == (0.1, 0.2)
+    # each alias of a scalar adds one node: MAX_ALIAS_NODES of them load, one more is refused
+    assert len(parse_override("x=[&a 1" + ", *a" * MAX_ALIAS_NODES + "]")[1]) == MAX_ALIAS_NODES + 1
+    with pytest.raises(ConfigError, match="alias bomb") as err:
+        parse_override("x=[&a 1" + ", *a" * (MAX_ALIAS_NODES + 1) + "]")
+    assert err.value.field == "--set"
+    with pytest.raises(ConfigError, match="alias bomb") as err:
+        parse_override("mu=[&a [1, 1], &b [*a, *a]" + ", *b" * MAX_ALIAS_NODES + "]", "--method-set")
+    assert err.value.field == "--method-set"
 
 
 def test_roundtrip_and_flatten():

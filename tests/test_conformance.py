@@ -9,7 +9,6 @@ import ray
 import torch
 
 from lcfed import conformance
-from lcfed.clustering import weighted_mean
 from lcfed.methods import METHODS
 from lcfed.methods.fedavg import FedAvg, FedAvgParams, FedAvgState
 from tests.conftest import start_test_ray

@@ -6,6 +6,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
+import yaml
 
 from lcfed.config import ConfigError
 from tests.conftest import tiny_config
@@ -79,6 +80,20 @@ def test_the_space_is_logged_in_its_file_form():
     assert space_spec(space["method.mu"]) == {"loguniform": [0.001, 1.0]}
     assert space_spec(space["train.lr"]) == {"grid": [0.05, 0.1]}
     assert swept_keys(space) == list(space)[:-1]  # a fixed value is not swept
+
+
+def test_every_domain_of_a_space_file_loads_and_is_logged_as_written(tmp_path):
+    from tune_jobs.sweep import DOMAINS, load_space
+
+    specs = {"method.mu": {"loguniform": [0.001, 1.0]}, "method.lam": {"uniform": [0.0, 0.5]},
+             "train.lr": {"quniform": [0.05, 0.2, 0.05]}, "train.batch_size": {"grid": [16, 32]},
+             "method.num_clusters": {"choice": [2, 4]}, "train.rounds": {"randint": [2, 6]},
+             "train.local_steps": {"qrandint": [2, 8, 2]}}
+    assert {next(iter(spec)) for spec in specs.values()} == set(DOMAINS)
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(specs))
+    space = load_space(path, tiny_config())
+    assert {k: space_spec(v) for k, v in space.items()} == specs
 
 
 def test_child_names_carry_the_swept_values():

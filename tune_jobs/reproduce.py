@@ -381,6 +381,7 @@ def cmd_table1(args: argparse.Namespace) -> int:
     methods = [e.name for e in registry.names("method") if e.origin == "built-in"] if args.methods == "all" \
         else [m.strip() for m in args.methods.split(",") if m.strip()]
     specs = {m: resolve("method", "--methods", m) for m in methods}
+    require(bool(methods), "--methods", args.methods, "at least one method: comma-separated names, or 'all'")
     datasets = [d.strip() for d in args.datasets.split(",") if d.strip()]
     partitions = [p.strip() for p in args.partitions.split(",") if p.strip()]
     require(bool(datasets), "--datasets", args.datasets, "at least one dataset")
@@ -392,7 +393,7 @@ def cmd_table1(args: argparse.Namespace) -> int:
     seeds = parse_seeds(args.seeds) if args.seeds is not None else None
     for s in args.method_set:
         require("=" in s and bool(s.partition("=")[0].strip()), "--method-set", s, "must look like KEY=VALUE, e.g. mu=0.1")
-    sets = dict(parse_override(s) for s in args.method_set)
+    sets = dict(parse_override(s, "--method-set") for s in args.method_set)
     for key in sets:
         require(any(key in {f.name for f in dataclasses.fields(spec.params)} for spec in specs.values()),
                 "--method-set", key, "a setting of at least one chosen method (see `lcfed methods`)")

@@ -36,9 +36,11 @@ from lcfed.config import (
     NAME_RULE,
     ConfigError,
     ExperimentConfig,
+    accepts,
     apply_overrides,
     check_output_dir,
     check_output_file,
+    field_types,
     flatten,
     from_dict,
     load_config,
@@ -46,6 +48,7 @@ from lcfed.config import (
     require,
     safe_name,
     to_dict,
+    type_name,
 )
 from lcfed.engine import Stopped
 from tune_jobs.sweep_progress import progress_callback, short_names, trial_index
@@ -77,14 +80,18 @@ DOMAINS = {
     "grid": lambda tune, a: tune.grid_search(list(a)),
     "randint": lambda tune, a: tune.randint(*a),
     "quniform": lambda tune, a: tune.quniform(*a),
+    "qrandint": lambda tune, a: tune.qrandint(*a),
 }
+#: the domains whose draws are floats (Tune's Float domains) and those whose draws are integers
+FLOAT_DOMAINS = ("uniform", "loguniform", "quniform")
+INTEGER_DOMAINS = ("randint", "qrandint")
 
 
 def load_space(path: str | Path, base: ExperimentConfig) -> dict[str, Any]:
     """Read a search space: ``{dotted.field: {loguniform: [lo, hi]} | {choice: [...]} | value}``.
 
     Each key must be a config field; each sampled value is validated with the base config before
-    the sweep starts (bounds of ranges, every element of choices).
+    the sweep starts (the type of a range's draws, bounds of ranges, every element of choices).
     """
     from ray import tune
 
@@ -94,9 +101,11 @@ def load_space(path: str | Path, base: ExperimentConfig) -> dict[str, Any]:
     require(p.is_file(), "--space", str(path), f"must be a YAML file (bundled spaces: {sorted(x.name for x in SPACES_DIR.glob('*.yaml'))})")
     raw = read_yaml(p, "--space", "search-space YAML file")
     require(isinstance(raw, Mapping), "--space", str(path), "must map config fields to domains")
+    require(len(raw) > 0, "--space", str(path), "maps no field ({}): a sweep needs at least one field")
     space: dict[str, Any] = {}
     base_raw = to_dict(base)
     flat = flatten(base)
+    field_type = field_types(base)
     for key, spec in raw.items():
         require(isinstance(key, str) and (key in flat or key.startswith("method.")), f"space.{key}", spec,
                 "keys must be dotted config fields, e.g. method.mu or train.lr (see `lcfed config`)")
@@ -105,6 +114,7 @@ def load_space(path: str | Path, base: ExperimentConfig) -> dict[str, Any]:
                     f"one of {sorted(DOMAINS)} with its arguments, e.g. {{loguniform: [0.001, 1]}}")
             kind, args = next(iter(spec.items()))
             values = domain_extremes(f"space.{key}", kind, args)
+            check_draw_type(key, dict(spec), kind, field_type.get(key))
             for v in values:  # every reachable extreme must make a valid config
                 try:
                     from_dict(apply_overrides(base_raw, {key: v}))
@@ -658,18 +668,35 @@ def domain_extremes(field_name: str, kind: str, args: Any) -> list[Any]:
         require(isinstance(args, list) and len(args) > 0, field_name, {kind: args},
                 f"{kind} takes a non-empty list of values, e.g. {{{kind}: [0.01, 0.1]}}")
         return list(args)
-    arity = 3 if kind == "quniform" else 2
+    quantized = kind in ("quniform", "qrandint")
     shape = {"loguniform": "[low, high] with 0 < low < high", "uniform": "[low, high] with low < high",
-             "quniform": "[low, high, q] with low < high and q > 0",
-             "randint": "[low, high] integers with low < high (high excluded)"}[kind]
-    ok = isinstance(args, list) and len(args) == arity and all(_number(v) for v in args)
-    if ok and kind == "randint":
+             "quniform": "[low, high, q] with low < high, q > 0 and low, high multiples of q",
+             "randint": "[low, high] integers with low < high (high excluded)",
+             "qrandint": "[low, high, q] integers with low < high, q >= 2 (q = 1 is randint) and low, high "
+                         "multiples of q (high included)"}[kind]
+    ok = isinstance(args, list) and len(args) == (3 if quantized else 2) and all(_number(v) for v in args)
+    if ok and kind in INTEGER_DOMAINS:
         ok = all(isinstance(v, int) for v in args)
     if ok:
         low, high = args[0], args[1]
-        ok = low < high and (kind != "loguniform" or low > 0) and (kind != "quniform" or args[2] > 0)
+        ok = low < high and (kind != "loguniform" or low > 0)
+        if quantized:  # bounds on the grid: Tune refuses others (quniform) or moves them inwards (qrandint)
+            q = args[2]
+            ok = ok and q > (1 if kind == "qrandint" else 0) and all(
+                math.isclose(b / q, round(b / q)) for b in (low, high))
     require(ok, field_name, {kind: args}, f"{kind} takes {shape} (finite numbers; a single value needs no domain)")
     return [args[0], args[1] - 1] if kind == "randint" else [args[0], args[1]]
+
+
+def check_draw_type(key: str, spec: Any, kind: str, annotation: Any) -> None:
+    """Refuse a range drawing floats for a field that takes none (``annotation``; None for no such field,
+    which the extremes check refuses): bounds such as ``uniform: [1, 10]`` make valid configs, but every
+    trial would die on its first draw (2.7 local steps)."""
+    if kind not in FLOAT_DOMAINS or annotation is None or accepts(annotation, 0.5):
+        return
+    fix = ("use randint: [low, high] or qrandint: [low, high, q] (integer draws), or choice: [...]"
+           if accepts(annotation, 1) else "use choice: [...]")
+    raise ConfigError(f"space.{key}", spec, f"{kind} draws floats, but {key} takes {type_name(annotation)}: {fix}")
 
 
 def run_sweep(
