@@ -132,6 +132,7 @@ def test_a_rerun_continues_without_redoing_a_phase(compared, capsys):
     assert json.loads((tmp / "out" / "state.json").read_text())["params"]["scheduler"] == "fifo"
 
 
+@pytest.mark.slow  # ~45 s: two more sweeps per method
 def test_phase_one_decides_the_same_when_the_test_split_is_poisoned(compared):
     """The same comparison on data whose test samples (seed 0's partition) are noise: phase 1 chooses the
     same configs with the same validation accuracy, and only phase 2's test accuracy moves."""

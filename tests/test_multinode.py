@@ -206,6 +206,7 @@ def test_sweep_on_workers_logs_through_the_driver_and_resumes_from_s3(env: Env, 
     print(f"\nsweep placement: {sorted(w[:8] for w in workers)}; root {ROOT}")
 
 
+@pytest.mark.slow  # ~2 min; the storage refusal and trials on workers are also covered by the sweep tests above
 def test_compare_needs_a_storage_every_node_reaches_and_runs_on_the_workers(env: Env, tmp_path: Path):
     """`lcfed compare` as a job's driver: without a shared --storage it is refused before any file or run
     exists; with one (S3) both phases run their trials on the GPU workers and the report is written."""
