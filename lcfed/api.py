@@ -73,7 +73,6 @@ def run(cfg: ExperimentConfig, *, engine: str | None = None, track: bool = False
     if engine is not None:
         require(engine in ("local", "ray"), "engine", engine, "one of ['local', 'ray']")
         cfg = cfg.replace(**{"engine.kind": engine})
-    numerics.activate(cfg.engine.numerics)
     chosen: list[Any] = list(observers)
     if models:
         chosen.append(_KeepModels())
@@ -137,7 +136,7 @@ def trainable(base: ExperimentConfig | Mapping[str, Any] | str | Path, *, track:
         from lcfed.runner import LocalFederation
 
         chosen = config(cfg, {k: v for k, v in trial.items()}).replace(**{"engine.kind": "local"})
-        numerics.activate(chosen.engine.numerics)
+        numerics.activate(chosen.engine.numerics)  # before load(), the trial's first tensor op
         cpus = max(1, int(ray.get_runtime_context().get_assigned_resources().get("CPU", 1)))
         fed = LocalFederation(chosen, load(chosen), cpus)
         observers: list[Any] = [_Report()]
