@@ -643,8 +643,8 @@ def parse_override(text: str, flag: str = "--set") -> tuple[str, Any]:
 def resolve(kind: str, field_name: str, name: Any) -> Any:
     """What the registry finds for the ``kind`` (method, model, dataset) ``name``: a built-in, an installed
     plugin or a ``package.module:attr`` path; a :class:`ConfigError` naming ``field_name`` otherwise."""
-    require(isinstance(name, str) and name != "", field_name, name,
-            f"a {kind} name: one of {registry.known(kind)}, or a package.module:attr path")
+    if not (isinstance(name, str) and name):  # the listing is built for the error only
+        raise ConfigError(field_name, name, f"a {kind} name: one of {registry.known(kind)}, or a package.module:attr path")
     try:
         return getattr(registry, kind)(name)
     except registry.PluginError as exc:

@@ -76,29 +76,26 @@ def is_x86() -> bool:
 
 
 @cache
-def cpu_flags() -> frozenset[str]:
-    """The CPU's feature flags (Linux), empty where they cannot be read."""
+def _cpuinfo(*prefixes: str) -> str | None:
+    """The value of the first /proc/cpuinfo line starting with one of ``prefixes`` (Linux); None elsewhere."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
             for line in f:
-                if line.startswith(("flags", "Features")):
-                    return frozenset(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return frozenset()
-
-
-@cache
-def cpu_model() -> str:
-    """E.g. ``AMD EPYC 7B13``; ``platform.processor()`` where /proc/cpuinfo has no model name."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            for line in f:
-                if line.startswith("model name"):
+                if line.startswith(prefixes):
                     return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return platform.processor() or platform.machine() or "unknown"
+    return None
+
+
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags (Linux), empty where they cannot be read."""
+    return frozenset((_cpuinfo("flags", "Features") or "").split())
+
+
+def cpu_model() -> str:
+    """E.g. ``AMD EPYC 7B13``; ``platform.processor()`` where /proc/cpuinfo has no model name."""
+    return _cpuinfo("model name") or platform.processor() or platform.machine() or "unknown"
 
 
 def cpu_isa() -> str:
@@ -157,12 +154,19 @@ def activate(profile: str = "portable") -> dict[str, str]:
 def activate_from_env() -> None:
     """What ``import lcfed`` does: the profile of ``$LCFED_NUMERICS`` (default portable), without
     locking torch's kernels in yet (torch may not even be imported)."""
+    profile = env_profile(warn=True)
+    _set_env(pinned_env(profile)[0], profile)
+
+
+def env_profile(warn: bool = False) -> str:
+    """The profile ``$LCFED_NUMERICS`` names (default portable; an unknown name counts as portable)."""
     profile = os.environ.get(ENV_PROFILE, "portable").strip().lower() or "portable"
-    if profile not in PROFILES:
+    if profile in PROFILES:
+        return profile
+    if warn:
         print(f"lcfed: ${ENV_PROFILE}={profile!r} is not one of {list(PROFILES)}; using portable",
               file=sys.stderr, flush=True)
-        profile = "portable"
-    _set_env(pinned_env(profile)[0], profile)
+    return "portable"
 
 
 def _set_env(env: dict[str, str | None], profile: str) -> None:
@@ -187,7 +191,7 @@ def kernel_level() -> str:
 def state() -> dict[str, str]:
     """The profile this process runs under: ``profile``, ``level`` and ``note`` ('' when none)."""
     if not _state:
-        activate(os.environ.get(ENV_PROFILE, "portable") if os.environ.get(ENV_PROFILE) in PROFILES else "portable")
+        activate(env_profile())
     return dict(_state)
 
 
@@ -198,17 +202,23 @@ def deterministic_gpu() -> None:
     not identical, to the CPU's."""
     import torch
 
-    if _state.get("profile", os.environ.get(ENV_PROFILE, "portable")) != "portable":
+    if _state.get("profile", env_profile()) != "portable":
         return
     torch.backends.cudnn.deterministic = True
     torch.backends.cudnn.benchmark = False
     torch.use_deterministic_algorithms(True, warn_only=True)
 
 
-def _blas() -> str:
+@cache
+def _build_info() -> str:
+    """``torch.__config__.show()``: how this torch was built (BLAS, oneDNN)."""
     import torch
 
-    shown = torch.__config__.show()
+    return str(torch.__config__.show())
+
+
+def _blas() -> str:
+    shown = _build_info()
     mkl = re.search(r"Math Kernel Library Version ([\d.]+)", shown)
     if mkl:
         return f"MKL {mkl.group(1)}"
@@ -217,9 +227,7 @@ def _blas() -> str:
 
 
 def _onednn() -> str:
-    import torch
-
-    found = re.search(r"MKL-DNN v([\w.]+)", torch.__config__.show())
+    found = re.search(r"MKL-DNN v([\w.]+)", _build_info())
     return f"oneDNN {found.group(1)}" if found else "none"
 
 
