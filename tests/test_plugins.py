@@ -4,7 +4,9 @@ for number; a plugin that fails to load is one line, never a traceback."""
 
 from __future__ import annotations
 
+import csv
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -74,6 +76,30 @@ def test_fedprox_with_mu_0_is_fedavg_number_for_number(installed, tmp_path):
     assert prox["method"] == "fedprox"
     pulled = run_json(tmp_path, "pulled", "method.name=fedprox", "method.mu=1")
     assert pulled["train_loss"] != avg["train_loss"]  # the proximal term is there
+
+
+def lcfed(site: Path, cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """``lcfed`` as a user whose environment has the plugin installed (its Ray workers see it too)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.run([sys.executable, "-m", "tune_jobs", *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=600)
+
+
+def test_a_compare_of_the_plugin_against_fedavg(installed, tmp_path):
+    """Phase 1 is a 2-trial sweep of each method (the code ``lcfed sweep`` runs; the CLI sweep of a plugin is
+    in tests/test_multinode.py, on worker nodes); FedProx is tuned over the space it ships."""
+    cfg = tmp_path / "tiny.yaml"
+    cfg.write_text(yaml.safe_dump(TINY))
+    out = tmp_path / "cmp"
+    cmp = lcfed(installed, tmp_path, "compare", "-c", str(cfg), "--methods", "fedprox,fedavg", "--budget", "2",
+                "--seeds", "1", "--scheduler", "fifo", "--out", str(out))
+    assert cmp.returncode == 0, cmp.stderr[-3000:]
+    rows = {r["method"]: r for r in csv.DictReader((out / "compare.csv").open())}
+    assert set(rows) == {"fedprox", "fedavg"}
+    phase1 = {m: json.loads((out / "phase1" / f"{m}.json").read_text()) for m in rows}
+    assert all(p["trials"] == 2 and p["errors"] == 0 for p in phase1.values())
+    assert set(phase1["fedprox"]["best_config"]) == {"train.lr", "train.local_steps", "method.mu"}
+    assert set(phase1["fedavg"]["best_config"]) == {"train.lr", "train.local_steps"}
 
 
 def test_a_plugin_model_on_a_plugin_dataset(installed, tmp_path, capsys):

@@ -8,6 +8,7 @@ number for number.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -28,6 +29,7 @@ class FedProxParams:
 class FedProx(FedAvg):
     name = "fedprox"
     Params = FedProxParams
+    compare_space = str(Path(__file__).with_name("fedprox_space.yaml"))  # what `lcfed compare` tunes
 
     def local(self, ctx: DeviceContext, dev: None, payload: torch.Tensor, instruction: None) -> tuple[None, Message]:
         start = payload.to(ctx.data.x_train.device)
