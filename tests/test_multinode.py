@@ -234,3 +234,49 @@ def test_compare_needs_a_storage_every_node_reaches_and_runs_on_the_workers(env:
     names = env.cluster.node_names()
     assert {names[t.data.tags["placement.trial_node"]] for t in trials} <= {"w0", "w1", "w2"}  # GPU workers only
     assert any(k.startswith("compare/out-lcfed-seeds/") for k in env.s3.list("compare/"))
+
+
+#: appended to the plugin module: each process that imports it says where from (its node's HOME, its file)
+_IMPORT_PROBE = """
+import json as _json, os as _os
+with open(_os.environ["LCFED_TEST_IMPORTS"], "a") as _f:
+    _f.write(_json.dumps({"home": _os.environ.get("HOME"), "file": __file__}) + "\\n")
+"""
+
+
+def test_a_plugin_in_the_jobs_working_directory_runs_in_trials_on_the_workers(env: Env, tmp_path: Path):
+    """``lcfed submit -- lcfed sweep --set method.name=mymethods:FedProx``: the plugin exists only in the
+    submitted directory; the workers' Python path does not have it (Ray adds the driver's directory only
+    without a job working directory), so the trials import it from what Ray shipped, on the GPU workers."""
+    work = tmp_path / "work"
+    work.mkdir()
+    source = (ROOT / "examples" / "lcfed-example-plugin" / "lcfed_example" / "fedprox.py").read_text()
+    (work / "mymethods.py").write_text(source.replace("    compare_space", "    # compare_space") + _IMPORT_PROBE)
+    (work / "mn.yaml").write_text(env.config.read_text())
+    (work / "space.yaml").write_text("method.mu: {grid: [0.0, 0.5]}\n")
+    imports = tmp_path / "imports.jsonl"
+    entry = ["lcfed", "sweep", "--config", "mn.yaml", "--space", "space.yaml", "--scheduler", "fifo",
+             "--gpus-per-trial", "0.5", "--storage", env.s3.uri("plugin"), "--name", "plugin",
+             "--set", "method.name=mymethods:FedProx", "--set", "engine.cpus_per_actor=0.5",
+             "--set", f"tracking.uri={env.mlflow_url}", "--set", "tracking.experiment=mn-plugin"]
+    proc = subprocess.run([sys.executable, "-m", "tune_jobs", "submit", "--address", env.cluster.dashboard,
+                           "--working-dir", str(work), "--env", f"LCFED_TEST_IMPORTS={imports}", "--", *entry],
+                          env=env.cluster.client_env(env.home), cwd=tmp_path, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-3000:]
+    assert "2/2 trials ended" in proc.stdout
+
+    client = mlflow.MlflowClient(tracking_uri=env.mlflow_url)
+    trials = [r for r in _children(client, "mn-plugin") if "tune_trial_id" in r.data.tags]
+    assert len(trials) == 2 and all(t.info.status == "FINISHED" for t in trials)
+    assert {t.data.params["method.name"] for t in trials} == {"mymethods:FedProx"}
+    assert {t.data.params["method.mu"] for t in trials} == {"0.0", "0.5"}
+    names = env.cluster.node_names()
+    placed = {names[t.data.tags["placement.trial_node"]] for t in trials}
+    assert placed <= {"w0", "w1", "w2"}
+    seen = [json.loads(line) for line in imports.read_text().splitlines()]
+    on_workers = [s for s in seen if Path(s["home"]).name != env.home.name]
+    assert on_workers, seen  # imported in the trials on worker nodes ...
+    assert all(Path(s["file"]).parent != work and "runtime_resources" in s["file"] for s in seen), seen  # ... as shipped
+    print(f"\nplugin trials on {sorted(placed)}; imported by {len(seen)} process(es): "
+          f"{sorted({Path(s['home']).name for s in seen})}")

@@ -1,8 +1,9 @@
 """The README's result tables come from runs: `make demo`'s seed-0 row is what `make demo` prints.
 
 The tables of README section 1 are written by ``benchmarks/readme_tables.py --write`` from real runs
-under the portable numerics profile, so they hold on any x86-64 CPU; this test reruns the seed-0 row
-(what `make demo` runs: configs/demo.yaml for LCFed, FedAvg and Standalone) and compares it cell by cell.
+under the portable numerics profile, so they hold on any x86-64 CPU; this test reruns the seed-0
+cell of LCFed (what `make demo` runs first: configs/demo.yaml) and compares it with the README's; the
+whole table is rerun by ``benchmarks/readme_tables.py --check``.
 """
 
 from __future__ import annotations
@@ -27,13 +28,10 @@ def readme_row(table: str, first_cell: str) -> list[str]:
     raise AssertionError(f"no row {first_cell!r} in README's {table} table")
 
 
-def test_make_demos_seed_0_row_is_the_readmes(tmp_path):
-    got = []
-    for method in ("lcfed", "fedavg", "standalone"):  # the README's column order, `make demo`'s runs
-        out = tmp_path / f"{method}.json"
-        assert main(["run", "-c", str(ROOT / "configs" / "demo.yaml"), "--set", f"method.name={method}",
-                     "--no-track", "-q", "--json", str(out)]) == 0
-        summary = json.loads(out.read_text())
-        assert summary["provenance"]["numerics"] == "portable" and summary["seed"] == 0
-        got.append(f"{100 * summary['last_evals']['acc_mean']:.1f}")
-    assert got == readme_row("demo-seeds", "0")
+def test_make_demos_lcfed_seed_0_cell_is_the_readmes(tmp_path):
+    out = tmp_path / "lcfed.json"
+    assert main(["run", "-c", str(ROOT / "configs" / "demo.yaml"), "--no-track", "-q", "--json", str(out)]) == 0
+    summary = json.loads(out.read_text())
+    assert summary["provenance"]["numerics"] == "portable" and summary["seed"] == 0
+    assert summary["method"] == "lcfed"
+    assert f"{100 * summary['last_evals']['acc_mean']:.1f}" == readme_row("demo-seeds", "0")[0]  # LCFed column
