@@ -186,7 +186,7 @@ def test_unreachable_address_exits_2_naming_it_and_the_fix(capsys):
     address = f"http://127.0.0.1:{free_port()}"
     assert main(["job", "list", "--address", address]) == 2
     err = capsys.readouterr().err
-    assert address in err and "ray start --head" in err and "ray up cluster.yaml" in err
+    assert address in err and "lcfed head start" in err and "ray up cluster.yaml" in err
     assert main(["submit", "--address", address, "--", "lcfed", "run"]) == 2
     assert address in capsys.readouterr().err
 

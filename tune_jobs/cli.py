@@ -252,13 +252,14 @@ def build_parser() -> argparse.ArgumentParser:
     table.add_argument("files", nargs="+", metavar="FILE", help="summaries written by `lcfed run --json FILE`")
     table.set_defaults(func=cmd_table)
 
-    from tune_jobs import compare, jobs, mlflow_server, reproduce, sweep
+    from tune_jobs import compare, head, jobs, mlflow_server, reproduce, sweep
 
     sweep.add_parser(sub)
     reproduce.add_parser(sub)
     compare.add_parser(sub)
     mlflow_server.add_parser(sub)
     jobs.add_parser(sub)
+    head.add_parser(sub)
     return parser
 
 

@@ -62,7 +62,7 @@ _ADDRESS_ENV = ("RAY_API_SERVER_ADDRESS", "RAY_ADDRESS")
 _log = logging.getLogger(__name__)
 
 UNREACHABLE_FIX = (
-    "Start a cluster first: on this machine `ray start --head` (job server on http://127.0.0.1:8265); "
+    "Start a cluster first: on this machine `lcfed head start` (job server on http://127.0.0.1:8265); "
     "on AWS `ray up cluster.yaml`, then keep `ray dashboard cluster.yaml` running to port-forward "
     "8265 to 127.0.0.1. Or point at the right job server with --address http://HOST:PORT or RAY_ADDRESS."
 )
