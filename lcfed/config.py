@@ -20,7 +20,7 @@ from typing import Any
 
 import yaml
 
-from lcfed import registry
+from lcfed import probe, registry
 from lcfed.numerics import PROFILES
 
 
@@ -350,9 +350,17 @@ class TrackingConfig:
                 bool(self.uri.strip()) and (scheme == "" or scheme in TRACKING_SCHEMES),
                 f"{prefix}.uri",
                 self.uri,
-                f"must be null ($MLFLOW_TRACKING_URI or ./mlflow.db), a local path, or a URI with scheme one of "
+                f"must be null ($MLFLOW_TRACKING_URI or ./mlflow.db) or a URI with scheme one of "
                 f"{list(TRACKING_SCHEMES)}",
             )
+            if scheme in ("", "file") and os.environ.get("MLFLOW_ALLOW_FILE_STORE", "").lower() not in ("1", "true"):
+                path = self.uri.split("://", 1)[-1]
+                suggestion = f"sqlite:///{Path(path).expanduser().absolute()}" + ("" if path.endswith(".db") else "/mlflow.db")
+                raise ConfigError(f"{prefix}.uri", self.uri,
+                                  "is a local path: MLflow's file store, which MLflow no longer writes to (maintenance "
+                                  f"mode): use a sqlite store such as {suggestion} or a tracking server "
+                                  "http://HOST:PORT (`lcfed mlflow-server`); MLFLOW_ALLOW_FILE_STORE=true keeps "
+                                  "the file store")
 
 
 @dataclass(frozen=True)
@@ -799,10 +807,6 @@ def load_config(path: str | Path | None = None, overrides: Iterable[str] = ()) -
     return from_dict(apply_overrides(raw, parsed))
 
 
-def _writable_dir(d: Path) -> bool:
-    return os.access(d, os.W_OK | os.X_OK)
-
-
 def check_output_file(path: str | Path | None, flag: str, protect: Iterable[str | Path | None] = ()) -> None:
     """Refuse, before any work, an output file that cannot be written or would overwrite an input:
     a directory, a missing or read-only parent directory, or one of the ``protect``ed files."""
@@ -812,7 +816,8 @@ def check_output_file(path: str | Path | None, flag: str, protect: Iterable[str 
     require(not p.is_dir(), flag, str(path), "is a directory: give a file path")
     parent = p.parent if str(p.parent) else Path(".")
     require(parent.is_dir(), flag, str(path), f"its directory {parent} does not exist")
-    require(_writable_dir(parent), flag, str(path), f"its directory {parent} is not writable")
+    problem = probe.cannot_write(parent)
+    require(problem is None, flag, str(path), f"its directory {parent} {problem}")
     require(not p.exists() or os.access(p, os.W_OK), flag, str(path), "exists and is not writable")
     for other in protect:
         if other is not None and p.exists() and Path(other).expanduser().exists():
@@ -829,4 +834,5 @@ def check_output_dir(path: str | Path | None, flag: str) -> None:
     require(not p.exists() or p.is_dir(), flag, str(path), "exists and is not a directory")
     existing = next(d for d in (p, *p.parents) if d.exists())
     require(existing.is_dir(), flag, str(path), f"{existing} is a file, not a directory")
-    require(_writable_dir(existing), flag, str(path), f"{existing} is not writable")
+    problem = probe.cannot_write(existing)
+    require(problem is None, flag, str(path), f"{existing} {problem}")

@@ -325,6 +325,21 @@ ROWS += [
         "d/MNIST/raw/t10k-images-idx3-ubyte": _idx_files("")["idx/t10k-images-idx3-ubyte"],
         "d/MNIST/raw/t10k-labels-idx1-ubyte": _idx_files("")["idx/t10k-labels-idx1-ubyte"],
     }, "label 255"),
+    # paths that look usable and are not: a probe file proves them before any work
+    ("run-ckpt-in-proc", f"{R} --set checkpoint.dir=/proc/self/lcfed-ckpt", {}, "cannot hold files"),
+    ("run-json-in-proc", f"{R} --json /proc/self/out.json", {}, "cannot hold files"),
+    ("data-import-into-proc", "data import --data-dir /proc/self/lcfed --from idx", _idx_files(""),
+     "cannot hold files"),
+    ("sweep-storage-in-proc", "sweep --space s.yaml --storage /proc/self/tune",
+     {"s.yaml": "method.mu: {grid: [0.1]}\n"}, "--storage"),
+    ("compare-out-in-proc", "compare --methods fedavg,standalone --out /proc/self/cmp", {}, "--out"),
+    ("run-tracking-uri-plain-dir", "run --set tracking.uri=store", {"store/x": ""}, ("tracking.uri", "sqlite:///")),
+    ("run-tracking-uri-file-scheme", "run --set tracking.uri=file:///tmp/lcfed-mlruns", {},
+     ("tracking.uri", "file store")),
+    # lcfed head
+    ("head-port-privileged", "head start --port 80", {}, "--port 80: must be a port in 1024-65535"),
+    ("head-ports-equal", "head start --port 7001 --dashboard-port 7001", {}, "they must differ"),
+    ("head-stop-timeout-neg", "head stop --timeout -1", {}, "--timeout"),
     ("run-tracked-bad-value-no-store", "run --set train.lr=-1", {}, "train.lr"),
     ("run-tracked-bad-seed-no-store", "run --set seed=18446744073709551616", {}, "seed"),
     # config / methods
