@@ -14,6 +14,7 @@ import os
 import time
 import warnings
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -94,7 +95,7 @@ class MLflowObserver:
         return is_server_uri(self.uri)
 
     @property
-    def unlogged(self) -> Any:
+    def unlogged(self) -> Path | None:
         """Where the metrics the store never took were saved (None until that happens)."""
         return self.buffer.unlogged
 
