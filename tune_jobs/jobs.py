@@ -36,6 +36,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+from lcfed.logs import quiet_logger
+
 DEFAULT_ADDRESS = "http://127.0.0.1:8265"
 # Gitignore-style, as Ray matches them against each path relative to the working directory: a
 # pattern without "/" matches at any depth (sub/.env too); a matched directory is not entered.
@@ -352,27 +354,15 @@ async def _tail(client: Any, job_id: str) -> None:
         print(lines, end="", flush=True)
 
 
-@contextlib.contextmanager
-def _quiet_ray_client_logs() -> Iterator[None]:
-    """Silence the Ray client's per-file packaging chatter; real failures still raise."""
-    import ray.job_submission  # noqa: F401  (importing ray configures its logger: do it first)
-
-    ray_logger = logging.getLogger("ray")
-    level = ray_logger.level
-    ray_logger.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        ray_logger.setLevel(level)
-
-
 def _guarded(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
     """Print :class:`JobsError` and job-server errors as one line each and exit 2, not a traceback."""
 
     @functools.wraps(fn)
     def run(args: argparse.Namespace) -> int:
         try:
-            with _quiet_ray_client_logs():
+            import ray.job_submission  # noqa: F401  (importing ray configures its logger: quiet it after)
+
+            with quiet_logger("ray"):  # the Ray client's per-file packaging chatter; real failures still raise
                 return fn(args)
         except JobsError as exc:
             print(f"lcfed: {exc}", file=sys.stderr)

@@ -23,8 +23,6 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any, TextIO
 from urllib.parse import urlparse
@@ -208,12 +206,12 @@ def port_free(host: str, port: int) -> bool:
 
 
 def healthy(url: str, timeout: float = 2.0) -> bool:
-    """True if ``GET {url}/health`` answers 200."""
-    try:
-        with urllib.request.urlopen(f"{url}/health", timeout=timeout) as resp:  # noqa: S310 (local URL)
-            return int(resp.status) == 200
-    except (urllib.error.URLError, OSError):
-        return False
+    """True if ``GET {url}/health`` answers 200: the probe runs use (:func:`lcfed.tracking.store.server_healthy`)."""
+    # here, as in absolute_store_uri (called first, so this costs nothing more): every `lcfed` command
+    # imports this module for its parser, and lcfed.tracking loads torch
+    from lcfed.tracking.store import server_healthy
+
+    return server_healthy(url, timeout)
 
 
 def _tail(path: Path | None, lines: int = 20) -> str:

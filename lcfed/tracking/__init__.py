@@ -1,0 +1,87 @@
+"""MLflow tracking: the round observer that logs a federation run, and what sweeps, comparisons and
+reproductions share with it (the store, experiments, tags, artifacts, the run guard, the replay of
+metrics a gone store never took).
+
+One idea per module; this package re-exports the names code imports from ``lcfed.tracking``:
+
+- ``store``: the tracking URI, the lock around a local sqlite store, the client, experiments, a
+  server's health;
+- ``tags``: source tags (command, git commit, user) and numerics provenance tags;
+- ``inputs``: a run's params (config, federation facts) and its dataset input (partition digest);
+- ``rounds``: the points a round logs and the buffer that carries them through a store outage;
+- ``system``: the system-metrics sampler;
+- ``artifacts``: the CSVs, the accuracy figure and the call that logs them;
+- ``models``: the final models as MLflow PyTorch models (:class:`StackedModels`);
+- ``guard``: :class:`RunGuard`, which closes a run whose process died;
+- ``unlogged``: the unlogged-metrics file and ``lcfed tracking replay``;
+- ``ui``: the MLflow UI hint and the shared runs-table views;
+- ``observer``: :class:`MLflowObserver`, which calls them in a run's order.
+
+Importing this package loads neither MLflow nor matplotlib (Tune trials import it on worker nodes,
+where MLflow is not installed): each module imports them inside the functions that log or draw.
+"""
+
+from lcfed.tracking.artifacts import (
+    PLOTTED,
+    ROUND_AXIS,
+    accuracy_figure,
+    assignment_history_csv,
+    devices_csv,
+    history_csv,
+    read_assignment_history,
+)
+from lcfed.tracking.guard import RunGuard
+from lcfed.tracking.inputs import dataset_input, federation_facts, log_dataset, partition_digest
+from lcfed.tracking.models import MAX_PERSONAL_BYTES, StackedModels, final_modules
+from lcfed.tracking.observer import MLflowObserver
+from lcfed.tracking.store import (
+    EXPERIMENT_KIND,
+    HTTP_RETRY_BUDGET,
+    STORE_LOCK_TIMEOUT_S,
+    TrackingError,
+    get_or_create_experiment,
+    open_client,
+    resolve_tracking_uri,
+    store_lock,
+)
+from lcfed.tracking.system import SYSTEM_METRICS_INTERVAL_S
+from lcfed.tracking.tags import git_commit, provenance_tags, source_tags
+from lcfed.tracking.ui import SHARED_VIEW_TAG, share_view, ui_hint, view_url
+from lcfed.tracking.unlogged import read_unlogged, replay
+
+__all__ = [
+    "EXPERIMENT_KIND",
+    "HTTP_RETRY_BUDGET",
+    "MAX_PERSONAL_BYTES",
+    "PLOTTED",
+    "ROUND_AXIS",
+    "SHARED_VIEW_TAG",
+    "STORE_LOCK_TIMEOUT_S",
+    "SYSTEM_METRICS_INTERVAL_S",
+    "MLflowObserver",
+    "RunGuard",
+    "StackedModels",
+    "TrackingError",
+    "accuracy_figure",
+    "assignment_history_csv",
+    "dataset_input",
+    "devices_csv",
+    "federation_facts",
+    "final_modules",
+    "get_or_create_experiment",
+    "git_commit",
+    "history_csv",
+    "log_dataset",
+    "open_client",
+    "partition_digest",
+    "provenance_tags",
+    "read_assignment_history",
+    "read_unlogged",
+    "replay",
+    "resolve_tracking_uri",
+    "share_view",
+    "source_tags",
+    "store_lock",
+    "ui_hint",
+    "view_url",
+]

@@ -1,0 +1,127 @@
+"""A run's artifacts: the CSVs (metrics history, per-device results, cluster assignments) and the
+accuracy-vs-round figure, and the call that logs them at the end of a run.
+
+Separate from the observer because the texts and the figure are pure functions of a run's results:
+the sweep reads ``assignment_history.csv`` back and draws its own plots on the same round axis, and
+the tests check the CSVs without a store. matplotlib is imported inside :func:`accuracy_figure` only
+(``import lcfed.tracking`` must not load it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from lcfed.config import ExperimentConfig
+from lcfed.engine import RunResult
+
+#: metrics drawn in the accuracy-vs-round plot
+PLOTTED = ("acc_mean", "acc_weighted", "acc_p10", "acc_p90")
+
+#: x-axis label of plots over rounds: rounds are numbered from 0, as MLflow's metric steps are
+ROUND_AXIS = "round (MLflow step, from 0)"
+
+
+def _fmt(v: Any) -> str:
+    return "" if v is None else f"{v:.6g}" if isinstance(v, float) else str(v)
+
+
+def history_csv(history: Sequence[dict[str, float]]) -> str:
+    """One row per round, one column per metric (sorted, ``round`` = MLflow step); a plain CSV whose
+    first line is the header."""
+    keys = sorted({k for row in history for k in row})
+    if "round" in keys:
+        keys.remove("round")
+        keys.insert(0, "round")
+    lines = [",".join(keys)] + [",".join(_fmt(row.get(k)) for k in keys) for row in history]
+    return "\n".join(lines) + "\n"
+
+
+def assignment_csv(assignment: Sequence[int] | np.ndarray) -> str:
+    """The final cluster of every device: header ``device,cluster``."""
+    rows = ["device,cluster"] + [f"{d},{c}" for d, c in enumerate(assignment)]
+    return "\n".join(rows) + "\n"
+
+
+def assignment_history_csv(hist: np.ndarray, rounds: Sequence[int]) -> str:
+    """The cluster of every device per round: header ``round,device_0,device_1,...`` (no comment line,
+    so MLflow's preview and any CSV reader take the first line as the header); ``round`` is the
+    MLflow step, a cluster of -1 means unassigned."""
+    hist = np.asarray(hist, dtype=np.int64).reshape(len(rounds), -1)
+    header = ",".join(["round"] + [f"device_{d}" for d in range(hist.shape[1])])
+    lines = [header] + [",".join(str(int(v)) for v in (r, *row)) for r, row in zip(rounds, hist, strict=True)]
+    return "\n".join(lines) + "\n"
+
+
+def read_assignment_history(text: str) -> tuple[np.ndarray, np.ndarray]:
+    """``(rounds, assignment)`` from an ``assignment_history.csv``: the plain CSV that
+    :func:`assignment_history_csv` writes, or the older form (a ``#`` comment, no round column,
+    rows = rounds from 0)."""
+    lines = [ln for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
+    if lines and lines[0].split(",")[0].strip() == "round":
+        data = np.array([[int(v) for v in ln.split(",")] for ln in lines[1:]], dtype=np.int64).reshape(len(lines) - 1, -1)
+        return data[:, 0], data[:, 1:]
+    data = np.array([[int(float(v)) for v in ln.split(",")] for ln in lines], dtype=np.int64).reshape(len(lines), -1)
+    return np.arange(len(data)), data
+
+
+def devices_csv(result: RunResult) -> str:
+    """The last evaluation per device: ``device,cluster,trained,correct,total,accuracy,test_loss``
+    (``cluster`` -1 or empty when the method has none; ``trained`` 1 = counted in ``acc_mean``)."""
+    lines = ["device,cluster,trained,correct,total,accuracy,test_loss"]
+    for d, r in sorted(result.evaluation.items()):
+        cluster = "" if result.assignment is None else str(int(result.assignment[d]))
+        trained = "" if result.trained is None else str(int(bool(result.trained[d])))
+        acc = repr(r.correct / r.total) if r.total else ""
+        loss = repr(r.loss_sum / r.total) if r.total else ""
+        lines.append(f"{d},{cluster},{trained},{r.correct},{r.total},{acc},{loss}")
+    return "\n".join(lines) + "\n"
+
+
+def accuracy_figure(history: Sequence[dict[str, float]], cfg: ExperimentConfig) -> Any:
+    """Personalized test accuracy (mean, weighted mean, 10th-90th percentile band) per round. The
+    x values are the rounds as logged (0-based, equal to the MLflow step); the legend sits below
+    the axes so it never hides the band."""
+    import matplotlib  # here, not at the top: ``import lcfed.tracking`` must not load matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # after choosing the Agg backend
+    from matplotlib.ticker import MaxNLocator
+
+    rows = [r for r in history if "acc_mean" in r]
+    fig, ax = plt.subplots(figsize=(6, 4.4), dpi=100, layout="constrained")
+    if rows:
+        x = [int(r["round"]) for r in rows]
+        ax.fill_between(x, [r["acc_p10"] for r in rows], [r["acc_p90"] for r in rows], alpha=0.2, label="p10–p90")
+        ax.plot(x, [r["acc_mean"] for r in rows], label="mean")
+        ax.plot(x, [r["acc_weighted"] for r in rows], "--", label="sample-weighted mean")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel(ROUND_AXIS)
+    ax.set_ylabel("personalized test accuracy")
+    ax.set_title(f"{cfg.method.name} on {cfg.data.dataset} ({cfg.data.partition})")
+    ax.grid(alpha=0.3)
+    if rows:
+        fig.legend(loc="outside lower center", ncols=3, frameon=False)
+    plt.close(fig)
+    return fig
+
+
+def log_artifacts(client: Any, run_id: str, result: RunResult, cfg: ExperimentConfig,
+                  assignments: Sequence[np.ndarray], rounds: Sequence[int]) -> None:
+    """The end-of-run artifacts: ``metrics/history.csv``, for clustered methods ``clusters/assignment.csv``
+    and ``clusters/assignment_history.csv`` (``assignments[i]`` is round ``rounds[i]``'s),
+    ``plots/accuracy.png`` and, when the run evaluated its devices, ``metrics/devices.csv``."""
+    client.log_text(run_id, history_csv(result.history), "metrics/history.csv")
+    if result.assignment is not None:
+        client.log_text(run_id, assignment_csv(result.assignment), "clusters/assignment.csv")
+        if assignments:
+            hist, logged = np.stack(assignments), rounds
+        else:  # only the final assignment is known: it belongs to the last round
+            last = int(result.history[-1].get("round", 0)) if result.history else 0
+            hist, logged = np.asarray(result.assignment)[None], [last]
+        client.log_text(run_id, assignment_history_csv(hist, logged), "clusters/assignment_history.csv")
+    client.log_figure(run_id, accuracy_figure(result.history, cfg), "plots/accuracy.png")
+    if result.evaluation:
+        client.log_text(run_id, devices_csv(result), "metrics/devices.csv")

@@ -1,0 +1,139 @@
+"""The final models as MLflow PyTorch models: the server state's vectors turned back into modules
+(:class:`StackedModels` for several of one architecture) and each one handed to ``mlflow.pytorch``.
+
+Separate from the observer because turning flat weight vectors into loadable modules is its own idea
+(the class also has to load back wherever ``mlflow.pytorch.load_model`` runs), and because the observer
+only decides whether and when to log them. ``mlflow.pytorch`` is imported inside the functions that log.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+import torch
+from torch.func import functional_call
+
+from lcfed.config import ExperimentConfig
+from lcfed.engine import SERVER_MODELS, RunResult
+from lcfed.logs import quiet_logger
+from lcfed.methods.base import Federation
+from lcfed.models import ParamSpec, build_network
+
+#: the personalized models are logged only up to this size (devices x parameters x 4 bytes)
+MAX_PERSONAL_BYTES = 512 * 2**20
+
+
+def _module(skeleton: Any, spec: ParamSpec, flat: Any) -> Any:
+    """A copy of ``skeleton`` holding the flat weights ``flat`` (in eval mode)."""
+    module = copy.deepcopy(skeleton)
+    with torch.no_grad():
+        for name, value in spec.unflatten(flat.detach().float().cpu()).items():
+            module.get_parameter(name).copy_(value)
+    return module.requires_grad_(False).eval()
+
+
+class StackedModels(torch.nn.Module):
+    """Several models of one architecture in one module (what ``models/clusters`` and
+    ``models/personal`` hold): ``m(x, i)`` is model ``i``'s logits, ``m.module(i)`` a standalone copy
+    of it, ``m.names[i]`` its name (``device_<d>``, ``cluster_<k>``), ``m.weights`` the (n, parameters)
+    flat weights."""
+
+    # the logged models are pickles that name this class by module: keep the name they have always had
+    # (``lcfed.tracking`` re-exports it), so models logged before and after the split load alike
+    __module__ = "lcfed.tracking"
+
+    def __init__(self, skeleton: Any, spec: ParamSpec, weights: Any, names: Sequence[str]) -> None:
+        super().__init__()
+        self.skeleton = copy.deepcopy(skeleton).requires_grad_(False).eval()
+        self.spec = spec
+        self.weights: torch.Tensor
+        self.register_buffer("weights", weights.detach().float().cpu().clone())
+        self.names = tuple(names)
+
+    def __len__(self) -> int:
+        return int(self.weights.shape[0])
+
+    def forward(self, x: Any, index: int = 0) -> Any:
+        return functional_call(self.skeleton, self.spec.unflatten(self.weights[index]), (x,))
+
+    def module(self, index: int) -> Any:
+        return _module(self.skeleton, self.spec, self.weights[index])
+
+
+def final_modules(skeleton: Any, spec: ParamSpec, state: Any) -> dict[str, Any]:
+    """The server state's models (:data:`SERVER_MODELS` fields) as modules: a full-size vector
+    (``weights``) as the model itself, rows of them (``centers``) as :class:`StackedModels`, the
+    embedding part (``embedding``) as the model with an identity for its decision layer."""
+    out: dict[str, Any] = {}
+    for field_name, name in SERVER_MODELS.items():
+        value = getattr(state, field_name, None)
+        if not isinstance(value, torch.Tensor):
+            continue
+        if value.dim() == 1 and value.numel() == spec.size:
+            out[name] = _module(skeleton, spec, value)
+        elif value.dim() == 2 and value.shape[1] == spec.size:
+            out[name] = StackedModels(skeleton, spec, value, [f"cluster_{k}" for k in range(value.shape[0])])
+        elif value.dim() == 1 and value.numel() == spec.embedding_size:
+            full = torch.cat([value.detach().float().cpu(), torch.zeros(spec.decision_size)])
+            module = _module(skeleton, spec, full)
+            setattr(module, getattr(skeleton, "decision_layer", "fc3"), torch.nn.Identity())
+            out[name] = module
+    return out
+
+
+def run_models(fed: Federation, cfg: ExperimentConfig, result: RunResult) -> dict[str, Any]:
+    """Name -> module of everything a finished run logs: :func:`final_modules` of its server state and,
+    up to :data:`MAX_PERSONAL_BYTES`, the personalized models as ``personal`` (row ``d`` = device ``d``)."""
+    assert result.models is not None
+    net, _ = build_network(cfg.model.name, tuple(fed.input_shape), fed.num_classes, cfg.seed)  # type: ignore[arg-type]
+    models = final_modules(net.module, net.spec, result.models.server_state)
+    personal = result.models.personal
+    if personal and len(personal) * fed.spec.size * 4 <= MAX_PERSONAL_BYTES:
+        devices = sorted(personal)
+        models["personal"] = StackedModels(net.module, net.spec, torch.stack([personal[d] for d in devices]),
+                                           [f"device_{d}" for d in devices])
+    return models
+
+
+@contextmanager
+def _global_tracking_uri(uri: str) -> Iterator[None]:
+    """MLflow's process-wide tracking URI set to ``uri`` for the block (``mlflow.pytorch.log_model``
+    takes no client), then put back as it was, ``$MLFLOW_TRACKING_URI`` included (MLflow's own
+    helper unsets that variable on the way out)."""
+    import mlflow  # MLflow only when models are logged (never on Tune workers)
+    from mlflow.tracking._tracking_service import utils
+
+    old, env = utils._tracking_uri, os.environ.get("MLFLOW_TRACKING_URI")
+    mlflow.set_tracking_uri(uri)
+    try:
+        yield
+    finally:
+        mlflow.set_tracking_uri(old)  # type: ignore[arg-type]
+        if env is not None:
+            os.environ["MLFLOW_TRACKING_URI"] = env
+
+
+@contextmanager
+def logging_models_to(uri: str) -> Iterator[None]:
+    """The block in which :func:`log_model` calls go to the store ``uri`` (MLflow's global URI, put back
+    after), without ``mlflow.pytorch``'s notice about the pickle format for every model."""
+    with _global_tracking_uri(uri), quiet_logger("mlflow.pytorch"):
+        yield
+
+
+def log_model(run_id: str, name: str, module: Any, step: int, method: str) -> str:
+    """Log ``module`` as MLflow PyTorch model ``name`` of the run (pickled with the versions of torch and
+    numpy as its requirements, tagged with its name and the method); its ``models:/`` URI. Call it inside
+    :func:`logging_models_to`."""
+    import mlflow.pytorch  # MLflow only when models are logged (never on Tune workers)
+
+    requirements = [f"torch=={torch.__version__.split('+')[0]}", f"numpy=={np.__version__}"]
+    info = mlflow.pytorch.log_model(module, name=name, run_id=run_id, pip_requirements=requirements,
+                                    serialization_format="pickle", step=step,
+                                    tags={"lcfed.model": name, "method": method})
+    return str(info.model_uri)

@@ -1,0 +1,76 @@
+"""Per-round metrics on their way to the store: the points one round logs, and the buffer that keeps
+them while a tracking server is gone, so that training never waits on tracking.
+
+Separate from the observer because outage handling is its own small state machine (sending, buffering
+with one warning, saving what is left for ``lcfed tracking replay``) that the observer only feeds and
+asks to flush.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from lcfed.metrics import cluster_sizes
+from lcfed.tracking.store import METRICS_PER_BATCH, reachable
+from lcfed.tracking.unlogged import write_unlogged
+
+
+def round_points(rnd: int, metrics: dict[str, float], assignment: np.ndarray | None, method_params: Any) -> list[Any]:
+    """Round ``rnd``'s metrics as MLflow points (step = round; ``round`` itself and non-finite values
+    left out), with ``cluster_size_<c>`` for every cluster of ``assignment`` (at least the method's
+    ``num_clusters``, empty ones as 0)."""
+    from mlflow.entities import Metric  # MLflow only where a run is logged (never on Tune workers)
+
+    ts = int(time.time() * 1000)
+    values = {k: v for k, v in metrics.items() if k != "round"}
+    if assignment is not None:
+        k = getattr(method_params, "num_clusters", int(assignment.max()) + 1)
+        for c, size in enumerate(cluster_sizes(assignment, max(k, int(assignment.max()) + 1))):
+            values[f"cluster_size_{c}"] = float(size)
+    return [Metric(k, float(v), ts, rnd) for k, v in values.items() if np.isfinite(v)]
+
+
+class MetricBuffer:
+    """Metric points not yet accepted by the store ``uri``; :meth:`flush` sends them to one run."""
+
+    def __init__(self, client: Any, uri: str) -> None:
+        self.client = client
+        self.uri = uri
+        self.points: list[Any] = []
+        self.unreachable_since = 0.0  # when the store stopped taking points (0: it takes them)
+        self.unlogged: Path | None = None  # where the points the store never took were saved
+
+    def add(self, points: list[Any]) -> None:
+        self.points.extend(points)
+
+    def flush(self, run_id: str, final: bool) -> bool:
+        """Send buffered metrics; True once the store has them all. While the store is unreachable they
+        stay buffered (training goes on, one warning); at the end, what is left is saved to a file
+        that ``lcfed tracking replay`` sends later."""
+        # the warnings' stacklevel 3 names the observer's method that flushed (the observer calls this)
+        if self.points and self.unreachable_since and not reachable(self.uri):
+            exc: Exception = ConnectionError(f"{self.uri} does not answer /health")
+        else:
+            try:
+                while self.points:
+                    self.client.log_batch(run_id, metrics=self.points[:METRICS_PER_BATCH])
+                    del self.points[:METRICS_PER_BATCH]
+                self.unreachable_since = 0.0
+                return True
+            except Exception as err:
+                exc = err
+        if final:
+            self.unlogged = write_unlogged(self.uri, run_id, self.points)
+            warnings.warn(f"MLflow store {self.uri} unreachable at the end of the run: {len(self.points)} metric "
+                          f"points saved in {self.unlogged} ({type(exc).__name__})", stacklevel=3)
+            return False
+        if not self.unreachable_since:
+            self.unreachable_since = time.time()
+            warnings.warn(f"MLflow store {self.uri} unreachable ({type(exc).__name__}); buffering metrics",
+                          stacklevel=3)
+        return False
