@@ -1,8 +1,10 @@
-"""The data layer: datasets as uint8 arrays, non-IID partitions, and local IDX import.
+"""The data layer: datasets as arrays (uint8 images or float32 features), non-IID partitions, and local
+IDX import.
 
 Nothing here touches the network unless a loader is asked to download.
 """
 
+from lcfed.data.formats import FILE_FORMATS, FileSource, load_file
 from lcfed.data.importer import DEFAULT_IDX_DIRS, IDX_DIRS_ENV, import_idx
 from lcfed.data.partition import (
     DIRICHLET_CONVENTIONS,
@@ -25,11 +27,13 @@ from lcfed.data.sources import SOURCES, DataError, Dataset, Scaling, load_datase
 __all__ = [
     "DEFAULT_IDX_DIRS",
     "DIRICHLET_CONVENTIONS",
+    "FILE_FORMATS",
     "IDX_DIRS_ENV",
     "PARTITIONERS",
     "SOURCES",
     "DataError",
     "Dataset",
+    "FileSource",
     "Partition",
     "PartitionError",
     "PartitionParams",
@@ -39,6 +43,7 @@ __all__ = [
     "format_stats",
     "import_idx",
     "load_dataset",
+    "load_file",
     "make_partition",
     "partition_stats",
     "pathological",
