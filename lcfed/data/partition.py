@@ -13,6 +13,7 @@ import numpy as np
 
 __all__ = [
     "DIRICHLET_CONVENTIONS",
+    "NATURAL",
     "NIID_BENCH_MAX_DRAWS",
     "PARTITIONERS",
     "USER_SELECTIONS",
@@ -27,6 +28,7 @@ __all__ = [
     "iid",
     "make_partition",
     "natural",
+    "partition_schemes",
     "partition_stats",
     "pathological",
     "primary_secondary",
@@ -602,10 +604,16 @@ PARTITIONERS: dict[str, Partitioner] = {
     "primary_secondary": _primary_secondary_scheme,
     # groups: none (all 0)
     "iid": _iid_scheme,
-    # the dataset's own users (device ids); groups: each device's dominant class
-    "natural": _natural_scheme,
 }
-"""Scheme name -> partitioner; :func:`make_partition` dispatches through it."""
+"""Scheme name -> partitioner of the labels alone; :func:`make_partition` dispatches through it."""
+
+NATURAL = "natural"
+"""The scheme that splits by the dataset's own device ids (:func:`natural`), not by the labels."""
+
+
+def partition_schemes() -> list[str]:
+    """Every ``data.partition`` name: the :data:`PARTITIONERS` and :data:`NATURAL`, sorted."""
+    return sorted([*PARTITIONERS, NATURAL])
 
 
 def _split_seed(seed: int) -> int:
@@ -646,9 +654,9 @@ def make_partition(
     seed of its own), and each device's group is its ground truth (``group_kind`` = ``testbed``).
     """
     try:
-        partitioner = PARTITIONERS[scheme]
+        partitioner = _natural_scheme if scheme == NATURAL else PARTITIONERS[scheme]
     except KeyError:
-        raise ValueError(f"unknown partition scheme {scheme!r}; known: {', '.join(sorted(PARTITIONERS))}") from None
+        raise ValueError(f"unknown partition scheme {scheme!r}; known: {', '.join(partition_schemes())}") from None
     labels = _check_labels(labels)
     params = PartitionParams(num_devices, alpha, classes_per_device, min_samples, seed,
                              (float(primary[0]), float(primary[1])), (float(secondary[0]), float(secondary[1])),
@@ -669,7 +677,7 @@ def _within_groups(
     labels: np.ndarray, partitioner: Partitioner, params: PartitionParams, groups: int
 ) -> tuple[list[np.ndarray], np.ndarray]:
     """A testbed's devices: ``partitioner`` run on each group's sample pool for the group's devices."""
-    if partitioner is PARTITIONERS.get("natural"):
+    if partitioner is _natural_scheme:
         raise PartitionError("testbed", "a testbed deals the samples to devices itself; it does not combine with "
                              "data.partition=natural (use iid, dirichlet, pathological or primary_secondary)")
     device_group, sample_group = group_layout(len(labels), params.num_devices, groups, params.seed)
