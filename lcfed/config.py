@@ -127,14 +127,14 @@ class DataConfig:
         return self.num_devices - holdout_count(self.num_devices, self.holdout_fraction)
 
     def validate(self, prefix: str = "data") -> None:
-        from lcfed.data import DIRICHLET_CONVENTIONS, PARTITIONERS
+        from lcfed.data import DIRICHLET_CONVENTIONS, partition_schemes
 
         resolve("dataset", f"{prefix}.dataset", self.dataset)
         require(
-            self.partition in PARTITIONERS,
+            self.partition in partition_schemes(),
             f"{prefix}.partition",
             self.partition,
-            f"one of {sorted(PARTITIONERS)}",
+            f"one of {partition_schemes()}",
         )
         require(self.alpha > 0, f"{prefix}.alpha", self.alpha, "must be > 0")
         require(self.classes_per_device >= 1, f"{prefix}.classes_per_device", self.classes_per_device, "must be >= 1")
