@@ -3,14 +3,16 @@
 - an ``.npz`` archive: ``x`` (uint8 images (N, H, W) or (N, C, H, W), or feature vectors (N, F) of any
   number type), ``y`` (N,) labels, optionally per-sample device ids under ``data.device_column``
   (default ``device``) and a scalar ``num_classes``;
-- an ImageFolder directory (torchvision's layout): one subfolder per class, images in it (read with PIL);
+- an ImageFolder directory (torchvision's layout): one subfolder per class, images in it (read with PIL;
+  grey if every image is, else RGB);
 - a table, ``.csv`` or ``.parquet`` (parquet needs pyarrow): a label column (``data.label_column``,
   default ``label``), an optional device column (``data.device_column``), every other column a numeric
   feature.
 
 A relative ``data.path`` lies under ``data.data_dir`` (where the built-in datasets' files are). Each file
 is checked before anything is built, and a bad one is a :class:`DataError` naming the file and the
-problem. As for the torchvision datasets, the decoded arrays are cached under
+problem. ``data.image_size: [H, W]`` resizes images (PIL, bilinear); without it an ImageFolder's images
+must share one size. As for the torchvision datasets, the decoded arrays are cached under
 ``DATA_DIR/.lcfed-cache/`` and memory-mapped afterwards, keyed by the source files' names, sizes and
 mtimes (and the options that read them).
 """
@@ -126,6 +128,10 @@ def _npz(path: Path, source: FileSource) -> Dataset:
     if n == 0:
         raise DataError(f"{path}: x holds no samples")
     x = _npz_inputs(path, x)
+    if source.image_size:
+        if x.ndim != 4:
+            raise DataError(f"{path}: data.image_size resizes images, and x holds feature vectors {x.shape}")
+        x = _resize(x, source.image_size)
     given = arrays.get("num_classes")
     if given is not None and (given.ndim != 0 or not np.issubdtype(given.dtype, np.integer) or int(given) < 1):
         raise DataError(f"{path}: num_classes must be one positive integer, got {given.dtype} {given.shape}")
@@ -151,6 +157,21 @@ def _npz_inputs(path: Path, x: np.ndarray) -> np.ndarray:
         raise DataError(f"{path}: x has shape {x.shape}, which looks channels-last (N, H, W, C); save images "
                         "channels-first (N, C, H, W): x.transpose(0, 3, 1, 2)")
     return np.ascontiguousarray(x)
+
+
+def _resize(x: np.ndarray, size: tuple[int, ...]) -> np.ndarray:
+    """uint8 images (N, C, H, W) resized to ``size`` = (H', W') as an ImageFolder's are (PIL, bilinear),
+    each channel on its own."""
+    from PIL import Image
+
+    h, w = size
+    if x.shape[2:] == (h, w):
+        return x
+    out = np.empty((*x.shape[:2], h, w), dtype=np.uint8)
+    for i in range(x.shape[0]):
+        for c in range(x.shape[1]):
+            out[i, c] = np.asarray(Image.fromarray(x[i, c]).resize((w, h), Image.Resampling.BILINEAR))
+    return out
 
 
 def _features(path: Path, what: str, x: np.ndarray) -> np.ndarray:
@@ -192,7 +213,7 @@ def _imagefolder(root: Path, source: FileSource) -> Dataset:
     if source.image_size:
         h, w = source.image_size
     else:
-        w, h = sizes[0]
+        w, h = sizes[0]  # PIL sizes are (width, height)
         odd = next((i for i, s in enumerate(sizes) if s != (w, h)), None)
         if odd is not None:
             raise DataError(f"{files[odd][0]}: {sizes[odd][0]}x{sizes[odd][1]} pixels, but {files[0][0]} has {w}x{h}: "
@@ -247,6 +268,8 @@ def _table(path: Path, df: Any, source: FileSource) -> Dataset:
         raise DataError(f"{path}: column {dup!r} appears twice")
     df.columns = columns
     label, device = source.label_column, source.device_column
+    if source.image_size:
+        raise DataError(f"{path}: data.image_size resizes images, and a table holds feature vectors")
     if label not in columns:
         raise DataError(f"{path}: no label column {label!r} (columns: {', '.join(columns[:20])}"
                         f"{', ...' if len(columns) > 20 else ''}); name it with data.label_column")
