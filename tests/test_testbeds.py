@@ -212,3 +212,26 @@ def test_lcfed_recovers_the_four_rotation_groups_of_digits():
     scores = recovery_scores(result.assignment, truth)
     assert scores["ari"] >= 0.9, (scores, result.assignment.tolist(), truth.tolist())
     assert result.final["ari"] == scores["ari"]  # the run's own ari metric: the same truth
+
+
+def test_the_ray_engine_gives_the_in_process_numbers_on_a_testbed_of_a_table(tmp_path):
+    """The driver reads the file and relabels the groups once, and ships each actor its devices' samples."""
+    import ray
+
+    from actors.engine import run_ray
+    from tests.conftest import start_test_ray
+    from tests.test_data_formats import write_blobs
+
+    write_blobs(tmp_path / "blobs.csv")
+    cfg = tiny_config("data.dataset=file", "data.path=blobs.csv", f"data.data_dir={tmp_path}", "model.name=mlp",
+                      "data.partition=iid", "data.testbed=label_permuted", "data.testbed_groups=2",
+                      "data.num_devices=6", "method.name=ifca", "method.num_clusters=2", "train.rounds=2")
+    local = run_local(cfg)
+    start_test_ray()
+    try:
+        remote = run_ray(cfg.replace(**{"engine.kind": "ray", "engine.num_actors": 2}))
+    finally:
+        ray.shutdown()
+    assert len(local.history) == len(remote.history) == 2
+    for a, b in zip(local.history, remote.history, strict=True):
+        assert {k: v for k, v in a.items() if k != "round_seconds"} == {k: v for k, v in b.items() if k != "round_seconds"}
