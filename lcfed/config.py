@@ -199,7 +199,6 @@ class DataConfig:
                 f"raise data.min_samples to at least {self.min_test_samples + 1} or lower the floor",
             )
 
-
     def _validate_sources(self, prefix: str) -> None:
         """The fields of file datasets, natural partitions and testbeds (README section 2)."""
         from lcfed.data import FILE_FORMATS, TESTBEDS, USER_SELECTIONS
