@@ -112,6 +112,14 @@ class DataConfig:
     normalize: str = "standardize"
     val_fraction: float = 0.0
     holdout_fraction: float = 0.0
+    path: str = ""
+    format: str = "auto"
+    label_column: str = "label"
+    device_column: str = "device"
+    image_size: tuple[int, ...] = ()
+    user_selection: str = "largest"
+    testbed: str = "none"
+    testbed_groups: int = 4
 
     @property
     def training_devices(self) -> int:
@@ -119,14 +127,14 @@ class DataConfig:
         return self.num_devices - holdout_count(self.num_devices, self.holdout_fraction)
 
     def validate(self, prefix: str = "data") -> None:
-        from lcfed.data import DIRICHLET_CONVENTIONS, PARTITIONERS
+        from lcfed.data import DIRICHLET_CONVENTIONS, partition_schemes
 
         resolve("dataset", f"{prefix}.dataset", self.dataset)
         require(
-            self.partition in PARTITIONERS,
+            self.partition in partition_schemes(),
             f"{prefix}.partition",
             self.partition,
-            f"one of {sorted(PARTITIONERS)}",
+            f"one of {partition_schemes()}",
         )
         require(self.alpha > 0, f"{prefix}.alpha", self.alpha, "must be > 0")
         require(self.classes_per_device >= 1, f"{prefix}.classes_per_device", self.classes_per_device, "must be >= 1")
@@ -181,6 +189,7 @@ class DataConfig:
                 f"would hold out all {self.num_devices} devices (data.num_devices): at least one must train")
         require(self.holdout_fraction == 0 or held >= 1, f"{prefix}.holdout_fraction", self.holdout_fraction,
                 f"holds out no device of {self.num_devices} (rounds to 0): use at least {0.5 / self.num_devices:.4g}, or 0 for off")
+        self._validate_sources(prefix)
         if self.partition == "dirichlet":  # other schemes' device sizes are checked against the data
             require(
                 self.min_test_samples < self.min_samples,
@@ -189,6 +198,43 @@ class DataConfig:
                 f"must be < data.min_samples ({self.min_samples}), or the smallest devices keep no training sample: "
                 f"raise data.min_samples to at least {self.min_test_samples + 1} or lower the floor",
             )
+
+    def _validate_sources(self, prefix: str) -> None:
+        """The fields of file datasets, natural partitions and testbeds (README section 2)."""
+        from lcfed.data import FILE_FORMATS, TESTBEDS, USER_SELECTIONS
+        from lcfed.data.testbeds import MAX_GROUPS
+
+        if self.dataset == "file":
+            require(bool(self.path.strip()), f"{prefix}.path", self.path,
+                    "data.dataset=file reads the file or folder data.path names: set it (an .npz, .csv or .parquet "
+                    "file, or an ImageFolder directory; a relative path lies under data.data_dir)")
+        else:
+            require(self.path == "", f"{prefix}.path", self.path,
+                    f"is read only by data.dataset=file (data.dataset is {self.dataset!r}): set data.dataset=file, "
+                    "or leave data.path empty")
+        require(self.format in FILE_FORMATS, f"{prefix}.format", self.format,
+                f"one of {list(FILE_FORMATS)} (auto: by data.path's extension; a directory is an ImageFolder)")
+        for name in ("label_column", "device_column"):
+            require(bool(getattr(self, name).strip()), f"{prefix}.{name}", getattr(self, name), "must be a column name")
+        require(self.label_column != self.device_column, f"{prefix}.device_column", self.device_column,
+                "must differ from data.label_column")
+        require(self.image_size == () or (len(self.image_size) == 2 and all(v >= 1 for v in self.image_size)),
+                f"{prefix}.image_size", list(self.image_size),
+                "must be [] (the images' own size) or [height, width] in pixels, e.g. [28, 28]")
+        require(self.user_selection in USER_SELECTIONS, f"{prefix}.user_selection", self.user_selection,
+                f"one of {list(USER_SELECTIONS)} (which users partition=natural keeps: the num_devices largest, or a "
+                "seeded random sample)")
+        require(self.testbed in TESTBEDS, f"{prefix}.testbed", self.testbed,
+                f"one of {list(TESTBEDS)} (devices in data.testbed_groups known clusters; README section 2)")
+        if self.testbed != "none":
+            require(self.partition != "natural", f"{prefix}.testbed", self.testbed,
+                    "deals the samples to devices itself, so it does not combine with data.partition=natural; use "
+                    "partition iid, dirichlet, pathological or primary_secondary (the split inside each group)")
+            limit = min(self.num_devices, MAX_GROUPS.get(self.testbed, self.num_devices))
+            require(1 <= self.testbed_groups <= limit, f"{prefix}.testbed_groups", self.testbed_groups,
+                    f"must be in [1, {limit}] (at most data.num_devices = {self.num_devices}"
+                    + (f"; the {self.testbed} testbed has {MAX_GROUPS[self.testbed]} transformations)"
+                       if self.testbed in MAX_GROUPS else ")"))
 
 
 @dataclass(frozen=True)
@@ -587,7 +633,10 @@ def from_dict(raw: Mapping[str, Any]) -> ExperimentConfig:
 
 #: fields added after checkpoints and logged runs existed, with the value that changes nothing: left
 #: out of digests at that value, so digests of configs that do not use them stay as they were
-LATER_DEFAULTS: dict[str, dict[str, Any]] = {"data": {"val_fraction": 0.0, "holdout_fraction": 0.0}}
+LATER_DEFAULTS: dict[str, dict[str, Any]] = {"data": {
+    "val_fraction": 0.0, "holdout_fraction": 0.0, "path": "", "format": "auto", "label_column": "label",
+    "device_column": "device", "image_size": (), "user_selection": "largest", "testbed": "none", "testbed_groups": 4,
+}}
 
 
 def holdout_count(num_devices: int, fraction: float) -> int:

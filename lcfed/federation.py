@@ -18,6 +18,7 @@ from lcfed import numerics, registry
 from lcfed.config import ConfigError, ExperimentConfig, holdout_count, require
 from lcfed.data import (
     Dataset,
+    FileSource,
     Partition,
     PartitionError,
     Scaling,
@@ -26,6 +27,7 @@ from lcfed.data import (
     partition_stats,
     split_validation,
 )
+from lcfed.data.testbeds import apply_testbed
 from lcfed.local import DeviceData, LocalWork
 from lcfed.methods import Strategy
 from lcfed.methods.base import Federation
@@ -38,7 +40,7 @@ class Setup:
 
     partition: Partition
     federation: Federation
-    input_shape: tuple[int, int, int]
+    input_shape: tuple[int, ...]
     scaling: Scaling  # pixels -> inputs, fitted on the driver so every host scales alike
 
 
@@ -46,25 +48,37 @@ def data_dir(cfg: ExperimentConfig) -> Path:
     return Path(cfg.data.data_dir).expanduser()
 
 
-def source_key(cfg: ExperimentConfig) -> tuple[str, str, bool]:
+def file_source(cfg: ExperimentConfig) -> FileSource | None:
+    """The file a ``data.dataset: file`` config reads, and how (None for the other datasets)."""
+    d = cfg.data
+    if d.dataset != "file":
+        return None
+    return FileSource(d.path, d.format, d.label_column, d.device_column, tuple(d.image_size))
+
+
+def source_key(cfg: ExperimentConfig) -> tuple[str, str, bool, FileSource | None]:
     """What decides which files are read: configs with equal keys share one loaded dataset. The
     directory as written (``~`` unexpanded): the key must match on nodes whose home differs."""
-    return cfg.data.dataset, cfg.data.data_dir, cfg.data.download
+    return cfg.data.dataset, cfg.data.data_dir, cfg.data.download, file_source(cfg)
 
 
 def load_source(cfg: ExperimentConfig) -> Dataset:
     """The configured dataset's every sample, read from ``data.data_dir`` (or embedded)."""
-    return load_dataset(cfg.data.dataset, data_dir(cfg), cfg.data.download)
+    return load_dataset(cfg.data.dataset, data_dir(cfg), cfg.data.download, file_source(cfg))
 
 
 def load(cfg: ExperimentConfig, source: Dataset | None = None) -> Dataset:
     """The configured dataset (``source`` if already loaded), reduced to a seeded random
-    ``data.subset`` of samples if set."""
+    ``data.subset`` of samples if set, then as a ``data.testbed``'s devices see it."""
     ds = source if source is not None else load_source(cfg)
     if 0 < cfg.data.subset < len(ds.y):
         keep = np.sort(np.random.default_rng([cfg.seed, 0x5B5]).choice(len(ds.y), cfg.data.subset, replace=False))
-        ds = Dataset(ds.name, ds.x[keep], ds.y[keep], ds.num_classes)
-    return ds
+        ds = ds.take(keep)
+    d = cfg.data
+    try:
+        return apply_testbed(ds, d.testbed, d.testbed_groups, d.num_devices, cfg.seed)
+    except PartitionError as exc:
+        raise ConfigError(f"data.{exc.param}", getattr(d, exc.param), f"does not fit {ds.name}: {exc}") from None
 
 
 def check_against_data(cfg: ExperimentConfig, ds: Dataset) -> Partition:
@@ -118,6 +132,10 @@ def partition(cfg: ExperimentConfig, ds: Dataset) -> Partition:
             secondary=tuple(d.secondary),
             dirichlet_convention=d.dirichlet_convention,
             min_test_samples=d.min_test_samples,
+            device_ids=ds.device_ids,
+            user_selection=d.user_selection,
+            testbed=d.testbed,
+            testbed_groups=d.testbed_groups,
         )
         # carved after the partition, from its own stream: devices and test sets stay as without it
         return split_validation(part, d.val_fraction, cfg.seed) if d.val_fraction > 0 else part
@@ -262,7 +280,7 @@ def make_strategy(cfg: ExperimentConfig, fed: Federation) -> Strategy:
     return registry.method(cfg.method.name).strategy(cfg, fed)
 
 
-def make_network(cfg: ExperimentConfig, input_shape: tuple[int, int, int], num_classes: int, where: torch.device) -> Network:
+def make_network(cfg: ExperimentConfig, input_shape: tuple[int, ...], num_classes: int, where: torch.device) -> Network:
     net, _ = build_network(cfg.model.name, input_shape, num_classes, cfg.seed)
     net.module.to(where)
     return net

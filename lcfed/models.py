@@ -7,6 +7,7 @@ embedding φ ends and the decision h (the last linear layer) begins.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
@@ -72,26 +73,57 @@ class FedACCNN(nn.Module):
         return self.fc3(x)
 
 
-def _lenet5(input_shape: tuple[int, int, int], num_classes: int) -> nn.Module:
+class MLP(nn.Module):
+    """A multilayer perceptron on any input (flattened): two hidden layers of ``hidden`` ReLU units and a
+    linear decision layer ``head``; for feature vectors (tables, LEAF's Synthetic), and images at a pinch."""
+
+    decision_layer = "head"
+
+    def __init__(self, inputs: int, num_classes: int, hidden: int = 128) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(inputs, hidden)
+        self.fc2 = nn.Linear(hidden, hidden)
+        self.head = nn.Linear(hidden, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = torch.relu(self.fc1(x.flatten(1)))
+        x = torch.relu(self.fc2(x))
+        return self.head(x)
+
+
+def _image_shape(name: str, input_shape: tuple[int, ...]) -> tuple[int, int, int]:
+    if len(input_shape) != 3:
+        raise ValueError(f"{name} takes images (C, H, W), got inputs of shape {input_shape} "
+                         "(feature vectors: model.name=mlp)")
+    return int(input_shape[0]), int(input_shape[1]), int(input_shape[2])
+
+
+def _lenet5(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     """LeNet-5 (61,706 parameters on 1x28x28, 10 classes): 2 conv + 3 fc; decision layer fc3. 28x28 or 32x32."""
-    channels, height, width = input_shape
+    channels, height, width = _image_shape("lenet5", input_shape)
     if height != width or height not in (28, 32):
         raise ValueError(f"lenet5 takes 28x28 or 32x32 input, got {height}x{width}")
     return LeNet5(channels, height, num_classes)
 
 
-def _cnn(input_shape: tuple[int, int, int], num_classes: int) -> nn.Module:
+def _cnn(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     """FedAC's CNN (4,778,954 parameters on 3x32x32): 2 conv + 3 fc; decision layer fc3. 28x28 or 32x32."""
-    channels, height, width = input_shape
+    channels, height, width = _image_shape("cnn", input_shape)
     if height != width or height not in (28, 32):
         raise ValueError(f"cnn takes 28x28 or 32x32 input, got {height}x{width}")
     return FedACCNN(channels, height, num_classes)
 
 
+def _mlp(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    """An MLP on any input shape (flattened): 2 hidden layers of 128 ReLU units; decision layer head."""
+    return MLP(math.prod(input_shape), num_classes)
+
+
 #: explicit registry: model name -> builder(input_shape, num_classes)
-MODELS: dict[str, Callable[[tuple[int, int, int], int], nn.Module]] = {
+MODELS: dict[str, Callable[[tuple[int, ...], int], nn.Module]] = {
     "lenet5": _lenet5,
     "cnn": _cnn,
+    "mlp": _mlp,
 }
 
 
@@ -181,7 +213,7 @@ class Network:
         return functional_call(self.module, self.spec.unflatten(flat), (x,))
 
 
-def build_network(name: str, input_shape: tuple[int, int, int], num_classes: int, seed: int) -> tuple[Network, torch.Tensor]:
+def build_network(name: str, input_shape: tuple[int, ...], num_classes: int, seed: int) -> tuple[Network, torch.Tensor]:
     """The model skeleton and its seeded initial flat weights (identical on every process)."""
     try:
         builder = registry.model(name)
@@ -189,7 +221,7 @@ def build_network(name: str, input_shape: tuple[int, int, int], num_classes: int
         raise ValueError(str(exc)) from None
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        module = builder(input_shape, num_classes)
+        module = builder(input_shape, num_classes)  # type: ignore[arg-type]  # (C, H, W) or (F,)
     if not isinstance(module, nn.Module):
         raise ValueError(f"model {name!r} built a {type(module).__name__}, not a torch.nn.Module")
     spec = param_spec(module)

@@ -7,28 +7,35 @@ alone, and every host recomputes the same one instead of receiving index lists.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 __all__ = [
     "DIRICHLET_CONVENTIONS",
+    "NATURAL",
     "NIID_BENCH_MAX_DRAWS",
     "PARTITIONERS",
+    "USER_SELECTIONS",
     "Partition",
     "PartitionError",
     "PartitionParams",
     "dirichlet",
     "dirichlet_niid_bench",
     "dominant_label",
+    "format_groups",
     "format_stats",
+    "iid",
     "make_partition",
+    "natural",
+    "partition_schemes",
     "partition_stats",
     "pathological",
     "primary_secondary",
     "quantity_skew",
     "split_train_test",
     "split_validation",
+    "group_layout",
 ]
 
 
@@ -44,12 +51,17 @@ class PartitionError(ValueError):
 @dataclass(frozen=True, eq=False)  # eq=False: elementwise array comparison has no truth value
 class Partition:
     """Per-device local train/test sample indices plus each device's ground-truth group, and the
-    validation indices held out of each device's training share (``val``; empty tuple: none)."""
+    validation indices held out of each device's training share (``val``; empty tuple: none).
+
+    ``groups`` is what the scheme knows of each device: a proxy (its dominant or primary class, its
+    class set) for the label-skew schemes, and the true cluster for a testbed, which ``group_kind``
+    then names (``rotated``, ...; ``""``: a proxy)."""
 
     train: tuple[np.ndarray, ...]
     test: tuple[np.ndarray, ...]
     groups: np.ndarray
     val: tuple[np.ndarray, ...] = ()
+    group_kind: str = ""
 
     def __post_init__(self) -> None:
         if not len(self.train) == len(self.test) == len(self.groups):
@@ -81,10 +93,16 @@ class PartitionParams:
     primary: tuple[float, float] = (0.4, 0.6)
     secondary: tuple[float, float] = (0.2, 0.4)
     dirichlet_convention: str = "rebalance"
+    user_selection: str = "largest"
+    # per-sample device (user) ids of the dataset, when it has them (natural)
+    device_ids: np.ndarray | None = field(default=None, compare=False, repr=False)
 
 
 Partitioner = Callable[[np.ndarray, PartitionParams], tuple[list[np.ndarray], np.ndarray]]
 """labels, params -> (sample indices per device, ground-truth group per device)."""
+
+USER_SELECTIONS = ("largest", "random")
+"""``data.user_selection``: which users a natural partition keeps as its ``num_devices`` devices."""
 
 
 def _check_labels(labels: np.ndarray, *, nonempty: bool = False) -> np.ndarray:
@@ -353,6 +371,72 @@ def primary_secondary(
     return _assign(class_of, counts, rng), prim.astype(np.int64)
 
 
+def iid(num_samples: int, num_devices: int, seed: int) -> list[np.ndarray]:
+    """No skew: a uniformly random split into ``num_devices`` shares of equal size (sizes differ by at
+    most one). Every sample is used exactly once."""
+    if num_devices < 1:
+        raise ValueError(f"num_devices must be >= 1, got {num_devices}")
+    order = np.random.default_rng(seed).permutation(num_samples).astype(np.int64)
+    return [part.copy() for part in np.array_split(order, num_devices)]
+
+
+def natural(device_ids: np.ndarray, num_devices: int, min_samples: int, selection: str, seed: int) -> list[np.ndarray]:
+    """The dataset's own devices: one device per user id in ``device_ids`` (per sample), keeping
+    ``num_devices`` of the users that hold at least ``min_samples`` samples, either the largest
+    (``selection="largest"``; ties: the smaller id) or a seeded uniform sample (``"random"``). Devices are
+    numbered in increasing order of the users' ids; each holds all of its user's samples, in sample order.
+
+    Raises :class:`PartitionError` (``num_devices``) when fewer users are that large.
+    """
+    ids = np.asarray(device_ids)
+    if ids.ndim != 1 or not np.issubdtype(ids.dtype, np.integer):
+        raise ValueError(f"device_ids must be a 1-d integer array, got {ids.dtype} {ids.shape}")
+    if selection not in USER_SELECTIONS:
+        raise ValueError(f"unknown user selection {selection!r}; known: {', '.join(USER_SELECTIONS)}")
+    users, user_of, counts = np.unique(ids, return_inverse=True, return_counts=True)
+    eligible = np.flatnonzero(counts >= min_samples)
+    if len(eligible) < num_devices:
+        raise PartitionError(
+            "num_devices",
+            f"the dataset has {len(users)} users (device ids), {len(eligible)} of them with >= min_samples "
+            f"({min_samples}) samples, fewer than the {num_devices} devices asked for: lower data.num_devices to "
+            f"at most {len(eligible)}, or data.min_samples",
+        )
+    if selection == "largest":
+        chosen = eligible[np.lexsort((eligible, -counts[eligible]))][:num_devices]
+    else:
+        chosen = np.random.default_rng([seed, 0x05E]).choice(eligible, size=num_devices, replace=False)
+    order = np.argsort(user_of, kind="stable")  # samples grouped by user, in sample order
+    per_user = np.split(order.astype(np.int64), np.cumsum(counts)[:-1])
+    return [per_user[u].copy() for u in np.sort(chosen)]
+
+
+#: the testbed's stream (with the seed): which devices and samples form each group
+_TESTBED_STREAM = 0x7E57
+
+
+def group_layout(num_samples: int, num_devices: int, groups: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Which group each device and each sample belongs to in a testbed of ``groups`` known clusters:
+    ``(device_group (m,), sample_group (n,))``, both int64, a pure function of the sizes and the seed
+    (never of the labels, so it is the same before and after a testbed permutes them).
+
+    Devices are dealt to groups as evenly as possible (sizes differ by at most one) in a seeded random
+    order; the samples are split at random into one pool per group, sized in proportion to the
+    group's devices (largest remainder), so every group's devices get the same share of samples.
+    """
+    if not 1 <= groups <= num_devices:
+        raise ValueError(f"groups must be in [1, num_devices = {num_devices}], got {groups}")
+    rng = np.random.default_rng([seed, _TESTBED_STREAM])
+    device_group = rng.permutation(np.arange(num_devices, dtype=np.int64) % groups)
+    devices = np.bincount(device_group, minlength=groups)
+    pool = num_samples * devices // num_devices
+    rest = num_samples * devices % num_devices
+    pool[np.lexsort((np.arange(groups), -rest))[: num_samples - int(pool.sum())]] += 1
+    sample_group = np.empty(num_samples, dtype=np.int64)
+    sample_group[rng.permutation(num_samples)] = np.repeat(np.arange(groups, dtype=np.int64), pool)
+    return device_group, sample_group
+
+
 def quantity_skew(devices: Sequence[np.ndarray], low: int, high: int, seed: int) -> list[np.ndarray]:
     """Keep a uniformly random subset of each device's samples, of a size drawn from U{low..high}
     (devices that hold fewer keep all of theirs): FedAC's 50-350 samples per device on top of any
@@ -493,6 +577,24 @@ def _primary_secondary_scheme(labels: np.ndarray, p: PartitionParams) -> tuple[l
     return primary_secondary(labels, p.num_devices, p.primary, p.secondary, p.seed)
 
 
+def _iid_scheme(labels: np.ndarray, p: PartitionParams) -> tuple[list[np.ndarray], np.ndarray]:
+    return iid(len(labels), p.num_devices, p.seed), np.zeros(p.num_devices, dtype=np.int64)
+
+
+def _natural_scheme(labels: np.ndarray, p: PartitionParams) -> tuple[list[np.ndarray], np.ndarray]:
+    if p.device_ids is None:
+        raise PartitionError(
+            "partition",
+            "the dataset has no per-sample device ids, which a natural partition splits by (a file dataset "
+            "holds them in the .npz key or table column that data.device_column names; `lcfed data import "
+            "--leaf` writes them for LEAF's JSON files)",
+        )
+    if len(p.device_ids) != len(labels):
+        raise ValueError(f"device_ids hold {len(p.device_ids)} samples, labels {len(labels)}")
+    devices = natural(p.device_ids, p.num_devices, p.min_samples, p.user_selection, p.seed)
+    return devices, dominant_label(devices, labels)
+
+
 PARTITIONERS: dict[str, Partitioner] = {
     # groups: each device's dominant class
     "dirichlet": _dirichlet_scheme,
@@ -500,8 +602,18 @@ PARTITIONERS: dict[str, Partitioner] = {
     "pathological": _pathological_scheme,
     # groups: each device's primary class
     "primary_secondary": _primary_secondary_scheme,
+    # groups: none (all 0)
+    "iid": _iid_scheme,
 }
-"""Scheme name -> partitioner; :func:`make_partition` dispatches through it."""
+"""Scheme name -> partitioner of the labels alone; :func:`make_partition` dispatches through it."""
+
+NATURAL = "natural"
+"""The scheme that splits by the dataset's own device ids (:func:`natural`), not by the labels."""
+
+
+def partition_schemes() -> list[str]:
+    """Every ``data.partition`` name: the :data:`PARTITIONERS` and :data:`NATURAL`, sorted."""
+    return sorted([*PARTITIONERS, NATURAL])
 
 
 def _split_seed(seed: int) -> int:
@@ -524,6 +636,10 @@ def make_partition(
     secondary: Sequence[float] = (0.2, 0.4),
     dirichlet_convention: str = "rebalance",
     min_test_samples: int = 0,
+    device_ids: np.ndarray | None = None,
+    user_selection: str = "largest",
+    testbed: str = "none",
+    testbed_groups: int = 4,
 ) -> Partition:
     """Partition ``labels`` across devices with ``scheme``, then split each device into train/test.
 
@@ -531,20 +647,55 @@ def make_partition(
     same seed (then cut to ``quantity = (low, high)`` samples each when given); the split uses a
     stream derived from the seed, with at least ``min_test_samples`` test samples per device (see
     :func:`split_train_test`). Settings these labels cannot satisfy raise :class:`PartitionError`.
+
+    ``device_ids`` (per sample) are the users a ``natural`` partition keeps (``user_selection``). With
+    a ``testbed`` (any name but ``none``), the devices and samples first form ``testbed_groups`` groups
+    (:func:`group_layout`), ``scheme`` splits each group's samples over the group's devices (with a
+    seed of its own), and each device's group is its ground truth (``group_kind`` = ``testbed``).
     """
     try:
-        partitioner = PARTITIONERS[scheme]
+        partitioner = _natural_scheme if scheme == NATURAL else PARTITIONERS[scheme]
     except KeyError:
-        raise ValueError(f"unknown partition scheme {scheme!r}; known: {', '.join(sorted(PARTITIONERS))}") from None
+        raise ValueError(f"unknown partition scheme {scheme!r}; known: {', '.join(partition_schemes())}") from None
     labels = _check_labels(labels)
     params = PartitionParams(num_devices, alpha, classes_per_device, min_samples, seed,
                              (float(primary[0]), float(primary[1])), (float(secondary[0]), float(secondary[1])),
-                             dirichlet_convention)
-    devices, groups = partitioner(labels, params)
+                             dirichlet_convention, user_selection, device_ids)
+    kind = ""
+    if testbed != "none":
+        devices, groups = _within_groups(labels, partitioner, params, testbed_groups)
+        kind = testbed
+    else:
+        devices, groups = partitioner(labels, params)
     if quantity is not None:
         devices = quantity_skew(devices, int(quantity[0]), int(quantity[1]), seed)
     train, test = split_train_test(devices, labels, test_fraction, _split_seed(seed), min_test_samples)
-    return Partition(tuple(train), tuple(test), np.asarray(groups, dtype=np.int64))
+    return Partition(tuple(train), tuple(test), np.asarray(groups, dtype=np.int64), group_kind=kind)
+
+
+def _within_groups(
+    labels: np.ndarray, partitioner: Partitioner, params: PartitionParams, groups: int
+) -> tuple[list[np.ndarray], np.ndarray]:
+    """A testbed's devices: ``partitioner`` run on each group's sample pool for the group's devices."""
+    if partitioner is _natural_scheme:
+        raise PartitionError("testbed", "a testbed deals the samples to devices itself; it does not combine with "
+                             "data.partition=natural (use iid, dirichlet, pathological or primary_secondary)")
+    device_group, sample_group = group_layout(len(labels), params.num_devices, groups, params.seed)
+    devices: list[np.ndarray] = [np.empty(0, np.int64)] * params.num_devices
+    for g in range(groups):
+        members = np.flatnonzero(device_group == g)
+        pool = np.flatnonzero(sample_group == g)
+        seed = int(np.random.default_rng([params.seed, _TESTBED_STREAM, g]).integers(2**31))
+        try:
+            local, _ = partitioner(labels[pool], replace(params, num_devices=len(members), seed=seed))
+        except PartitionError:
+            raise
+        except ValueError as exc:  # the scheme's own argument checks, on this group's pool
+            raise PartitionError("testbed_groups", f"group {g} ({len(members)} devices, {len(pool)} samples) "
+                                 f"cannot be partitioned: {exc}; use fewer data.testbed_groups or devices") from None
+        for d, idx in zip(members, local, strict=True):
+            devices[d] = pool[idx]
+    return devices, device_group
 
 
 #: the validation split's stream (with the seed and the device id): no other draw uses it
@@ -580,7 +731,7 @@ def split_validation(part: Partition, fraction: float, seed: int) -> Partition:
         held[np.random.default_rng([seed, d, _VAL_STREAM]).permutation(len(idx))[: n_val[d]]] = True
         train.append(idx[~held])  # both keep the training order, as drawn by the train/test split
         val.append(idx[held])
-    return Partition(tuple(train), part.test, part.groups, tuple(val))
+    return Partition(tuple(train), part.test, part.groups, tuple(val), part.group_kind)
 
 
 def partition_stats(part: Partition, labels: np.ndarray) -> dict[str, float]:
@@ -606,6 +757,10 @@ def partition_stats(part: Partition, labels: np.ndarray) -> dict[str, float]:
                         f"{name}_max": float(values.max())})
     out.update({"classes_mean": float(per_device.mean()), "classes_min": float(per_device.min()),
                 "classes_max": float(per_device.max())})
+    if part.group_kind:  # a testbed's known clusters: how many, and their sizes in devices
+        members = np.bincount(part.groups)
+        out.update({"groups": float(len(members)), "group_devices_min": float(members.min()),
+                    "group_devices_max": float(members.max())})
     return out
 
 
@@ -618,5 +773,16 @@ def format_stats(stats: dict[str, float]) -> str:
 
     sizes = " and ".join(f"{k} {n(stats[k + '_min'])} / {n(stats[k + '_median'])} / {n(stats[k + '_max'])}"
                          for k in ("train", "val", "test") if k + "_min" in stats)
+    groups = (f"; {n(stats['groups'])} known groups of {n(stats['group_devices_min'])}-{n(stats['group_devices_max'])} "
+              "devices" if "groups" in stats else "")
     return (f"{n(stats['devices'])} devices, {n(stats['samples'])} samples; {sizes} (min / median / max); "
-            f"classes per device {stats['classes_mean']:.2f} ({n(stats['classes_min'])}-{n(stats['classes_max'])})")
+            f"classes per device {stats['classes_mean']:.2f} ({n(stats['classes_min'])}-{n(stats['classes_max'])})"
+            f"{groups}")
+
+
+def format_groups(part: Partition) -> str:
+    """Each device's known group, e.g. ``rotated groups (device: group): 0:2 1:0 2:3 ...``; ``""`` when the
+    partition's groups are only a proxy (a scheme's dominant class)."""
+    if not part.group_kind:
+        return ""
+    return f"{part.group_kind} groups (device: group): " + " ".join(f"{d}:{g}" for d, g in enumerate(part.groups.tolist()))

@@ -1,4 +1,5 @@
-"""Datasets as plain uint8 arrays, loaded by name from an explicit registry.
+"""Datasets as plain arrays (uint8 images or float32 feature vectors), loaded by name from an
+explicit registry.
 
 Every dataset is the union of its train and test pools (train first): the partitioner later
 splits each device's samples into local train/test sets, so the original split carries no meaning.
@@ -18,12 +19,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from lcfed import registry
+
+if TYPE_CHECKING:
+    from lcfed.data.formats import FileSource
 
 __all__ = ["CACHE_DIR", "SOURCES", "DataError", "Dataset", "Scaling", "load_dataset", "to_float"]
 
@@ -37,28 +41,47 @@ class DataError(Exception):
 
 @dataclass(frozen=True, eq=False)  # eq=False: elementwise array comparison has no truth value
 class Dataset:
-    """All samples of one dataset: images ``x`` (N, C, H, W) uint8 and labels ``y`` (N,) int64."""
+    """All samples of one dataset: inputs ``x``, labels ``y`` (N,) int64 and the class count.
+
+    ``x`` is either images, uint8 (N, C, H, W), or feature vectors, float32 (N, F) (tables: CSV,
+    parquet, an ``.npz`` of vectors). ``device_ids`` (N,) int64, when the source has them, is the
+    device (user, writer, client) each sample came from: what ``data.partition: natural`` splits by.
+    """
 
     name: str
     x: np.ndarray
     y: np.ndarray
     num_classes: int
+    device_ids: np.ndarray | None = None
 
     def __post_init__(self) -> None:
-        if self.x.ndim != 4 or self.x.dtype != np.uint8:
-            raise ValueError(f"{self.name}: x must be uint8 (N, C, H, W), got {self.x.dtype} {self.x.shape}")
+        if not ((self.x.ndim == 4 and self.x.dtype == np.uint8) or (self.x.ndim == 2 and self.x.dtype == np.float32)):
+            raise ValueError(f"{self.name}: x must be uint8 images (N, C, H, W) or float32 features (N, F), "
+                             f"got {self.x.dtype} {self.x.shape}")
         if self.y.shape != (len(self.x),) or self.y.dtype != np.int64:
             raise ValueError(f"{self.name}: y must be int64 ({len(self.x)},), got {self.y.dtype} {self.y.shape}")
+        if self.device_ids is not None and (self.device_ids.shape != (len(self.x),) or self.device_ids.dtype != np.int64):
+            raise ValueError(f"{self.name}: device_ids must be int64 ({len(self.x)},), "
+                             f"got {self.device_ids.dtype} {self.device_ids.shape}")
         if len(self.y) and (int(self.y.min()) < 0 or int(self.y.max()) >= self.num_classes):
             bad = int(self.y.min()) if int(self.y.min()) < 0 else int(self.y.max())
             raise DataError(f"{self.name}: label {bad} in the files; labels must be 0-{self.num_classes - 1} "
                             "(corrupt files: import them again with `lcfed data import`)")
 
     @property
-    def input_shape(self) -> tuple[int, int, int]:
-        """The shape of one sample, (C, H, W), as the model builder needs it."""
-        c, h, w = self.x.shape[1:]
-        return int(c), int(h), int(w)
+    def is_image(self) -> bool:
+        """Images (N, C, H, W) rather than feature vectors (N, F)."""
+        return self.x.ndim == 4
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        """The shape of one sample, (C, H, W) or (F,), as the model builder needs it."""
+        return tuple(int(s) for s in self.x.shape[1:])
+
+    def take(self, rows: np.ndarray) -> Dataset:
+        """The samples ``rows`` (their device ids too), as a new dataset of the same name and classes."""
+        ids = None if self.device_ids is None else np.ascontiguousarray(self.device_ids[rows])
+        return Dataset(self.name, self.x[rows], self.y[rows], self.num_classes, ids)
 
 
 def to_float(x: np.ndarray) -> torch.Tensor:
@@ -70,7 +93,8 @@ def to_float(x: np.ndarray) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class Scaling:
-    """How uint8 pixels become model inputs: ``(x / 255 - mean[c]) / std[c]`` per channel ``c``.
+    """How uint8 pixels become model inputs: ``(x / 255 - mean[c]) / std[c]`` per channel ``c``; for
+    float32 feature vectors, ``(x - mean[f]) / std[f]`` per feature ``f`` (scikit-learn's StandardScaler).
 
     Standardizing each channel with the training samples' mean and std is the usual practice
     (torchvision's examples, most FL benchmarks); plain [0, 1] inputs train measurably worse.
@@ -88,7 +112,10 @@ class Scaling:
     def fit(cls, x: np.ndarray, rows: np.ndarray, chunk: int = 8192) -> Scaling:
         """Per-channel mean and std (population) of ``x[rows]`` in [0, 1] units, exact: from
         histograms of the uint8 values, in chunks so a memory-mapped dataset is never copied whole.
-        A constant channel gets std 1 (nothing to scale)."""
+        A constant channel gets std 1 (nothing to scale). Feature vectors (float32 (N, F)): the
+        per-feature mean and std, in float64 (see :meth:`_fit_features`)."""
+        if x.dtype != np.uint8:
+            return cls._fit_features(x, rows, chunk)
         channels = x.shape[1]
         counts = np.zeros((channels, 256), dtype=np.int64)
         rows = np.sort(np.asarray(rows, dtype=np.int64))
@@ -106,14 +133,44 @@ class Scaling:
         std[std < 1e-6] = 1.0
         return cls(tuple(float(v) for v in mean), tuple(float(v) for v in std))
 
+    @classmethod
+    def _fit_features(cls, x: np.ndarray, rows: np.ndarray, chunk: int) -> Scaling:
+        """Per-feature mean and (population) std of ``x[rows]``, two passes in float64, in chunks."""
+        features = x.shape[1]
+        rows = np.sort(np.asarray(rows, dtype=np.int64))
+        if len(rows) == 0:
+            return cls.unit(features)
+        total = np.zeros(features)
+        for start in range(0, len(rows), chunk):
+            total += np.asarray(x[rows[start:start + chunk]], dtype=np.float64).sum(axis=0)
+        mean = total / len(rows)
+        spread = np.zeros(features)
+        for start in range(0, len(rows), chunk):
+            spread += ((np.asarray(x[rows[start:start + chunk]], dtype=np.float64) - mean) ** 2).sum(axis=0)
+        std = np.sqrt(spread / len(rows))
+        std[std < 1e-6] = 1.0
+        return cls(tuple(float(v) for v in mean), tuple(float(v) for v in std))
+
     def apply(self, x: np.ndarray) -> torch.Tensor:
-        """uint8 images (N, C, H, W) -> float32 model inputs (a fresh tensor)."""
+        """uint8 images (N, C, H, W) or float32 features (N, F) -> float32 model inputs (a fresh tensor)."""
+        if x.dtype != np.uint8:
+            return self._apply_features(x)
         t = to_float(x)
         if len(self.mean) != t.shape[1]:
             raise ValueError(f"scaling has {len(self.mean)} channels, images have {t.shape[1]}")
         if any(self.mean) or any(s != 1.0 for s in self.std):
             shape = (1, -1, 1, 1)
             t.sub_(torch.tensor(self.mean, dtype=t.dtype).view(shape)).div_(torch.tensor(self.std, dtype=t.dtype).view(shape))
+        return t
+
+    def _apply_features(self, x: np.ndarray) -> torch.Tensor:
+        if x.ndim != 2 or x.dtype != np.float32:
+            raise TypeError(f"scaling expects uint8 images or float32 features (N, F), got {x.dtype} {x.shape}")
+        t = torch.from_numpy(np.array(x, dtype=np.float32, copy=True))
+        if len(self.mean) != t.shape[1]:
+            raise ValueError(f"scaling has {len(self.mean)} features, the samples have {t.shape[1]}")
+        if any(self.mean) or any(s != 1.0 for s in self.std):
+            t.sub_(torch.tensor(self.mean, dtype=t.dtype)).div_(torch.tensor(self.std, dtype=t.dtype))
         return t
 
 
@@ -288,6 +345,14 @@ def _cifar_loader(name: str, cls_name: str, num_classes: int) -> Callable[[Path,
     return load
 
 
+def _load_file(data_dir: Path, download: bool) -> Dataset:
+    """your own file or folder, named by data.path: an .npz archive (x, y, optional device ids), an
+    ImageFolder directory (one subfolder per class), or a .csv / .parquet table of features with a label
+    column; data.format (auto: by the extension) says which."""
+    raise DataError("data.dataset 'file' reads the file or folder that data.path names: set data.path "
+                    "(an .npz, .csv or .parquet file, or an ImageFolder directory; relative to data.data_dir)")
+
+
 SOURCES: dict[str, Callable[[Path, bool], Dataset]] = {
     "digits": _load_digits,
     "synthetic": _load_synthetic,
@@ -295,15 +360,22 @@ SOURCES: dict[str, Callable[[Path, bool], Dataset]] = {
     "fashion_mnist": _mnist_loader("fashion_mnist", "FashionMNIST"),
     "cifar10": _cifar_loader("cifar10", "CIFAR10", 10),
     "cifar100": _cifar_loader("cifar100", "CIFAR100", 100),
+    "file": _load_file,
 }
-"""Dataset name -> loader(data_dir, download)."""
+"""Dataset name -> loader(data_dir, download). ``file`` is read by :func:`lcfed.data.formats.load_file`
+from the :class:`~lcfed.data.formats.FileSource` that :func:`load_dataset` is given."""
 
 
-def load_dataset(name: str, data_dir: str | Path, download: bool = False) -> Dataset:
-    """Load dataset ``name`` from ``data_dir`` (train pool then test pool).
+def load_dataset(name: str, data_dir: str | Path, download: bool = False, source: FileSource | None = None) -> Dataset:
+    """Load dataset ``name`` from ``data_dir`` (train pool then test pool); for ``file``, the file that
+    ``source`` (a :class:`lcfed.data.formats.FileSource`) names.
 
-    Raises :class:`DataError` for an unknown name or when the files are missing.
+    Raises :class:`DataError` for an unknown name or when the files are missing or unusable.
     """
+    if name == "file" and source is not None:
+        from lcfed.data.formats import load_file  # it imports this module
+
+        return load_file(source, Path(data_dir).expanduser())
     try:
         loader = registry.dataset(name)
     except registry.PluginError as exc:

@@ -1,0 +1,54 @@
+"""How well a clustering recovers known groups: the adjusted Rand index and normalized mutual information
+of the devices' cluster assignment against their true groups (a testbed's ``Partition.groups``).
+
+Both are invariant to how clusters are numbered, 1 for a perfect recovery; ARI is about 0 for a random
+assignment (and may go negative), NMI is 0 for an independent one. Pure functions over arrays, no
+state; scikit-learn computes both (imported on first use: it costs seconds).
+
+The round loop would call :func:`recovery_scores` on each round's assignment
+(``RoundStats.assignment``, -1 for devices never assigned) against ``Federation.groups`` where the
+partition's ``group_kind`` says they are true clusters, and log ``ari`` / ``nmi`` as metrics.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["adjusted_rand_index", "normalized_mutual_info", "recovery_scores"]
+
+
+def _pair(assignment: np.ndarray, truth: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    a, t = np.asarray(assignment), np.asarray(truth)
+    if a.ndim != 1 or a.shape != t.shape:
+        raise ValueError(f"assignment and truth must be 1-d arrays of one entry per device, got {a.shape} and {t.shape}")
+    if len(a) == 0:
+        raise ValueError("no devices to score")
+    return a, t
+
+
+def adjusted_rand_index(assignment: np.ndarray, truth: np.ndarray) -> float:
+    """Adjusted Rand index (Hubert & Arabie, 1985) of ``assignment`` against ``truth``, one label per device:
+    the Rand index (share of device pairs both put together or both apart) corrected for chance."""
+    from sklearn.metrics import adjusted_rand_score
+
+    a, t = _pair(assignment, truth)
+    return float(adjusted_rand_score(t, a))
+
+
+def normalized_mutual_info(assignment: np.ndarray, truth: np.ndarray) -> float:
+    """Mutual information of ``assignment`` and ``truth`` over the arithmetic mean of their entropies
+    (scikit-learn's default normalization); 1 when either determines the other, 0 when independent."""
+    from sklearn.metrics import normalized_mutual_info_score
+
+    a, t = _pair(assignment, truth)
+    return float(normalized_mutual_info_score(t, a))
+
+
+def recovery_scores(assignment: np.ndarray, truth: np.ndarray) -> dict[str, float]:
+    """``{"ari": ..., "nmi": ...}`` over the devices with an assignment (entries >= 0; -1 = never assigned,
+    as methods report devices that have not trained yet); empty if no device is assigned."""
+    a, t = _pair(assignment, truth)
+    seen = a >= 0
+    if not seen.any():
+        return {}
+    return {"ari": adjusted_rand_index(a[seen], t[seen]), "nmi": normalized_mutual_info(a[seen], t[seen])}
