@@ -63,7 +63,7 @@ def test_listings_show_the_plugins_and_where_they_come_from(installed, capsys):
     assert "from: entry point lcfed_example.fedprox:FedProx (lcfed-example-plugin 0.1.0)" in out
     assert "params: mu=0.01" in out
     assert main(["models"]) == 0
-    assert "mlp " in capsys.readouterr().out
+    assert "small_mlp " in capsys.readouterr().out
     assert main(["datasets"]) == 0
     assert "npz " in capsys.readouterr().out
 
@@ -107,7 +107,7 @@ def test_a_plugin_model_on_a_plugin_dataset(installed, tmp_path, capsys):
     data = tmp_path / "data"
     data.mkdir()
     np.savez(data / "example.npz", x=digits.x[:600, 0], y=digits.y[:600])  # N x H x W: one channel added
-    summary = run_json(tmp_path, "mlp", "model.name=mlp", "data.dataset=npz", f"data.data_dir={data}",
+    summary = run_json(tmp_path, "mlp", "model.name=small_mlp", "data.dataset=npz", f"data.data_dir={data}",
                        "method.name=fedavg", "train.rounds=5")
     assert summary["acc_mean"] > 0.5  # 10 classes: chance is 0.1
     assert main(["data", "stats", "--set", "data.dataset=npz", "--set", f"data.data_dir={data}"]) == 0
