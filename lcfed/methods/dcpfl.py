@@ -191,7 +191,7 @@ def threshold_groups(tree: np.ndarray, gamma_tilde: float) -> np.ndarray:
     top = float(tree[:, 2].max()) if tree.shape[0] else 0.0
     if n == 1 or top <= 0:
         return np.zeros(n, dtype=np.int64)
-    from scipy.cluster.hierarchy import fcluster
+    from scipy.cluster.hierarchy import fcluster  # here, as in average_linkage: only the server pays for scipy
 
     raw = fcluster(tree, gamma_tilde * top, criterion="distance")
     _, first, inverse = np.unique(raw, return_index=True, return_inverse=True)
