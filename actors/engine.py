@@ -8,7 +8,6 @@ messages go from the actors straight to the ServerActor as object refs, never th
 
 from __future__ import annotations
 
-import math
 import os
 import pickle
 from collections.abc import Sequence
@@ -17,17 +16,20 @@ from typing import Any
 
 import ray
 import torch
+from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
 from actors.connect import ClusterError, ensure_ray
+from actors.placement import NodeResources, PoolLayout, cluster_layout, fits, pool_layout
 from lcfed import numerics
 from lcfed.checkpoint import Snapshot
-from lcfed.config import EngineConfig, ExperimentConfig
+from lcfed.config import ExperimentConfig
 from lcfed.data import Dataset, Partition
 from lcfed.engine import HostFailure, Newcomer, Observer, RunResult, run_rounds
 from lcfed.federation import Setup, load, make_strategy, prepare, resolve_device, shard
 from lcfed.local import EvalResult
 from lcfed.methods.base import Message, RoundPlan, RoundStats
-from lcfed.runner import HostedDevices, LocalServer, auto_workers
+from lcfed.runner import DeviceHost, HostedDevices, LocalServer, auto_workers
 
 _NUMPY_DTYPES = frozenset(
     {torch.float32, torch.float64, torch.float16, torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool}
@@ -55,10 +57,10 @@ def fast_tensor_transfer() -> None:
     ray.util.register_serializer(torch.Tensor, serializer=_tensor_to_wire, deserializer=_tensor_from_wire)
 
 
-@ray.remote
-class DeviceActor:
+class DeviceActor(DeviceHost):
     """Hosts a block of virtual devices: their data (sent once by the process that loaded the
-    dataset, placed on the GPU if one is assigned) and their personal states, which never leave the actor."""
+    dataset, placed on the GPU if one is assigned) and their personal states, which never leave the actor.
+    Answers the pool's calls as :class:`lcfed.runner.DeviceHost` does in-process."""
 
     def __init__(
         self, cfg: ExperimentConfig, setup: Setup, devices: Sequence[int], shard: tuple[Dataset, Partition],
@@ -86,28 +88,7 @@ class DeviceActor:
     def train(self, rnd: int, devices: Sequence[int], payload: Any, instructions: dict[int, Any]) -> list[Message]:
         return self.hosted.train(rnd, devices, payload, instructions)
 
-    def evaluate(self, payload: Any) -> dict[int, EvalResult]:
-        return self.hosted.evaluate(payload)
 
-    def personalized(self, payload: Any) -> dict[int, torch.Tensor]:
-        return self.hosted.personalized(payload)
-
-    def join(self, devices: Sequence[int], newcomer: Newcomer) -> dict[int, EvalResult]:
-        return self.hosted.join(devices, newcomer)
-
-    def get_states(self) -> dict[int, Any]:
-        return self.hosted.get_states()
-
-    def set_states(self, states: dict[int, Any]) -> None:
-        self.hosted.set_states(states)
-
-    def recover(self, states: dict[int, Any] | None) -> None:
-        self.hosted.reset()
-        if states is not None:
-            self.hosted.set_states(states)
-
-
-@ray.remote
 class ServerActor:
     """Holds the strategy's server state; does the clustering and aggregation."""
 
@@ -142,97 +123,10 @@ class ServerActor:
         self.server.recover(state)
 
 
-@dataclass(frozen=True)
-class PoolLayout:
-    """How devices are spread over actors and what each actor asks Ray for."""
-
-    blocks: tuple[tuple[int, ...], ...]
-    cpus_per_actor: float
-    gpus_per_actor: float
-
-    def bundles(self) -> list[dict[str, float]]:
-        """One placement-group bundle per device actor."""
-        one = {"CPU": self.cpus_per_actor, **({"GPU": self.gpus_per_actor} if self.gpus_per_actor > 0 else {})}
-        return [dict(one) for _ in self.blocks]
-
-
-@dataclass(frozen=True)
-class NodeResources:
-    """What one alive Ray node has in all (CPUs, GPUs)."""
-
-    cpus: float
-    gpus: float
-
-
-def _floor4(x: float) -> float:
-    return math.floor(x * 1e4) / 1e4  # Ray takes resource fractions with at most 4 decimals
-
-
-def pool_layout(engine: EngineConfig, num_devices: int, cpus: float, gpus: float) -> PoolLayout:
-    """Size the actor pool for a budget of ``cpus`` and ``gpus`` (e.g. a Tune trial's bundles).
-
-    ``devices_per_actor`` wins over ``num_actors``; with neither, one actor per CPU. Actors ask for
-    at most their share of the CPUs so the whole pool always fits; with GPUs each actor takes a
-    fraction ``gpus / actors`` (at most 1) unless ``gpus_per_actor`` says otherwise.
-    """
-    n_actors = _explicit_actors(engine, num_devices) or max(1, min(num_devices, int(cpus // engine.cpus_per_actor) or 1))
-    blocks = _blocks(num_devices, n_actors)
-    n_actors = len(blocks)
-    cpu = min(engine.cpus_per_actor, cpus / n_actors) if cpus > 0 else engine.cpus_per_actor
-    if engine.gpus_per_actor >= 0:
-        gpu = engine.gpus_per_actor
-    else:
-        gpu = min(1.0, gpus / n_actors) if gpus > 0 else 0.0
-    return PoolLayout(blocks, _floor4(cpu), _floor4(gpu))
-
-
-def cluster_layout(engine: EngineConfig, num_devices: int, nodes: Sequence[NodeResources]) -> PoolLayout:
-    """Size the actor pool for a cluster whose nodes may differ (e.g. a CPU head and GPU workers).
-
-    With GPUs (``engine.gpus``, or auto: every GPU the nodes have), device actors go on GPU nodes
-    only, ``actors_per_gpu`` to a GPU, spread over the GPU nodes in proportion to their GPUs, each
-    asking for the CPUs and GPU fraction that let the tightest node hold its share; CPU-only nodes
-    are left to drivers and the server. ``engine.gpus`` stated while no GPU node is up yet still
-    plans GPU actors: the pending placement is what makes an autoscaler start GPU workers.
-    Without GPUs, actors fill the nodes' CPUs.
-    """
-    cpa = engine.cpus_per_actor
-    gpu_nodes = [n for n in nodes if n.gpus > 0]
-    want = 0.0 if engine.gpus_per_actor == 0 else engine.gpus if engine.gpus >= 0 else sum(n.gpus for n in gpu_nodes)
-    if want <= 0:
-        slots = sum(int(n.cpus // cpa) for n in nodes)
-        blocks = _blocks(num_devices, _explicit_actors(engine, num_devices) or max(1, min(num_devices, slots)))
-        cpu = cpa if slots >= len(blocks) else cpa * max(slots, 1) / len(blocks)
-        return PoolLayout(blocks, _floor4(cpu), 0.0)
-    if gpu_nodes:
-        planned = sum(max(1, round(n.gpus * engine.actors_per_gpu)) for n in gpu_nodes)
-        if engine.gpus >= 0:
-            planned = min(planned, max(1, math.ceil(want * engine.actors_per_gpu)))
-        blocks = _blocks(num_devices, _explicit_actors(engine, num_devices) or min(num_devices, planned))
-        total = sum(n.gpus for n in gpu_nodes)
-        share = [max(1, math.ceil(len(blocks) * n.gpus / total)) for n in gpu_nodes]  # actors per node, rounded up
-        cpu = min(cpa, *(n.cpus / k for n, k in zip(gpu_nodes, share, strict=True)))
-        gpu = min(1.0, want / len(blocks), *(n.gpus / k for n, k in zip(gpu_nodes, share, strict=True)))
-    else:  # no GPU node up yet: the ask itself is what scales the cluster
-        planned = max(1, math.ceil(want * engine.actors_per_gpu))
-        blocks = _blocks(num_devices, _explicit_actors(engine, num_devices) or min(num_devices, planned))
-        cpu, gpu = cpa, min(1.0, want / len(blocks))
-    if engine.gpus_per_actor > 0:
-        gpu = engine.gpus_per_actor
-    return PoolLayout(blocks, _floor4(cpu), _floor4(gpu))
-
-
-def _explicit_actors(engine: EngineConfig, num_devices: int) -> int:
-    if engine.devices_per_actor:
-        return math.ceil(num_devices / engine.devices_per_actor)
-    if engine.num_actors:
-        return min(engine.num_actors, num_devices)
-    return 0
-
-
-def _blocks(num_devices: int, n_actors: int) -> tuple[tuple[int, ...], ...]:
-    per = math.ceil(num_devices / n_actors)
-    return tuple(tuple(range(s, min(s + per, num_devices))) for s in range(0, num_devices, per))
+#: the two actor classes as Ray starts them (what ``@ray.remote`` would make of the classes, named so
+#: that type checkers see it: they do not apply class decorators)
+RemoteDevice = ray.remote(DeviceActor)
+RemoteServer = ray.remote(ServerActor)
 
 
 @dataclass(frozen=True)
@@ -270,24 +164,20 @@ class Hosts:
     def _new_server(self) -> Any:
         opts: dict[str, Any] = {"num_cpus": 0}
         if self.placement is not None:
-            from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
             # hard: Ray's soft affinity was seen to spill a 0-CPU actor onto a worker under load; the
             # head outlives every federation (a cluster whose head is gone is gone)
             node = head_node_id()
             if node is not None:
                 opts["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node, soft=False)
-        return ServerActor.options(**opts).remote(self.cfg, self.setup_ref)
+        return RemoteServer.options(**opts).remote(self.cfg, self.setup_ref)
 
     def _new_device(self, i: int) -> Any:
         opts: dict[str, Any] = {"num_cpus": self.layout.cpus_per_actor, "num_gpus": self.layout.gpus_per_actor}
         if self.placement is not None:
-            from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
             opts["scheduling_strategy"] = PlacementGroupSchedulingStrategy(self.placement, placement_group_bundle_index=i)
         block = self.layout.blocks[i]
-        return DeviceActor.options(**opts).remote(self.cfg, self.setup_ref, block, self.shard_refs[i],
-                                                  self.layout.cpus_per_actor)
+        return RemoteDevice.options(**opts).remote(self.cfg, self.setup_ref, block, self.shard_refs[i],
+                                                   self.layout.cpus_per_actor)
 
     @staticmethod
     def _alive(actor: Any) -> bool:
@@ -429,26 +319,12 @@ def _describe_cluster() -> str:
             f"GPU {avail.get('GPU', 0):g}")
 
 
-def fits(layout: PoolLayout, nodes: Sequence[NodeResources]) -> bool:
-    """Whether the nodes' totals can hold every actor's bundle (identical bundles: count per node)."""
-    eps = 1e-9
-
-    def holds(n: NodeResources) -> int:
-        by_cpu = math.floor(n.cpus / layout.cpus_per_actor + eps) if layout.cpus_per_actor > 0 else len(layout.blocks)
-        by_gpu = math.floor(n.gpus / layout.gpus_per_actor + eps) if layout.gpus_per_actor > 0 else by_cpu
-        return min(by_cpu, by_gpu)
-
-    return sum(holds(n) for n in nodes) >= len(layout.blocks)
-
-
 def place_pool(layout: PoolLayout, timeout_s: float, can_grow: bool) -> Any:
     """Reserve every device actor's bundle at once (all or nothing), or raise :class:`PlacementError`.
 
     A cluster that cannot grow (a private local Ray) fails at once when its nodes cannot hold the
     bundles; one that may (an autoscaler starting workers for the pending demand) gets ``timeout_s``.
     """
-    from ray.util.placement_group import placement_group, remove_placement_group
-
     bundles = layout.bundles()
     ask = (f"{len(bundles)} device actor(s) x {{CPU: {layout.cpus_per_actor:g}"
            + (f", GPU: {layout.gpus_per_actor:g}" if layout.gpus_per_actor > 0 else "") + "}")
@@ -550,8 +426,6 @@ class RayFederation:
                 ray.kill(actor)
             self.hosts = None
         if self.group is not None:
-            from ray.util.placement_group import remove_placement_group
-
             remove_placement_group(self.group)
             self.group = None
         if self.started_ray:

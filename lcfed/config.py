@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import hashlib
+import json
 import math
 import os
 import re
@@ -18,25 +20,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import psutil
 import yaml
 
 from lcfed import probe, registry
+from lcfed.errors import ConfigError, require  # defined in a leaf module (the methods import it); still this API
 from lcfed.numerics import PROFILES
-
-
-class ConfigError(ValueError):
-    """A configuration value is invalid; the message names the field and what is allowed."""
-
-    def __init__(self, field_name: str, value: Any, allowed: str) -> None:
-        self.field = field_name
-        self.value = value
-        self.allowed = allowed
-        super().__init__(f"{field_name}: got {value!r}; {allowed}")
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        # rebuilt from its three fields, so it crosses processes (Ray tasks, Tune trials) intact
-        return (type(self), (self.field, self.value, self.allowed))
-
 
 #: numpy, torch and scikit-learn all take it (seed + round stays below 2**32)
 MAX_SEED = 2**31 - 1
@@ -67,12 +56,6 @@ def did_you_mean(value: Any, choices: Iterable[str], prefix: str = "") -> str:
     return f"; did you mean {prefix}{close[0]}?" if close else ""
 
 
-def require(cond: bool, field_name: str, value: Any, allowed: str) -> None:
-    """Raise :class:`ConfigError` unless ``cond`` holds."""
-    if not cond:
-        raise ConfigError(field_name, value, allowed)
-
-
 #: CPU threads (``engine.torch_threads``, ``engine.num_cpus``) allowed per CPU of this machine: a few
 #: times the cores only oversubscribes, far more makes torch's OpenMP run out of memory at the first kernel
 THREADS_PER_CPU = 4
@@ -80,8 +63,6 @@ THREADS_PER_CPU = 4
 
 def machine_limits() -> tuple[int, int, int]:
     """(this machine's CPUs, the most CPU threads a field may ask for, its memory in MB)."""
-    import psutil
-
     cpus = os.cpu_count() or 1
     return cpus, THREADS_PER_CPU * cpus, psutil.virtual_memory().total // 2**20
 
@@ -127,6 +108,7 @@ class DataConfig:
         return self.num_devices - holdout_count(self.num_devices, self.holdout_fraction)
 
     def validate(self, prefix: str = "data") -> None:
+        # imported here: lcfed.data imports torch (seconds), which reading and checking a config does not need
         from lcfed.data import DIRICHLET_CONVENTIONS, partition_schemes
 
         resolve("dataset", f"{prefix}.dataset", self.dataset)
@@ -479,9 +461,6 @@ class ExperimentConfig:
     def digest(self) -> str:
         """Hash of what determines the numbers (not rounds, engine, tracking or checkpointing), so a
         checkpoint is only resumed by a config that would have produced it."""
-        import hashlib
-        import json
-
         d = to_dict(self)
         for section in ("engine", "tracking", "checkpoint"):
             d.pop(section, None)

@@ -2,7 +2,9 @@
 
 ``Server`` and ``DevicePool`` are the two seams: :mod:`lcfed.runner` implements them in-process,
 :mod:`actors.engine` with Ray actors. Observers (progress bar, MLflow, Tune) receive each round's
-metrics; the loop itself never knows about them.
+metrics; the loop itself never knows about them. Everything the loop calls on these objects is in
+the Protocols below; an observer's optional hooks are Protocols of their own, with the default the
+loop applies when an observer has not got one.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 import numpy as np
 import torch
@@ -25,18 +27,37 @@ from lcfed.metrics import accuracy_metrics, adjusted_rand, label_homogeneity
 from lcfed.models import ParamSpec
 
 
-class Server(Protocol):
-    def configure(self, rnd: int) -> Any: ...
-    def aggregate(self, plan: Any, msgs: Any) -> RoundStats: ...
+class Plan(Protocol):
+    """What the loop reads of a round's plan (a :class:`~lcfed.methods.base.RoundPlan`, or an engine's
+    handle on one): the participants."""
+
+    @property
+    def devices(self) -> tuple[int, ...]: ...
+
+
+PlanT = TypeVar("PlanT", bound=Plan)
+PlanIn = TypeVar("PlanIn", bound=Plan, contravariant=True)
+
+
+class Server(Protocol[PlanT]):
+    """Holds the server state and applies the strategy's server-side hooks; ``PlanT`` is what its
+    ``configure`` hands the device pool."""
+
+    def configure(self, rnd: int) -> PlanT: ...
+    def aggregate(self, plan: PlanT, msgs: Any) -> RoundStats: ...
     def eval_payload(self) -> Any: ...
     def get_state(self) -> Any: ...
     def set_state(self, state: Any) -> None: ...
     def recover(self, state: Any | None) -> None: ...
 
 
-class DevicePool(Protocol):
-    def train(self, plan: Any) -> Any: ...
+class DevicePool(Protocol[PlanIn]):
+    """Hosts the devices: trains the round's participants (whatever ``train`` returns goes to the
+    server's ``aggregate``), evaluates, and gives their states and personalized models."""
+
+    def train(self, plan: PlanIn) -> Any: ...
     def evaluate(self, payload: Any) -> dict[int, EvalResult]: ...
+    def personalized(self, payload: Any) -> dict[int, torch.Tensor]: ...
     def get_states(self) -> dict[int, Any]: ...
     def set_states(self, states: dict[int, Any]) -> None: ...
     def recover(self, states: dict[int, Any] | None) -> None: ...
@@ -44,9 +65,39 @@ class DevicePool(Protocol):
 
 
 class Observer(Protocol):
+    """Hears a run: its start, every round's metrics and its result (the three hooks every observer has).
+
+    An observer may also implement any of :class:`ErrorObserver`, :class:`LocatingObserver` and
+    :class:`ModelsObserver`; where it does not, the loop uses the default each names.
+    """
+
     def on_start(self, cfg: ExperimentConfig, fed: Federation) -> None: ...
     def on_round(self, rnd: int, metrics: dict[str, float], stats: RoundStats) -> None: ...
     def on_end(self, result: RunResult) -> None: ...
+
+
+@runtime_checkable
+class ErrorObserver(Protocol):
+    """Optional: told when the run fails, before the exception propagates (MLflow marks its run FAILED).
+    Default: not told."""
+
+    def on_error(self, exc: BaseException) -> None: ...
+
+
+@runtime_checkable
+class LocatingObserver(Protocol):
+    """Optional: where it logs the run (e.g. the MLflow run id), saved with every checkpoint so that a
+    resumed run logs there too. Default: nothing."""
+
+    def location(self) -> dict[str, str]: ...
+
+
+@runtime_checkable
+class ModelsObserver(Protocol):
+    """Optional: whether it wants the final models in ``RunResult.models`` (read after the last round,
+    so ``on_start`` may decide). Default: False."""
+
+    wants_models: bool
 
 
 class DivergenceError(RuntimeError):
@@ -154,9 +205,8 @@ def newcomer_metrics(results: dict[int, EvalResult]) -> dict[str, float]:
             "acc_new_weighted": sum(r.correct for r in rows) / sum(r.total for r in rows)}
 
 
-def final_models(server: Server, pool: DevicePool) -> FinalModels:
-    personalized = getattr(pool, "personalized", None)
-    return FinalModels(server.get_state(), personalized(server.eval_payload()) if personalized is not None else {})
+def final_models(server: Server[Any], pool: DevicePool[Any]) -> FinalModels:
+    return FinalModels(server.get_state(), pool.personalized(server.eval_payload()))
 
 
 def should_evaluate(cfg: ExperimentConfig, rnd: int) -> bool:
@@ -185,8 +235,8 @@ def load_resume(cfg: ExperimentConfig) -> checkpoint.Snapshot | None:
 def run_rounds(
     cfg: ExperimentConfig,
     fed: Federation,
-    server: Server,
-    pool: DevicePool,
+    server: Server[PlanT],
+    pool: DevicePool[PlanT],
     observers: Sequence[Observer] = (),
     resume: checkpoint.Snapshot | None = None,
     provenance: dict[str, str] | None = None,
@@ -197,8 +247,8 @@ def run_rounds(
     result before the observers' ``on_end``.
 
     With ``checkpoint.dir`` set the full state is saved every ``checkpoint.every`` rounds and at
-    the end. If a round fails, observers that define ``on_error`` hear about it (MLflow marks the
-    run FAILED with the reason) and the exception propagates.
+    the end. If a round fails, observers that define ``on_error`` (:class:`ErrorObserver`) hear
+    about it (MLflow marks the run FAILED with the reason) and the exception propagates.
     """
     if resume is not None:
         server.set_state(resume.server_state)
@@ -209,10 +259,9 @@ def run_rounds(
         return _loop(cfg, fed, server, pool, observers, resume, provenance or {})
     except BaseException as exc:
         for obs in observers:
-            on_error = getattr(obs, "on_error", None)
-            if on_error is not None:
+            if isinstance(obs, ErrorObserver):
                 try:
-                    on_error(exc)
+                    obs.on_error(exc)
                 except Exception as inner:  # e.g. the tracking store is down too: keep the original error
                     warnings.warn(f"{type(obs).__name__}.on_error failed: {inner}", stacklevel=2)
         raise
@@ -303,8 +352,8 @@ def _save(
     path: Path,
     cfg: ExperimentConfig,
     next_round: int,
-    server: Server,
-    pool: DevicePool,
+    server: Server[Any],
+    pool: DevicePool[Any],
     history: list[dict[str, float]],
     observers: Sequence[Observer],
     trained: np.ndarray,
@@ -312,7 +361,8 @@ def _save(
     """Checkpoint the state before ``next_round``, with where the observers log the run."""
     tracking: dict[str, str] = {}
     for obs in observers:
-        tracking.update(getattr(obs, "location", dict)())
+        if isinstance(obs, LocatingObserver):
+            tracking.update(obs.location())
     snap = checkpoint.Snapshot(next_round, server.get_state(), pool.get_states(), history, cfg.digest(), tracking,
                                tuple(int(d) for d in np.flatnonzero(trained)))
     checkpoint.save(path, snap)
@@ -322,8 +372,8 @@ def _save(
 def _loop(
     cfg: ExperimentConfig,
     fed: Federation,
-    server: Server,
-    pool: DevicePool,
+    server: Server[PlanT],
+    pool: DevicePool[PlanT],
     observers: Sequence[Observer],
     resume: checkpoint.Snapshot | None,
     provenance: dict[str, str],
@@ -388,7 +438,7 @@ def _loop(
             raise Stopped(STOP.reason, rnd, ckpt is not None)
     result.wall_seconds = time.perf_counter() - t_start
     result.round_seconds = float(np.mean(round_times)) if round_times else 0.0
-    if any(getattr(obs, "wants_models", False) for obs in observers):
+    if any(isinstance(obs, ModelsObserver) and obs.wants_models for obs in observers):
         result.models = final_models(server, pool)
     for obs in observers:
         obs.on_end(result)

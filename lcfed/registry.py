@@ -49,7 +49,8 @@ class Entry:
 
 
 def _builtins(kind: str) -> dict[str, Any]:
-    # imported here: the built-in methods import the config, which validates names through this module
+    # imported here, not at the top: lcfed.models and lcfed.data.sources look plugin names up through this
+    # module (and every built-in method imports lcfed.models), so this module must load before them
     if kind == "method":
         from lcfed.methods import METHODS
 
@@ -129,7 +130,7 @@ def _load(kind: str, name: str) -> tuple[Any, str]:
 
 def method(name: str) -> Any:
     """The :class:`~lcfed.methods.base.MethodSpec` that ``name`` names."""
-    from lcfed.methods.base import MethodSpec, Strategy
+    from lcfed.methods.base import MethodSpec, Strategy  # here: as the built-ins above (lcfed.models imports this)
 
     obj, origin = _load("method", name)
     if isinstance(obj, MethodSpec):

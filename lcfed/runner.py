@@ -191,6 +191,13 @@ class HostedDevices:
         """Every hosted device back to its state before round 0."""
         self.states = {d: self.strategy.init_device(d, self.init) for d in self.states}
 
+    def recover(self, states: dict[int, Any] | None) -> None:
+        """After a lost host: every hosted device back to its state before round 0, then to ``states``
+        (a checkpoint's) where given."""
+        self.reset()
+        if states is not None:
+            self.set_states(states)
+
     def evaluate(self, payload: Any) -> dict[int, EvalResult]:
         def one(dev: int) -> EvalResult:
             ctx = self.context(dev, -1)
@@ -238,14 +245,15 @@ class HostedDevices:
                 pool.shutdown()
 
 
-class LocalPool:
-    """All devices in this process."""
+class DeviceHost:
+    """The device-pool calls (:class:`lcfed.engine.DevicePool`) a process answers from the devices it
+    hosts (``self.hosted``): written once for :class:`LocalPool` and the Ray engine's ``DeviceActor``.
 
-    def __init__(self, hosted: HostedDevices) -> None:
-        self.hosted = hosted
+    ``train`` is each one's own: the in-process pool takes the round's plan, an actor its parts (Ray
+    resolves the broadcast's object ref only when it is an argument of its own).
+    """
 
-    def train(self, plan: RoundPlan) -> list[Message]:
-        return self.hosted.train(plan.rnd, plan.devices, plan.payload, dict(plan.instructions))
+    hosted: HostedDevices
 
     def evaluate(self, payload: Any) -> dict[int, EvalResult]:
         return self.hosted.evaluate(payload)
@@ -263,9 +271,17 @@ class LocalPool:
         self.hosted.set_states(states)
 
     def recover(self, states: dict[int, Any] | None) -> None:
-        self.hosted.reset()
-        if states is not None:
-            self.hosted.set_states(states)
+        self.hosted.recover(states)
+
+
+class LocalPool(DeviceHost):
+    """All devices in this process."""
+
+    def __init__(self, hosted: HostedDevices) -> None:
+        self.hosted = hosted
+
+    def train(self, plan: RoundPlan) -> list[Message]:
+        return self.hosted.train(plan.rnd, plan.devices, plan.payload, dict(plan.instructions))
 
 
 class LocalFederation:

@@ -10,14 +10,17 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar, cast
 
 import numpy as np
 import torch
 
-from lcfed.config import ExperimentConfig
-from lcfed.local import DeviceData, LocalWork
+from lcfed.errors import require
+from lcfed.local import DeviceData, LocalResult, LocalWork, Proximal, batch_rng, local_update
 from lcfed.models import Model, ParamSpec
+
+if TYPE_CHECKING:  # annotations only: lcfed.config finds the methods through the registry
+    from lcfed.config import ExperimentConfig
 
 
 @dataclass(frozen=True)
@@ -57,6 +60,12 @@ class DeviceContext:
     work: LocalWork
     seed: int
 
+    def local_update(self, start: torch.Tensor, proximal: Sequence[Proximal] = ()) -> LocalResult:
+        """The shared local SGD (:func:`lcfed.local.local_update`) of this device in this round, from
+        ``start`` (not modified), on its data and budget, with its round's batches (stream 0)."""
+        return local_update(self.net, start.to(self.data.x_train.device), self.data, self.work,
+                            batch_rng(self.seed, self.device, self.rnd), proximal)
+
 
 @dataclass(frozen=True)
 class Message:
@@ -65,6 +74,13 @@ class Message:
     device: int
     num_samples: int
     loss: float
+
+
+@dataclass(frozen=True)
+class ModelMessage(Message):
+    """A device's whole trained model (flat weights), what most methods upload."""
+
+    weights: torch.Tensor
 
 
 @dataclass(frozen=True)
@@ -212,8 +228,24 @@ def select_devices(
     return tuple(sorted(int(i) for i in rng.choice(pool, size=count, replace=False)))
 
 
-class Strategy:
+#: a method's server state (a frozen dataclass), what :meth:`Strategy.init` and ``aggregate`` return
+S = TypeVar("S")
+#: a device's persistent state, held where the device lives (None for devices that keep nothing)
+D = TypeVar("D")
+#: what a device sends back
+M = TypeVar("M", bound=Message)
+#: the round's broadcast (:attr:`RoundPlan.payload`), what ``local`` receives
+P = TypeVar("P")
+
+
+class Strategy(Generic[S, D, M, P]):
     """Base class of every method. Subclasses override the hooks; the round loop never changes.
+
+    Generic over the method's server state ``S``, device state ``D``, message ``M`` and round payload
+    ``P``: a built-in declares them (``class FedAvg(Strategy[FedAvgState, None, ModelMessage, Tensor])``)
+    so that each hook's override is checked against the others. A subclass that names none (``class
+    Mine(Strategy)``) gets ``Any`` for each, as before. Per-device instructions and the evaluation
+    payload are typed by each method's own hooks.
 
     State objects are frozen dataclasses; hooks return new ones and never mutate their arguments.
     """
@@ -228,32 +260,33 @@ class Strategy:
         self.seed = cfg.seed
 
     # --- server side -------------------------------------------------------------------------
-    def init(self) -> Any:
+    def init(self) -> S:
         """The initial server state."""
         raise NotImplementedError
 
-    def configure(self, state: Any, rnd: int) -> RoundPlan:
+    def configure(self, state: S, rnd: int) -> RoundPlan:
         """Which devices train this round, the broadcast and per-device instructions."""
         raise NotImplementedError
 
-    def aggregate(self, state: Any, plan: RoundPlan, msgs: Sequence[Message]) -> tuple[Any, RoundStats]:
+    def aggregate(self, state: S, plan: RoundPlan, msgs: Sequence[M]) -> tuple[S, RoundStats]:
         """The new server state from the devices' messages (sorted by device id)."""
         raise NotImplementedError
 
-    def eval_payload(self, state: Any) -> Any:
+    def eval_payload(self, state: S) -> Any:
         """What devices need to build their personalized model for evaluation."""
         return None
 
     # --- device side -------------------------------------------------------------------------
-    def init_device(self, device: int, init: torch.Tensor) -> Any:
-        """A device's persistent state before its first round (held where the device lives)."""
-        return None
+    def init_device(self, device: int, init: torch.Tensor) -> D:
+        """A device's persistent state before its first round (held where the device lives). The default
+        is None, for methods whose devices keep nothing between rounds (``D`` = None)."""
+        return cast(D, None)
 
-    def local(self, ctx: DeviceContext, dev: Any, payload: Any, instruction: Any) -> tuple[Any, Message]:
+    def local(self, ctx: DeviceContext, dev: D, payload: P, instruction: Any) -> tuple[D, M]:
         """One device's local work for the round: its new state and the message it sends."""
         raise NotImplementedError
 
-    def personalized(self, ctx: DeviceContext, dev: Any, payload: Any) -> torch.Tensor:
+    def personalized(self, ctx: DeviceContext, dev: D, payload: Any) -> torch.Tensor:
         """The flat weights this device is evaluated with."""
         raise NotImplementedError
 
@@ -302,21 +335,83 @@ class MethodSpec:
     params: type
 
 
-class ClusteredStrategy(Strategy):
+def devices_per_round(cfg: ExperimentConfig) -> int:
+    """How many devices a round selects: ``train.participation`` of the training devices, at least one
+    (as :func:`select_devices` counts them)."""
+    return max(1, int(np.ceil(cfg.train.participation * cfg.data.training_devices - 1e-9)))
+
+
+def require_clusters_per_round(num_clusters: int, cfg: ExperimentConfig, prefix: str, why: str) -> None:
+    """``num_clusters`` in [1, devices per round], for methods whose first clustering is of one round's
+    participants; ``why`` ends the message."""
+    per_round = devices_per_round(cfg)
+    require(1 <= num_clusters <= per_round, f"{prefix}.num_clusters", num_clusters,
+            f"must be in [1, devices per round = {per_round}] ({why})")
+
+
+class ClusteredState(Protocol):
+    """What a clustered method's server state holds: K cluster models and every device's cluster."""
+
+    @property
+    def centers(self) -> torch.Tensor: ...  # Ω, (K, dim)
+
+    @property
+    def assignment(self) -> np.ndarray: ...  # (m,), -1 = not yet assigned
+
+
+CS = TypeVar("CS", bound=ClusteredState)
+
+
+class ClusteredStrategy(Strategy[CS, PersonalModel, M, P]):
     """A method whose devices keep their own model and whose server keeps K cluster models and
-    an assignment (state fields ``centers`` and ``assignment``): the device-side and evaluation
-    hooks they all share."""
+    an assignment (state fields ``centers`` and ``assignment``): the hooks and the local update they
+    all share. Generic over the server state, the message and the round payload.
+
+    ``configure`` by default sends the cluster models, each assigned participant downloading its own.
+    On the device, :meth:`train_own` is the shared body of ``local``: the local update from a start
+    model with proximal terms (:meth:`cluster_proximal`), kept as the device's model and uploaded.
+    """
+
+    def unassigned(self) -> np.ndarray:
+        """The assignment before any clustering: -1 for every device."""
+        return np.full(self.fed.num_devices, -1, dtype=np.int64)
+
+    def configure(self, state: CS, rnd: int) -> RoundPlan:
+        devices = self.participants(rnd)
+        instructions = self.cluster_instructions(state.assignment, devices)
+        return self.plan(rnd, devices, state.centers, instructions, [(state.centers[0], self.assigned(instructions))])
 
     def init_device(self, device: int, init: torch.Tensor) -> PersonalModel:
         return PersonalModel(init.clone())
 
-    def eval_payload(self, state: Any) -> EvalPayload:
+    def eval_payload(self, state: CS) -> EvalPayload:
         return EvalPayload(state.centers, state.assignment)
 
     def personalized(self, ctx: DeviceContext, dev: PersonalModel, payload: EvalPayload) -> torch.Tensor:
         return own_or_cluster_model(ctx.device, dev, payload)
 
     @staticmethod
+    def cluster_proximal(ctx: DeviceContext, centers: torch.Tensor, cluster: int, mu: float) -> list[Proximal]:
+        """The pull ``μ/2 ‖ω − Ω_k‖²`` towards the device's cluster model ``centers[cluster]``; none while
+        the device has no cluster (``cluster`` = -1) or μ = 0."""
+        return [Proximal(centers[cluster].to(ctx.data.x_train.device), mu)] if cluster >= 0 and mu > 0 else []
+
+    @staticmethod
+    def train_own(
+        ctx: DeviceContext, start: torch.Tensor, proximal: Sequence[Proximal] = ()
+    ) -> tuple[PersonalModel, ModelMessage]:
+        """The shared local update from ``start`` with ``proximal`` terms: the device keeps the trained
+        model as its own and uploads it."""
+        res = ctx.local_update(start, proximal)
+        weights = res.weights.cpu()
+        return PersonalModel(weights, True), ModelMessage(ctx.device, ctx.data.num_train, res.loss, weights)
+
+    @staticmethod
     def cluster_instructions(assignment: np.ndarray, devices: Sequence[int]) -> dict[int, int]:
         """Each participant's cluster id (-1 while unassigned): what it is told in ``configure``."""
         return {d: int(assignment[d]) for d in devices}
+
+    @staticmethod
+    def assigned(instructions: Mapping[int, int]) -> int:
+        """How many of a round's participants have a cluster (instruction >= 0)."""
+        return sum(1 for k in instructions.values() if k >= 0)

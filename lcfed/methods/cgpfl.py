@@ -23,23 +23,26 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from lcfed.clustering import assign_by_cosine, cluster_means, kmeans_labels
-from lcfed.config import ExperimentConfig, require
-from lcfed.local import Proximal, batch_rng, local_update
+from lcfed.errors import require
 from lcfed.methods.base import (
     ClusteredStrategy,
     DeviceContext,
-    Message,
+    ModelMessage,
     PersonalModel,
     RoundPlan,
     RoundStats,
+    require_clusters_per_round,
 )
-from lcfed.methods.fedavg import ModelMessage
 from lcfed.methods.fesem import span_coordinates
+
+if TYPE_CHECKING:  # annotations only: lcfed.config finds the methods through the registry
+    from lcfed.config import ExperimentConfig
 
 _KMEANS_TAG = 0xC6F1
 
@@ -52,14 +55,8 @@ class CGPFLParams:
     num_clusters: int = 5
 
     def validate(self, cfg: ExperimentConfig, prefix: str = "method") -> None:
-        per_round = max(1, int(np.ceil(cfg.train.participation * cfg.data.training_devices - 1e-9)))
         require(self.mu >= 0, f"{prefix}.mu", self.mu, "must be >= 0")
-        require(
-            1 <= self.num_clusters <= per_round,
-            f"{prefix}.num_clusters",
-            self.num_clusters,
-            f"must be in [1, devices per round = {per_round}] (the first clustering needs K participants)",
-        )
+        require_clusters_per_round(self.num_clusters, cfg, prefix, "the first clustering needs K participants")
 
 
 @dataclass(frozen=True)
@@ -68,31 +65,20 @@ class CGPFLState:
     assignment: np.ndarray  # (m,), -1 = not yet assigned
 
 
-class CGPFL(ClusteredStrategy):
+class CGPFL(ClusteredStrategy[CGPFLState, ModelMessage, torch.Tensor]):
     name = "cgpfl"
     params: CGPFLParams
 
     def init(self) -> CGPFLState:
-        return CGPFLState(
-            centers=self.fed.init.repeat(self.params.num_clusters, 1),
-            assignment=np.full(self.fed.num_devices, -1, dtype=np.int64),
-        )
+        return CGPFLState(centers=self.fed.init.repeat(self.params.num_clusters, 1), assignment=self.unassigned())
 
-    def configure(self, state: CGPFLState, rnd: int) -> RoundPlan:
-        devices = self.participants(rnd)
-        instructions = self.cluster_instructions(state.assignment, devices)
-        assigned = sum(1 for d in devices if instructions[d] >= 0)
-        return self.plan(rnd, devices, state.centers, instructions, [(state.centers[0], assigned)])
+    def local(
+        self, ctx: DeviceContext, dev: PersonalModel, payload: torch.Tensor, instruction: int
+    ) -> tuple[PersonalModel, ModelMessage]:
+        return self.train_own(ctx, dev.weights, self.cluster_proximal(ctx, payload, instruction, self.params.mu))
 
-    def local(self, ctx: DeviceContext, dev: PersonalModel, payload: torch.Tensor, instruction: int) -> tuple[PersonalModel, Message]:
-        where = ctx.data.x_train.device
-        prox = [Proximal(payload[instruction].to(where), self.params.mu)] if instruction >= 0 and self.params.mu > 0 else []
-        res = local_update(ctx.net, dev.weights.to(where), ctx.data, ctx.work, batch_rng(ctx.seed, ctx.device, ctx.rnd), prox)
-        weights = res.weights.cpu()
-        return PersonalModel(weights, True), ModelMessage(ctx.device, ctx.data.num_train, res.loss, weights)
-
-    def aggregate(self, state: CGPFLState, plan: RoundPlan, msgs: Sequence[Message]) -> tuple[CGPFLState, RoundStats]:
-        models = torch.stack([m.weights for m in msgs])  # type: ignore[attr-defined]
+    def aggregate(self, state: CGPFLState, plan: RoundPlan, msgs: Sequence[ModelMessage]) -> tuple[CGPFLState, RoundStats]:
+        models = torch.stack([m.weights for m in msgs])
         if (state.assignment < 0).all():
             seed = int(np.random.default_rng([self.seed, plan.rnd, _KMEANS_TAG]).integers(2**31 - 1))
             labels = kmeans_labels(span_coordinates(models), self.params.num_clusters, seed)  # = on the models

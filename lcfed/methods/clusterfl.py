@@ -28,23 +28,26 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from lcfed.clustering import cluster_means, kmeans_labels
-from lcfed.config import ExperimentConfig, require
-from lcfed.local import Proximal, batch_rng, local_update
+from lcfed.errors import require
 from lcfed.methods.base import (
     ClusteredStrategy,
     DeviceContext,
-    Message,
+    ModelMessage,
     PersonalModel,
     RoundPlan,
     RoundStats,
+    require_clusters_per_round,
 )
-from lcfed.methods.fedavg import ModelMessage
 from lcfed.similarity import cosine_matrix
+
+if TYPE_CHECKING:  # annotations only: lcfed.config finds the methods through the registry
+    from lcfed.config import ExperimentConfig
 
 
 @dataclass(frozen=True)
@@ -56,14 +59,7 @@ class ClusterFLParams:
     recluster_every: int = 3
 
     def validate(self, cfg: ExperimentConfig, prefix: str = "method") -> None:
-        m = cfg.data.training_devices
-        per_round = max(1, int(np.ceil(cfg.train.participation * m - 1e-9)))
-        require(
-            1 <= self.num_clusters <= per_round,
-            f"{prefix}.num_clusters",
-            self.num_clusters,
-            f"must be in [1, devices per round = {per_round}] (the first clustering needs K models)",
-        )
+        require_clusters_per_round(self.num_clusters, cfg, prefix, "the first clustering needs K models")
         require(self.mu >= 0, f"{prefix}.mu", self.mu, "must be >= 0")
         require(self.recluster_every >= 1, f"{prefix}.recluster_every", self.recluster_every, "must be >= 1")
 
@@ -90,7 +86,7 @@ def indicator_clusters(sim: torch.Tensor, k: int, seed: int) -> np.ndarray:
     return kmeans_labels(vecs[:, -k:], k, seed, normalize=True)
 
 
-class ClusterFL(ClusteredStrategy):
+class ClusterFL(ClusteredStrategy[ClusterFLState, ModelMessage, torch.Tensor]):
     name = "clusterfl"
     params: ClusterFLParams
 
@@ -100,27 +96,21 @@ class ClusterFL(ClusteredStrategy):
             models=init.repeat(m, 1),
             seen=np.zeros(m, dtype=bool),
             centers=init.repeat(self.params.num_clusters, 1),
-            assignment=np.full(m, -1, dtype=np.int64),
+            assignment=self.unassigned(),
         )
 
-    def configure(self, state: ClusterFLState, rnd: int) -> RoundPlan:
-        devices = self.participants(rnd)
-        instructions = self.cluster_instructions(state.assignment, devices)
-        assigned = sum(1 for d in devices if instructions[d] >= 0)
-        return self.plan(rnd, devices, state.centers, instructions, [(state.centers[0], assigned)])
+    def local(
+        self, ctx: DeviceContext, dev: PersonalModel, payload: torch.Tensor, instruction: int
+    ) -> tuple[PersonalModel, ModelMessage]:
+        return self.train_own(ctx, dev.weights, self.cluster_proximal(ctx, payload, instruction, self.params.mu))
 
-    def local(self, ctx: DeviceContext, dev: PersonalModel, payload: torch.Tensor, instruction: int) -> tuple[PersonalModel, Message]:
-        where = ctx.data.x_train.device
-        prox = [Proximal(payload[instruction].to(where), self.params.mu)] if instruction >= 0 and self.params.mu > 0 else []
-        res = local_update(ctx.net, dev.weights.to(where), ctx.data, ctx.work, batch_rng(ctx.seed, ctx.device, ctx.rnd), prox)
-        weights = res.weights.cpu()
-        return PersonalModel(weights, True), ModelMessage(ctx.device, ctx.data.num_train, res.loss, weights)
-
-    def aggregate(self, state: ClusterFLState, plan: RoundPlan, msgs: Sequence[Message]) -> tuple[ClusterFLState, RoundStats]:
+    def aggregate(
+        self, state: ClusterFLState, plan: RoundPlan, msgs: Sequence[ModelMessage]
+    ) -> tuple[ClusterFLState, RoundStats]:
         p = self.params
         devices = [m.device for m in msgs]
         models = state.models.clone()
-        models[devices] = torch.stack([m.weights for m in msgs])  # type: ignore[attr-defined]
+        models[devices] = torch.stack([m.weights for m in msgs])
         seen = state.seen.copy()
         seen[devices] = True
         assignment = state.assignment.copy()

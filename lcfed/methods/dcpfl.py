@@ -70,14 +70,17 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from lcfed.clustering import cluster_means, weighted_mean
-from lcfed.config import ExperimentConfig, require
-from lcfed.local import batch_rng, local_update
+from lcfed.errors import require
 from lcfed.methods.base import DeviceContext, Federation, Message, RoundPlan, RoundStats, Strategy
+
+if TYPE_CHECKING:  # annotations only: lcfed.config finds the methods through the registry
+    from lcfed.config import ExperimentConfig
 
 WARMUP, TRAIN, UPLOAD, TRIAL = "warmup", "train", "upload", "trial"
 
@@ -188,7 +191,7 @@ def threshold_groups(tree: np.ndarray, gamma_tilde: float) -> np.ndarray:
     top = float(tree[:, 2].max()) if tree.shape[0] else 0.0
     if n == 1 or top <= 0:
         return np.zeros(n, dtype=np.int64)
-    from scipy.cluster.hierarchy import fcluster
+    from scipy.cluster.hierarchy import fcluster  # here, as in average_linkage: only the server pays for scipy
 
     raw = fcluster(tree, gamma_tilde * top, criterion="distance")
     _, first, inverse = np.unique(raw, return_index=True, return_inverse=True)
@@ -341,7 +344,12 @@ class DeviceModel:
     candidate: torch.Tensor | None = None  # trained from the new structure's group model, until decided
 
 
-class DCPFL(Strategy):
+#: a round's broadcast: both structures' group models on a trial round, else the averaged layers each
+#: group receives (group -> layer name -> tensor; empty when nothing was aggregated)
+DCPFLPayload = TrialPayload | Mapping[int, Mapping[str, torch.Tensor]]
+
+
+class DCPFL(Strategy[DCPFLState, DeviceModel, DCPFLMessage, DCPFLPayload]):
     name = "dcpfl"
     params: DCPFLParams
 
@@ -401,13 +409,12 @@ class DCPFL(Strategy):
         down = [(state.pending[g], int(sizes[g])) for g in sorted(state.pending)]
         return self.plan(rnd, devices, state.pending, instr, down)
 
-    def aggregate(self, state: DCPFLState, plan: RoundPlan, msgs: Sequence[Message]) -> tuple[DCPFLState, RoundStats]:
-        dmsgs: Sequence[DCPFLMessage] = msgs  # type: ignore[assignment]
+    def aggregate(self, state: DCPFLState, plan: RoundPlan, msgs: Sequence[DCPFLMessage]) -> tuple[DCPFLState, RoundStats]:
         kind = self.kind(state, plan.rnd)
         if kind == TRIAL:
-            new, train_loss = self._decide(state, plan.rnd, dmsgs)
+            new, train_loss = self._decide(state, plan.rnd, msgs)
         else:
-            new = {WARMUP: self._warmup, TRAIN: self._train, UPLOAD: self._upload}[kind](state, plan.rnd, dmsgs)
+            new = {WARMUP: self._warmup, TRAIN: self._train, UPLOAD: self._upload}[kind](state, plan.rnd, msgs)
             new = self._detect(new, plan.rnd) if kind != UPLOAD else new
             train_loss = self.mean_loss(msgs)
         stats = RoundStats(
@@ -545,34 +552,21 @@ class DCPFL(Strategy):
         return DeviceModel(init.clone())
 
     def local(
-        self, ctx: DeviceContext, dev: DeviceModel, payload: object, instruction: Instruction
-    ) -> tuple[DeviceModel, Message]:
-        where = ctx.data.x_train.device
+        self, ctx: DeviceContext, dev: DeviceModel, payload: DCPFLPayload, instruction: Instruction
+    ) -> tuple[DeviceModel, DCPFLMessage]:
         if isinstance(payload, TrialPayload):
             # both candidates see the same batches, so their losses differ only by the start model
-            old = local_update(
-                ctx.net,
-                payload.old_models[instruction.group].to(where),
-                ctx.data,
-                ctx.work,
-                batch_rng(ctx.seed, ctx.device, ctx.rnd),
-            )
-            new = local_update(
-                ctx.net,
-                payload.new_models[instruction.new_group].to(where),
-                ctx.data,
-                ctx.work,
-                batch_rng(ctx.seed, ctx.device, ctx.rnd),
-            )
+            old = ctx.local_update(payload.old_models[instruction.group])
+            new = ctx.local_update(payload.new_models[instruction.new_group])
             msg = DCPFLMessage(ctx.device, ctx.data.num_train, old.loss, new_loss=new.loss)
             return DeviceModel(old.weights.cpu(), new.weights.cpu()), msg
         w = dev.candidate if instruction.adopt and dev.candidate is not None else dev.weights
-        received = payload.get(instruction.group, {}) if isinstance(payload, Mapping) else {}
+        received = payload.get(instruction.group, {})
         if received:
             w = w.clone()
             for name, value in received.items():
                 w[self.layers[name]] = value.to(w)
-        res = local_update(ctx.net, w.to(where), ctx.data, ctx.work, batch_rng(ctx.seed, ctx.device, ctx.rnd))
+        res = ctx.local_update(w)
         weights = res.weights.cpu()
         up = {name: weights[self.layers[name]].clone() for name in instruction.upload}
         return DeviceModel(weights), DCPFLMessage(ctx.device, ctx.data.num_train, res.loss, up)

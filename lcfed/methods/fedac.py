@@ -60,15 +60,19 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from lcfed.clustering import assign_by_cosine
-from lcfed.config import ExperimentConfig, require
-from lcfed.methods.base import Message, RoundPlan, RoundStats
+from lcfed.errors import require
+from lcfed.methods.base import RoundPlan, RoundStats
 from lcfed.methods.lcfed import LCFed, LCFedMessage, LCFedParams, LCFedState
 from lcfed.similarity import Projector, sq_dist_matrix
+
+if TYPE_CHECKING:  # annotations only: lcfed.config finds the methods through the registry
+    from lcfed.config import ExperimentConfig
 
 
 @dataclass(frozen=True)
@@ -322,14 +326,13 @@ class FedAC(LCFed):
         p = self.params
         return p.tune_every > 0 and rnd >= p.tune_start and (rnd - p.tune_start) % p.tune_every == 0
 
-    def aggregate(self, state: LCFedState, plan: RoundPlan, msgs: Sequence[Message]) -> tuple[FedACState, RoundStats]:
-        assert isinstance(state, FedACState)
+    def aggregate(self, state: LCFedState, plan: RoundPlan, msgs: Sequence[LCFedMessage]) -> tuple[FedACState, RoundStats]:
+        assert isinstance(state, FedACState)  # what init returns; LCFed's aggregate returns the LCFed fields
         new, stats = super().aggregate(state, plan, msgs)
         projector = new.projector
         assert projector is not None  # LCFed fits M in the first aggregation
-        lmsgs: Sequence[LCFedMessage] = msgs  # type: ignore[assignment]
         latest = list(state.models)
-        for m in lmsgs:
+        for m in msgs:
             latest[m.device] = m.weights
         models = tuple(latest)
 

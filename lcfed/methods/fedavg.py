@@ -8,13 +8,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from lcfed.clustering import weighted_mean
-from lcfed.config import ExperimentConfig
-from lcfed.local import batch_rng, local_update
-from lcfed.methods.base import DeviceContext, Message, RoundPlan, RoundStats, Strategy
+from lcfed.methods.base import DeviceContext, ModelMessage, RoundPlan, RoundStats, Strategy
+
+if TYPE_CHECKING:  # annotations only: lcfed.config finds the methods through the registry
+    from lcfed.config import ExperimentConfig
 
 
 @dataclass(frozen=True)
@@ -30,12 +32,7 @@ class FedAvgState:
     weights: torch.Tensor
 
 
-@dataclass(frozen=True)
-class ModelMessage(Message):
-    weights: torch.Tensor
-
-
-class FedAvg(Strategy):
+class FedAvg(Strategy[FedAvgState, None, ModelMessage, torch.Tensor]):
     name = "fedavg"
 
     def init(self) -> FedAvgState:
@@ -45,12 +42,12 @@ class FedAvg(Strategy):
         devices = self.participants(rnd)
         return self.plan(rnd, devices, state.weights, downlink=[(state.weights, len(devices))])
 
-    def local(self, ctx: DeviceContext, dev: None, payload: torch.Tensor, instruction: None) -> tuple[None, Message]:
-        res = local_update(ctx.net, payload.to(ctx.data.x_train.device), ctx.data, ctx.work, batch_rng(ctx.seed, ctx.device, ctx.rnd))
+    def local(self, ctx: DeviceContext, dev: None, payload: torch.Tensor, instruction: None) -> tuple[None, ModelMessage]:
+        res = ctx.local_update(payload)
         return None, ModelMessage(ctx.device, ctx.data.num_train, res.loss, res.weights.cpu())
 
-    def aggregate(self, state: FedAvgState, plan: RoundPlan, msgs: Sequence[Message]) -> tuple[FedAvgState, RoundStats]:
-        models = torch.stack([m.weights for m in msgs])  # type: ignore[attr-defined]
+    def aggregate(self, state: FedAvgState, plan: RoundPlan, msgs: Sequence[ModelMessage]) -> tuple[FedAvgState, RoundStats]:
+        models = torch.stack([m.weights for m in msgs])
         counts = torch.tensor([m.num_samples for m in msgs], dtype=torch.float64)
         new = FedAvgState(weighted_mean(models, counts))
         return new, RoundStats(self.mean_loss(msgs), self.upload_bytes(msgs), plan.down_bytes)

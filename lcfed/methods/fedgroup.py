@@ -36,16 +36,18 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from lcfed.clustering import cluster_means, kmeans_labels
-from lcfed.config import ExperimentConfig, require
-from lcfed.local import batch_rng, local_update
-from lcfed.methods.base import DeviceContext, Message, RoundPlan, RoundStats, Strategy
-from lcfed.methods.fedavg import ModelMessage
+from lcfed.errors import require
+from lcfed.methods.base import DeviceContext, EvalPayload, ModelMessage, RoundPlan, RoundStats, Strategy
 from lcfed.similarity import cosine_matrix
+
+if TYPE_CHECKING:  # annotations only: lcfed.config finds the methods through the registry
+    from lcfed.config import ExperimentConfig
 
 _SAMPLE_TAG = 0xF6C0
 
@@ -93,12 +95,6 @@ class FedGroupPayload:
     centers: torch.Tensor
 
 
-@dataclass(frozen=True)
-class EvalPayload:
-    centers: torch.Tensor
-    assignment: np.ndarray
-
-
 def decomposed_cosine(updates: torch.Tensor, rank: int) -> torch.Tensor:
     """EDC: cosine of every update (row of ``updates``, n x dim) with the top ``rank`` singular directions.
 
@@ -125,7 +121,7 @@ def place_newcomers(updates: torch.Tensor, directions: torch.Tensor) -> np.ndarr
     return cosine_matrix(updates.double(), directions.double()).argmax(1).cpu().numpy().astype(np.int64)
 
 
-class FedGroup(Strategy):
+class FedGroup(Strategy[FedGroupState, None, ModelMessage, FedGroupPayload]):
     name = "fedgroup"
     params: FedGroupParams
 
@@ -154,18 +150,15 @@ class FedGroup(Strategy):
         return self.plan(rnd, devices, FedGroupPayload(state.init, state.centers), instructions,
                          [(state.init, len(devices))])
 
-    def local(self, ctx: DeviceContext, dev: None, payload: FedGroupPayload, instruction: int) -> tuple[None, Message]:
-        start = payload.centers[instruction] if instruction >= 0 else payload.init
-        where = ctx.data.x_train.device
-        res = local_update(ctx.net, start.to(where), ctx.data, ctx.work, batch_rng(ctx.seed, ctx.device, ctx.rnd))
+    def local(self, ctx: DeviceContext, dev: None, payload: FedGroupPayload, instruction: int) -> tuple[None, ModelMessage]:
+        res = ctx.local_update(payload.centers[instruction] if instruction >= 0 else payload.init)
         return None, ModelMessage(ctx.device, ctx.data.num_train, res.loss, res.weights.cpu())
 
-    def aggregate(self, state: FedGroupState, plan: RoundPlan, msgs: Sequence[Message]) -> tuple[FedGroupState, RoundStats]:
+    def aggregate(self, state: FedGroupState, plan: RoundPlan, msgs: Sequence[ModelMessage]) -> tuple[FedGroupState, RoundStats]:
         p = self.params
-        mmsgs: Sequence[ModelMessage] = msgs  # type: ignore[assignment]
-        devices = np.array([m.device for m in mmsgs], dtype=np.int64)
-        models = torch.stack([m.weights for m in mmsgs])
-        counts = torch.tensor([m.num_samples for m in mmsgs], dtype=torch.float64)
+        devices = np.array([m.device for m in msgs], dtype=np.int64)
+        models = torch.stack([m.weights for m in msgs])
+        counts = torch.tensor([m.num_samples for m in msgs], dtype=torch.float64)
         assignment = state.assignment.copy()
         if not state.cold_started:
             labels = cold_start_groups(models - state.init, p.num_clusters, p.svd_rank or p.num_clusters, self.seed + plan.rnd)

@@ -15,13 +15,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from lcfed.clustering import weighted_mean
-from lcfed.config import ExperimentConfig
-from lcfed.local import batch_rng, local_update
 from lcfed.methods.base import DeviceContext, Message, RoundPlan, RoundStats, Strategy
+
+if TYPE_CHECKING:  # annotations only: lcfed.config finds the methods through the registry
+    from lcfed.config import ExperimentConfig
 
 
 @dataclass(frozen=True)
@@ -47,7 +49,7 @@ class EmbeddingMessage(Message):
     embedding: torch.Tensor
 
 
-class FedPer(Strategy):
+class FedPer(Strategy[FedPerState, PersonalHead, EmbeddingMessage, torch.Tensor]):
     name = "fedper"
 
     def init(self) -> FedPerState:
@@ -60,16 +62,17 @@ class FedPer(Strategy):
     def init_device(self, device: int, init: torch.Tensor) -> PersonalHead:
         return PersonalHead(init[self.fed.spec.embedding_size :].clone())
 
-    def local(self, ctx: DeviceContext, dev: PersonalHead, payload: torch.Tensor, instruction: None) -> tuple[PersonalHead, Message]:
+    def local(
+        self, ctx: DeviceContext, dev: PersonalHead, payload: torch.Tensor, instruction: None
+    ) -> tuple[PersonalHead, EmbeddingMessage]:
         where = ctx.data.x_train.device
-        w0 = torch.cat([payload.to(where), dev.decision.to(where)])
-        res = local_update(ctx.net, w0, ctx.data, ctx.work, batch_rng(ctx.seed, ctx.device, ctx.rnd))
+        res = ctx.local_update(torch.cat([payload.to(where), dev.decision.to(where)]))
         emb = self.fed.spec.embedding_size
         head = PersonalHead(res.weights[emb:].clone())
         return head, EmbeddingMessage(ctx.device, ctx.data.num_train, res.loss, res.weights[:emb].cpu().clone())
 
-    def aggregate(self, state: FedPerState, plan: RoundPlan, msgs: Sequence[Message]) -> tuple[FedPerState, RoundStats]:
-        embeddings = torch.stack([m.embedding for m in msgs])  # type: ignore[attr-defined]
+    def aggregate(self, state: FedPerState, plan: RoundPlan, msgs: Sequence[EmbeddingMessage]) -> tuple[FedPerState, RoundStats]:
+        embeddings = torch.stack([m.embedding for m in msgs])
         counts = torch.tensor([m.num_samples for m in msgs], dtype=torch.float64)
         new = FedPerState(weighted_mean(embeddings, counts))
         return new, RoundStats(self.mean_loss(msgs), self.upload_bytes(msgs), plan.down_bytes)

@@ -21,23 +21,25 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from lcfed.clustering import cluster_means
-from lcfed.config import ExperimentConfig, require
-from lcfed.local import batch_rng, local_update
 from lcfed.methods.base import (
     ClusteredStrategy,
     DeviceContext,
-    Message,
+    ModelMessage,
     PersonalModel,
     RoundPlan,
     RoundStats,
+    require_clusters_per_round,
 )
-from lcfed.methods.fedavg import ModelMessage
 from lcfed.similarity import sq_l2_matrix
+
+if TYPE_CHECKING:  # annotations only: lcfed.config finds the methods through the registry
+    from lcfed.config import ExperimentConfig
 
 _SEED_TAG = 0xFE5E
 
@@ -49,13 +51,7 @@ class FeSEMParams:
     num_clusters: int = 5
 
     def validate(self, cfg: ExperimentConfig, prefix: str = "method") -> None:
-        per_round = max(1, int(np.ceil(cfg.train.participation * cfg.data.training_devices - 1e-9)))
-        require(
-            1 <= self.num_clusters <= per_round,
-            f"{prefix}.num_clusters",
-            self.num_clusters,
-            f"must be in [1, devices per round = {per_round}] (the first centers are picked among a round's models)",
-        )
+        require_clusters_per_round(self.num_clusters, cfg, prefix, "the first centers are picked among a round's models")
 
 
 @dataclass(frozen=True)
@@ -91,29 +87,25 @@ def kmeanspp_centers(points: torch.Tensor, k: int, rng: np.random.Generator) -> 
     return points[torch.from_numpy(np.sort(idx))].clone()
 
 
-class FeSEM(ClusteredStrategy):
+class FeSEM(ClusteredStrategy[FeSEMState, ModelMessage, torch.Tensor]):
     name = "fesem"
     params: FeSEMParams
 
     def init(self) -> FeSEMState:
-        return FeSEMState(
-            centers=self.fed.init.repeat(self.params.num_clusters, 1),
-            assignment=np.full(self.fed.num_devices, -1, dtype=np.int64),
-        )
+        return FeSEMState(centers=self.fed.init.repeat(self.params.num_clusters, 1), assignment=self.unassigned())
 
     def configure(self, state: FeSEMState, rnd: int) -> RoundPlan:
         devices = self.participants(rnd)
         instructions = self.cluster_instructions(state.assignment, devices)
         return self.plan(rnd, devices, state.centers, instructions, [(state.centers[0], len(devices))])
 
-    def local(self, ctx: DeviceContext, dev: PersonalModel, payload: torch.Tensor, instruction: int) -> tuple[PersonalModel, Message]:
-        start = payload[instruction] if instruction >= 0 else payload.mean(0)
-        res = local_update(ctx.net, start.to(ctx.data.x_train.device), ctx.data, ctx.work, batch_rng(ctx.seed, ctx.device, ctx.rnd))
-        weights = res.weights.cpu()
-        return PersonalModel(weights, True), ModelMessage(ctx.device, ctx.data.num_train, res.loss, weights)
+    def local(
+        self, ctx: DeviceContext, dev: PersonalModel, payload: torch.Tensor, instruction: int
+    ) -> tuple[PersonalModel, ModelMessage]:
+        return self.train_own(ctx, payload[instruction] if instruction >= 0 else payload.mean(0))
 
-    def aggregate(self, state: FeSEMState, plan: RoundPlan, msgs: Sequence[Message]) -> tuple[FeSEMState, RoundStats]:
-        models = torch.stack([m.weights for m in msgs])  # type: ignore[attr-defined]
+    def aggregate(self, state: FeSEMState, plan: RoundPlan, msgs: Sequence[ModelMessage]) -> tuple[FeSEMState, RoundStats]:
+        models = torch.stack([m.weights for m in msgs])
         previous = state.centers
         if (state.assignment < 0).all():
             rng = np.random.default_rng([self.seed, plan.rnd, _SEED_TAG])

@@ -29,15 +29,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from lcfed.clustering import cluster_means
-from lcfed.config import ExperimentConfig, require
-from lcfed.local import batch_rng, local_update
-from lcfed.methods.base import DeviceContext, Message, RoundPlan, RoundStats, Strategy
-from lcfed.methods.fedavg import ModelMessage
+from lcfed.errors import require
+from lcfed.methods.base import DeviceContext, ModelMessage, RoundPlan, RoundStats, Strategy
+
+if TYPE_CHECKING:  # annotations only: lcfed.config finds the methods through the registry
+    from lcfed.config import ExperimentConfig
 
 LINKAGES = ("ward", "average", "complete", "single")
 
@@ -89,7 +91,7 @@ def hierarchical_labels(updates: torch.Tensor, method: str, threshold: float, nu
     return rank[inverse].astype(np.int64)
 
 
-class FLHC(Strategy):
+class FLHC(Strategy[FLHCState, None, ModelMessage, torch.Tensor]):
     name = "flhc"
     params: FLHCParams
 
@@ -108,17 +110,15 @@ class FLHC(Strategy):
         # each device downloads its cluster's model
         return self.plan(rnd, devices, state.centers, instructions, [(state.centers[0], len(devices))])
 
-    def local(self, ctx: DeviceContext, dev: None, payload: torch.Tensor, instruction: int) -> tuple[None, Message]:
-        start = payload[instruction].to(ctx.data.x_train.device)
-        res = local_update(ctx.net, start, ctx.data, ctx.work, batch_rng(ctx.seed, ctx.device, ctx.rnd))
+    def local(self, ctx: DeviceContext, dev: None, payload: torch.Tensor, instruction: int) -> tuple[None, ModelMessage]:
+        res = ctx.local_update(payload[instruction])
         return None, ModelMessage(ctx.device, ctx.data.num_train, res.loss, res.weights.cpu())
 
-    def aggregate(self, state: FLHCState, plan: RoundPlan, msgs: Sequence[Message]) -> tuple[FLHCState, RoundStats]:
+    def aggregate(self, state: FLHCState, plan: RoundPlan, msgs: Sequence[ModelMessage]) -> tuple[FLHCState, RoundStats]:
         p = self.params
-        mmsgs: Sequence[ModelMessage] = msgs  # type: ignore[assignment]
-        devices = [m.device for m in mmsgs]
-        models = torch.stack([m.weights for m in mmsgs])
-        counts = torch.tensor([m.num_samples for m in mmsgs], dtype=torch.float64)
+        devices = [m.device for m in msgs]
+        models = torch.stack([m.weights for m in msgs])
+        counts = torch.tensor([m.num_samples for m in msgs], dtype=torch.float64)
         if self._clustering_round(state, plan.rnd):
             labels = hierarchical_labels(models - state.centers[0], p.linkage, p.distance_threshold, p.num_clusters)
             k = int(labels.max()) + 1

@@ -23,15 +23,19 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from lcfed.clustering import cluster_means
-from lcfed.config import ExperimentConfig, require
-from lcfed.local import DeviceData, batch_rng, evaluate, local_update
+from lcfed.errors import require
+from lcfed.local import DeviceData, evaluate
 from lcfed.methods.base import DeviceContext, Message, RoundPlan, RoundStats, Strategy
 from lcfed.models import Model, ParamSpec
+
+if TYPE_CHECKING:  # annotations only: lcfed.config finds the methods through the registry
+    from lcfed.config import ExperimentConfig
 
 _INIT_TAG = 0x1FCA
 
@@ -83,7 +87,7 @@ def cluster_losses(net: Model, centers: torch.Tensor, data: DeviceData) -> torch
     return torch.tensor(out, dtype=torch.float64)
 
 
-class IFCA(Strategy):
+class IFCA(Strategy[IFCAState, None, IFCAMessage, torch.Tensor]):
     name = "ifca"
     params: IFCAParams
 
@@ -99,19 +103,17 @@ class IFCA(Strategy):
         # every participant receives all K models: IFCA's communication cost
         return self.plan(rnd, devices, state.centers, downlink=[(state.centers, len(devices))])
 
-    def local(self, ctx: DeviceContext, dev: None, payload: torch.Tensor, instruction: None) -> tuple[None, Message]:
+    def local(self, ctx: DeviceContext, dev: None, payload: torch.Tensor, instruction: None) -> tuple[None, IFCAMessage]:
         k = int(torch.argmin(cluster_losses(ctx.net, payload, ctx.data)))
-        w0 = payload[k].to(ctx.data.x_train.device)
-        res = local_update(ctx.net, w0, ctx.data, ctx.work, batch_rng(ctx.seed, ctx.device, ctx.rnd))
+        res = ctx.local_update(payload[k])
         return None, IFCAMessage(ctx.device, ctx.data.num_train, res.loss, res.weights.cpu(), k)
 
-    def aggregate(self, state: IFCAState, plan: RoundPlan, msgs: Sequence[Message]) -> tuple[IFCAState, RoundStats]:
-        imsgs: Sequence[IFCAMessage] = msgs  # type: ignore[assignment]
-        models = torch.stack([m.weights for m in imsgs])
-        counts = torch.tensor([m.num_samples for m in imsgs], dtype=torch.float64)
-        labels = np.array([m.cluster for m in imsgs], dtype=np.int64)
+    def aggregate(self, state: IFCAState, plan: RoundPlan, msgs: Sequence[IFCAMessage]) -> tuple[IFCAState, RoundStats]:
+        models = torch.stack([m.weights for m in msgs])
+        counts = torch.tensor([m.num_samples for m in msgs], dtype=torch.float64)
+        labels = np.array([m.cluster for m in msgs], dtype=np.int64)
         assignment = state.assignment.copy()
-        assignment[[m.device for m in imsgs]] = labels
+        assignment[[m.device for m in msgs]] = labels
         new = IFCAState(cluster_means(models, labels, state.centers, weights=counts), assignment)
         stats = self.clustered_stats(plan, msgs, assignment)
         return new, stats

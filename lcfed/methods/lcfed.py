@@ -17,14 +17,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from lcfed.clustering import assign_by_cosine, cluster_means, kmeans_labels, weighted_mean
-from lcfed.config import ExperimentConfig, require
-from lcfed.local import Proximal, batch_rng, local_update
+from lcfed.errors import require
+from lcfed.local import Proximal
 from lcfed.methods.base import (
     ClusteredStrategy,
     DeviceContext,
@@ -32,8 +32,13 @@ from lcfed.methods.base import (
     PersonalModel,
     RoundPlan,
     RoundStats,
+    devices_per_round,
+    require_clusters_per_round,
 )
 from lcfed.similarity import Projector, fit_projector
+
+if TYPE_CHECKING:  # annotations only: lcfed.config finds the methods through the registry
+    from lcfed.config import ExperimentConfig
 
 
 @dataclass(frozen=True)
@@ -49,16 +54,10 @@ class LCFedParams:
     refit_every: int = 0
 
     def validate(self, cfg: ExperimentConfig, prefix: str = "method") -> None:
-        m = cfg.data.training_devices
-        per_round = max(1, int(np.ceil(cfg.train.participation * m - 1e-9)))
+        per_round = devices_per_round(cfg)
         require(self.mu >= 0, f"{prefix}.mu", self.mu, "must be >= 0")
         require(self.lam >= 0, f"{prefix}.lam", self.lam, "must be >= 0")
-        require(
-            1 <= self.num_clusters <= per_round,
-            f"{prefix}.num_clusters",
-            self.num_clusters,
-            f"must be in [1, devices per round = {per_round}] (K <= m, and the first clustering needs K participants)",
-        )
+        require_clusters_per_round(self.num_clusters, cfg, prefix, "K <= m, and the first clustering needs K participants")
         require(
             self.sample_size == 0 or 2 <= self.sample_size <= per_round,
             f"{prefix}.sample_size",
@@ -94,8 +93,14 @@ class LCFedMessage(Message):
     weights: torch.Tensor
     code: torch.Tensor | None  # M ω_i, once M exists
 
+    def known_code(self) -> torch.Tensor:
+        """The code, which every device sends once M was broadcast."""
+        if self.code is None:
+            raise ValueError(f"device {self.device} sent no code although the server holds M")
+        return self.code
 
-class LCFed(ClusteredStrategy):
+
+class LCFed(ClusteredStrategy[LCFedState, LCFedMessage, LCFedPayload]):
     name = "lcfed"
     params: LCFedParams
 
@@ -105,7 +110,7 @@ class LCFed(ClusteredStrategy):
         return LCFedState(
             embedding=init[: self.fed.spec.embedding_size].clone(),
             centers=init.repeat(k, 1),
-            assignment=np.full(self.fed.num_devices, -1, dtype=np.int64),
+            assignment=self.unassigned(),
             projector=None,
             fitted_at=-1,
             center_codes=None,
@@ -114,41 +119,37 @@ class LCFed(ClusteredStrategy):
     def configure(self, state: LCFedState, rnd: int) -> RoundPlan:
         devices = self.participants(rnd)
         instructions = self.cluster_instructions(state.assignment, devices)
-        assigned = sum(1 for d in devices if instructions[d] >= 0)
-        downlink: list[tuple[Any, int]] = [(state.embedding, len(devices)), (state.centers[0], assigned)]
+        downlink: list[tuple[Any, int]] = [(state.embedding, len(devices)), (state.centers[0], self.assigned(instructions))]
         if state.projector is not None and state.fitted_at == rnd - 1:
             downlink.append((state.projector, len(devices)))  # a new M goes to every participant
         payload = LCFedPayload(state.embedding, state.centers, state.projector)
         return self.plan(rnd, devices, payload, instructions, downlink)
 
-    def local(self, ctx: DeviceContext, dev: PersonalModel, payload: LCFedPayload, instruction: int) -> tuple[PersonalModel, Message]:
-        where = ctx.data.x_train.device
-        prox = []
-        if instruction >= 0 and self.params.mu > 0:
-            prox.append(Proximal(payload.centers[instruction].to(where), self.params.mu))
+    def local(
+        self, ctx: DeviceContext, dev: PersonalModel, payload: LCFedPayload, instruction: int
+    ) -> tuple[PersonalModel, LCFedMessage]:
+        prox = self.cluster_proximal(ctx, payload.centers, instruction, self.params.mu)
         if self.params.lam > 0:
             emb = self.fed.spec.embedding_size
-            prox.append(Proximal(payload.embedding.to(where), self.params.lam, slice(0, emb)))
-        res = local_update(ctx.net, dev.weights.to(where), ctx.data, ctx.work, batch_rng(ctx.seed, ctx.device, ctx.rnd), prox)
-        weights = res.weights.cpu()
-        code = payload.projector(weights) if payload.projector is not None else None
-        return PersonalModel(weights, True), LCFedMessage(ctx.device, ctx.data.num_train, res.loss, weights, code)
+            prox.append(Proximal(payload.embedding.to(ctx.data.x_train.device), self.params.lam, slice(0, emb)))
+        own, sent = self.train_own(ctx, dev.weights, prox)
+        code = payload.projector(sent.weights) if payload.projector is not None else None
+        return own, LCFedMessage(sent.device, sent.num_samples, sent.loss, sent.weights, code)
 
-    def aggregate(self, state: LCFedState, plan: RoundPlan, msgs: Sequence[Message]) -> tuple[LCFedState, RoundStats]:
+    def aggregate(self, state: LCFedState, plan: RoundPlan, msgs: Sequence[LCFedMessage]) -> tuple[LCFedState, RoundStats]:
         p = self.params
-        lmsgs: Sequence[LCFedMessage] = msgs  # type: ignore[assignment]
-        models = torch.stack([m.weights for m in lmsgs])
-        counts = torch.tensor([m.num_samples for m in lmsgs], dtype=torch.float64)
+        models = torch.stack([m.weights for m in msgs])
+        counts = torch.tensor([m.num_samples for m in msgs], dtype=torch.float64)
         projector, fitted_at = state.projector, state.fitted_at
         if projector is None or (p.refit_every and plan.rnd - fitted_at >= p.refit_every):
             rng = np.random.default_rng([self.seed, plan.rnd, 0x9CA])
-            size = min(p.sample_size or len(lmsgs), len(lmsgs))
-            sample = np.sort(rng.choice(len(lmsgs), size=size, replace=False))
+            size = min(p.sample_size or len(msgs), len(msgs))
+            sample = np.sort(rng.choice(len(msgs), size=size, replace=False))
             projector, fitted_at = fit_projector(models[torch.from_numpy(sample)], p.rank), plan.rnd
             codes = projector(models)
             center_codes = projector(state.centers)
         else:
-            codes = torch.stack([m.code for m in lmsgs])  # type: ignore[misc]
+            codes = torch.stack([m.known_code() for m in msgs])
             center_codes = state.center_codes if state.center_codes is not None else projector(state.centers)
         if (state.assignment < 0).all():
             labels = kmeans_labels(codes, p.num_clusters, self.seed + plan.rnd)

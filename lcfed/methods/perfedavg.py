@@ -27,16 +27,19 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from lcfed.config import ExperimentConfig, require
+from lcfed.errors import require
 from lcfed.local import LocalWork, batch_rng, loss_and_grad, minibatches
-from lcfed.methods.base import DeviceContext, Message, RoundPlan, RoundStats, Strategy
-from lcfed.methods.fedavg import ModelMessage
+from lcfed.methods.base import DeviceContext, ModelMessage, RoundPlan, RoundStats, Strategy
 from lcfed.models import Model
+
+if TYPE_CHECKING:  # annotations only: lcfed.config finds the methods through the registry
+    from lcfed.config import ExperimentConfig
 
 VARIANTS = ("fo", "hf")
 # independent batch streams per (device, round); stream 0 is every other method's local_update
@@ -107,7 +110,7 @@ def _batches(x: torch.Tensor, y: torch.Tensor, work: LocalWork, rng: np.random.G
     return out
 
 
-class PerFedAvg(Strategy):
+class PerFedAvg(Strategy[PerFedAvgState, None, ModelMessage, torch.Tensor]):
     name = "perfedavg"
     params: PerFedAvgParams
 
@@ -122,7 +125,7 @@ class PerFedAvg(Strategy):
         devices = self.participants(rnd)
         return self.plan(rnd, devices, state.weights, downlink=[(state.weights, len(devices))])
 
-    def local(self, ctx: DeviceContext, dev: None, payload: torch.Tensor, instruction: None) -> tuple[None, Message]:
+    def local(self, ctx: DeviceContext, dev: None, payload: torch.Tensor, instruction: None) -> tuple[None, ModelMessage]:
         d = ctx.data
 
         def stream(tag: int) -> list[Batch]:
@@ -137,8 +140,10 @@ class PerFedAvg(Strategy):
             losses.append(loss)
         return None, ModelMessage(ctx.device, d.num_train, float(np.mean(losses)), w.detach().cpu())
 
-    def aggregate(self, state: PerFedAvgState, plan: RoundPlan, msgs: Sequence[Message]) -> tuple[PerFedAvgState, RoundStats]:
-        models = torch.stack([m.weights for m in msgs])  # type: ignore[attr-defined]
+    def aggregate(
+        self, state: PerFedAvgState, plan: RoundPlan, msgs: Sequence[ModelMessage]
+    ) -> tuple[PerFedAvgState, RoundStats]:
+        models = torch.stack([m.weights for m in msgs])
         new = PerFedAvgState(models.mean(0), plan.rnd + 1)
         return new, RoundStats(self.mean_loss(msgs), self.upload_bytes(msgs), plan.down_bytes)
 

@@ -7,12 +7,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
-from lcfed.config import ExperimentConfig
-from lcfed.local import batch_rng, local_update
 from lcfed.methods.base import DeviceContext, Message, RoundPlan, RoundStats, Strategy
+
+if TYPE_CHECKING:  # annotations only: lcfed.config finds the methods through the registry
+    from lcfed.config import ExperimentConfig
 
 
 @dataclass(frozen=True)
@@ -33,7 +35,7 @@ class LocalModel:
     weights: torch.Tensor
 
 
-class Standalone(Strategy):
+class Standalone(Strategy[StandaloneState, LocalModel, Message, None]):
     name = "standalone"
 
     def init(self) -> StandaloneState:
@@ -46,8 +48,7 @@ class Standalone(Strategy):
         return LocalModel(init.clone())
 
     def local(self, ctx: DeviceContext, dev: LocalModel, payload: None, instruction: None) -> tuple[LocalModel, Message]:
-        w0 = dev.weights.to(ctx.data.x_train.device)
-        res = local_update(ctx.net, w0, ctx.data, ctx.work, batch_rng(ctx.seed, ctx.device, ctx.rnd))
+        res = ctx.local_update(dev.weights)
         return LocalModel(res.weights), Message(ctx.device, ctx.data.num_train, res.loss)
 
     def aggregate(self, state: StandaloneState, plan: RoundPlan, msgs: Sequence[Message]) -> tuple[StandaloneState, RoundStats]:

@@ -14,7 +14,7 @@ import torch
 
 from lcfed.config import ExperimentConfig, require
 from lcfed.local import Proximal, batch_rng, local_update
-from lcfed.methods.base import DeviceContext, Message
+from lcfed.methods.base import DeviceContext
 from lcfed.methods.fedavg import FedAvg, ModelMessage
 
 
@@ -31,7 +31,7 @@ class FedProx(FedAvg):
     Params = FedProxParams
     compare_space = str(Path(__file__).with_name("fedprox_space.yaml"))  # what `lcfed compare` tunes
 
-    def local(self, ctx: DeviceContext, dev: None, payload: torch.Tensor, instruction: None) -> tuple[None, Message]:
+    def local(self, ctx: DeviceContext, dev: None, payload: torch.Tensor, instruction: None) -> tuple[None, ModelMessage]:
         start = payload.to(ctx.data.x_train.device)
         pull = [Proximal(start, self.params.mu)]  # towards the round's global model
         res = local_update(ctx.net, start, ctx.data, ctx.work, batch_rng(ctx.seed, ctx.device, ctx.rnd), pull)

@@ -1,0 +1,30 @@
+"""The error a bad configuration value raises, and the check that raises it.
+
+A leaf module (it imports nothing of lcfed): the methods validate their hyper-parameters with
+:func:`require` without importing :mod:`lcfed.config`, which resolves method names through the
+registry that imports the methods. :mod:`lcfed.config` re-exports both names.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class ConfigError(ValueError):
+    """A configuration value is invalid; the message names the field and what is allowed."""
+
+    def __init__(self, field_name: str, value: Any, allowed: str) -> None:
+        self.field = field_name
+        self.value = value
+        self.allowed = allowed
+        super().__init__(f"{field_name}: got {value!r}; {allowed}")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # rebuilt from its three fields, so it crosses processes (Ray tasks, Tune trials) intact
+        return (type(self), (self.field, self.value, self.allowed))
+
+
+def require(cond: bool, field_name: str, value: Any, allowed: str) -> None:
+    """Raise :class:`ConfigError` unless ``cond`` holds."""
+    if not cond:
+        raise ConfigError(field_name, value, allowed)

@@ -1,0 +1,131 @@
+"""The packages' import structure: no module of lcfed/ or actors/ imports, through others, one that
+imports it back, and the pure parts of the Ray engine stay free of Ray."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("lcfed", "actors")
+#: imports inside functions that close a cycle on purpose: the registry looks the built-ins up when asked,
+#: because lcfed.models and lcfed.data.sources resolve plugin names through it
+LAZY_BY_DESIGN = {("lcfed.registry", "lcfed.methods"), ("lcfed.registry", "lcfed.methods.base"),
+                  ("lcfed.registry", "lcfed.models"), ("lcfed.registry", "lcfed.data.sources")}
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for pkg in PACKAGES:
+        for path in (ROOT / pkg).rglob("*.py"):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return out
+
+
+def _type_checking(node: ast.stmt) -> bool:
+    test = getattr(node, "test", None)
+    return isinstance(node, ast.If) and (
+        (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING")
+        or (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"))
+
+
+def _imported(body: list[ast.stmt], functions: bool) -> list[str]:
+    """Dotted names imported by these statements: at module level (also inside ``if``/``try``, never
+    under ``if TYPE_CHECKING``, which does not run), and with ``functions`` also inside functions."""
+    names: list[str] = []
+    for node in body:
+        if _type_checking(node):
+            continue
+        if isinstance(node, ast.Import):
+            names += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names += [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            if functions:
+                names += _imported(node.body, functions)
+        elif isinstance(node, ast.ClassDef):
+            names += _imported(node.body, functions)
+        else:
+            for field in ("body", "orelse", "finalbody", "handlers"):
+                block = getattr(node, field, None)
+                if isinstance(block, list) and block and isinstance(block[0], ast.stmt | ast.excepthandler):
+                    stmts = [s for h in block for s in (h.body if isinstance(h, ast.excepthandler) else [h])]
+                    names += _imported(stmts, functions)
+    return names
+
+
+def import_graph(functions: bool) -> dict[str, set[str]]:
+    """Module -> the modules of lcfed/ and actors/ it imports (``from a.b import c`` counts ``a.b.c``
+    if it is a module, else ``a.b``)."""
+    modules = _modules()
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        deps = set()
+        for dotted in _imported(ast.parse(path.read_text()).body, functions):
+            while dotted and dotted not in modules:
+                dotted = dotted.rpartition(".")[0]
+            if dotted and dotted != name:
+                deps.add(dotted)
+        graph[name] = deps
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_import_cycle_among_top_level_imports():
+    graph = import_graph(functions=False)
+    assert {"lcfed.config", "lcfed.methods.base", "actors.engine", "actors.placement"} <= set(graph)
+    assert cycles(graph) == []
+
+
+def test_imports_inside_functions_close_no_cycle_but_the_registry_look_ups():
+    graph = import_graph(functions=True)
+    # the config validates method names through the registry, and no method imports the config back
+    assert "lcfed.registry" in graph["lcfed.config"]
+    assert not any("lcfed.config" in graph[m] for m in graph if m.startswith("lcfed.methods"))
+    assert not any("lcfed.config" in c for c in cycles(graph))
+    for src, dst in LAZY_BY_DESIGN:
+        graph[src].discard(dst)
+    assert cycles(graph) == []
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_placement_arithmetic_does_not_import_ray():
+    code = "import sys, actors.placement; assert 'ray' not in sys.modules, 'ray was imported'"
+    subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)

@@ -1,0 +1,74 @@
+"""The round loop's optional observer hooks (lcfed/engine.py): declared as Protocols, used where an
+observer has them, their defaults where it has not."""
+
+from __future__ import annotations
+
+from lcfed.engine import ErrorObserver, LocatingObserver, ModelsObserver, run_rounds
+from lcfed.federation import prepare
+from lcfed.progress import ProgressBar
+from lcfed.runner import HostedDevices, LocalPool, LocalServer, make_strategy, run_local
+from lcfed.tracking import MLflowObserver
+from tests.conftest import tiny_config
+
+
+class Plain:
+    """The three hooks every observer has, nothing else."""
+
+    def __init__(self) -> None:
+        self.rounds: list[int] = []
+
+    def on_start(self, cfg, fed) -> None: ...
+
+    def on_round(self, rnd, metrics, stats) -> None:
+        self.rounds.append(rnd)
+
+    def on_end(self, result) -> None: ...
+
+
+class Told(Plain):
+    def __init__(self) -> None:
+        super().__init__()
+        self.errors: list[BaseException] = []
+
+    def on_error(self, exc: BaseException) -> None:
+        self.errors.append(exc)
+
+
+class Wanting(Plain):
+    wants_models = True
+
+
+def test_the_existing_observers_implement_the_optional_hooks_they_define(tmp_path):
+    tracker = MLflowObserver(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    assert isinstance(tracker, ErrorObserver) and isinstance(tracker, LocatingObserver)
+    assert isinstance(tracker, ModelsObserver)  # an instance attribute, set again in on_start
+    bar = ProgressBar(disable=True)
+    assert isinstance(bar, ErrorObserver) and not isinstance(bar, LocatingObserver | ModelsObserver)
+    assert not isinstance(Plain(), ErrorObserver | LocatingObserver | ModelsObserver)
+
+
+def test_a_failing_round_tells_the_observers_that_listen_and_spares_the_others():
+    cfg = tiny_config()
+    setup = prepare(cfg)
+    hosted = HostedDevices(cfg, setup, range(setup.federation.num_devices))
+
+    class Broken(LocalServer):
+        def aggregate(self, plan, msgs):
+            raise RuntimeError("aggregation failed")
+
+    plain, told = Plain(), Told()
+    try:
+        run_rounds(cfg, setup.federation, Broken(make_strategy(cfg, setup.federation)), LocalPool(hosted), [plain, told])
+    except RuntimeError as exc:
+        assert told.errors == [exc] and plain.rounds == []
+    else:
+        raise AssertionError("the round did not fail")
+    finally:
+        hosted.close()
+
+
+def test_final_models_only_when_an_observer_wants_them():
+    cfg = tiny_config("train.rounds=1")
+    assert run_local(cfg, [Plain()]).models is None
+    models = run_local(cfg, [Plain(), Wanting()]).models
+    assert models is not None and sorted(models.personal) == list(range(cfg.data.num_devices))
