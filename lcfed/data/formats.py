@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from lcfed.data.sources import CACHE_DIR, DataError, Dataset, _stamp
+from lcfed.data.dataset import CACHE_DIR, DataError, Dataset, _stamp
 
 __all__ = ["FILE_FORMATS", "IMAGE_EXTENSIONS", "MAX_CLASSES", "FileSource", "load_file"]
 

@@ -19,70 +19,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
 
 from lcfed import registry
-
-if TYPE_CHECKING:
-    from lcfed.data.formats import FileSource
+from lcfed.data.dataset import CACHE_DIR, DataError, Dataset, _stamp
+from lcfed.data.formats import FileSource, load_file
 
 __all__ = ["CACHE_DIR", "SOURCES", "DataError", "Dataset", "Scaling", "load_dataset", "to_float"]
-
-#: folder under the data dir that holds the decoded arrays
-CACHE_DIR = ".lcfed-cache"
-
-
-class DataError(Exception):
-    """A dataset's files are missing or unusable; the message says which and how to fix it."""
-
-
-@dataclass(frozen=True, eq=False)  # eq=False: elementwise array comparison has no truth value
-class Dataset:
-    """All samples of one dataset: inputs ``x``, labels ``y`` (N,) int64 and the class count.
-
-    ``x`` is either images, uint8 (N, C, H, W), or feature vectors, float32 (N, F) (tables: CSV,
-    parquet, an ``.npz`` of vectors). ``device_ids`` (N,) int64, when the source has them, is the
-    device (user, writer, client) each sample came from: what ``data.partition: natural`` splits by.
-    """
-
-    name: str
-    x: np.ndarray
-    y: np.ndarray
-    num_classes: int
-    device_ids: np.ndarray | None = None
-
-    def __post_init__(self) -> None:
-        if not ((self.x.ndim == 4 and self.x.dtype == np.uint8) or (self.x.ndim == 2 and self.x.dtype == np.float32)):
-            raise ValueError(f"{self.name}: x must be uint8 images (N, C, H, W) or float32 features (N, F), "
-                             f"got {self.x.dtype} {self.x.shape}")
-        if self.y.shape != (len(self.x),) or self.y.dtype != np.int64:
-            raise ValueError(f"{self.name}: y must be int64 ({len(self.x)},), got {self.y.dtype} {self.y.shape}")
-        if self.device_ids is not None and (self.device_ids.shape != (len(self.x),) or self.device_ids.dtype != np.int64):
-            raise ValueError(f"{self.name}: device_ids must be int64 ({len(self.x)},), "
-                             f"got {self.device_ids.dtype} {self.device_ids.shape}")
-        if len(self.y) and (int(self.y.min()) < 0 or int(self.y.max()) >= self.num_classes):
-            bad = int(self.y.min()) if int(self.y.min()) < 0 else int(self.y.max())
-            raise DataError(f"{self.name}: label {bad} in the files; labels must be 0-{self.num_classes - 1} "
-                            "(corrupt files: import them again with `lcfed data import`)")
-
-    @property
-    def is_image(self) -> bool:
-        """Images (N, C, H, W) rather than feature vectors (N, F)."""
-        return self.x.ndim == 4
-
-    @property
-    def input_shape(self) -> tuple[int, ...]:
-        """The shape of one sample, (C, H, W) or (F,), as the model builder needs it."""
-        return tuple(int(s) for s in self.x.shape[1:])
-
-    def take(self, rows: np.ndarray) -> Dataset:
-        """The samples ``rows`` (their device ids too), as a new dataset of the same name and classes."""
-        ids = None if self.device_ids is None else np.ascontiguousarray(self.device_ids[rows])
-        return Dataset(self.name, self.x[rows], self.y[rows], self.num_classes, ids)
-
 
 def to_float(x: np.ndarray) -> torch.Tensor:
     """uint8 images -> float32 tensor in [0, 1] (a fresh copy, so the dataset stays untouched)."""
@@ -261,18 +207,6 @@ def _torchvision(
     return Dataset(name, x, y, num_classes)
 
 
-def _stamp(folder: Path) -> list[list[object]] | None:
-    """(relative path, size, mtime) of every file under ``folder``; None if it does not exist."""
-    if not folder.is_dir():
-        return None
-    out: list[list[object]] = []
-    for path in sorted(folder.rglob("*")):
-        if path.is_file():
-            st = path.stat()
-            out.append([str(path.relative_to(folder)), st.st_size, st.st_mtime_ns])
-    return out
-
-
 def _read_cache(cache: Path, stamp: list[list[object]]) -> tuple[np.ndarray, np.ndarray] | None:
     try:
         if json.loads((cache / "stamp.json").read_text()) != stamp:
@@ -373,8 +307,6 @@ def load_dataset(name: str, data_dir: str | Path, download: bool = False, source
     Raises :class:`DataError` for an unknown name or when the files are missing or unusable.
     """
     if name == "file" and source is not None:
-        from lcfed.data.formats import load_file  # it imports this module
-
         return load_file(source, Path(data_dir).expanduser())
     try:
         loader = registry.dataset(name)
