@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
-import functools
 import json
 import sys
 import textwrap
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -25,6 +23,8 @@ from lcfed.config import (
     require,
     to_dict,
 )
+from lcfed.stop import stop_on_signals
+from tune_jobs.options import add_actions, config_options, examples
 
 EXIT_USAGE = 2
 #: what ``lcfed --version`` reports: lcfed and the packages that run and track it
@@ -93,35 +93,6 @@ def versions() -> str:
     return f"{found[0]} ({', '.join(found[1:])})"
 
 
-def examples(*commands: str) -> str:
-    """A subcommand's ``epilog``: example command lines, printed as written."""
-    return "examples:\n" + "\n".join(f"  {c}" for c in commands)
-
-
-def add_actions(parser: argparse.ArgumentParser, dest: str, metavar: str = "ACTION") -> Any:
-    """The sub-actions of a command (``lcfed data import``); the bare command prints its help and
-    exits 0 instead of an error."""
-    parser.set_defaults(func=functools.partial(_print_help, parser))
-    return parser.add_subparsers(dest=dest, metavar=metavar)
-
-
-def _print_help(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
-    parser.print_help()
-    return 0
-
-
-def _config_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", "-c", metavar="FILE", help="YAML experiment config (default: built-in defaults)")
-    p.add_argument(
-        "--set",
-        "-s",
-        metavar="KEY=VALUE",
-        action="append",
-        default=[],
-        help="override a config field, e.g. --set method.mu=0.1 --set data.num_devices=100 (repeatable)",
-    )
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = LcfedParser(
         prog="lcfed",
@@ -145,7 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "lcfed run --config configs/demo.yaml --set method.name=fedavg --json fedavg.json",
                         "lcfed run --config configs/demo.yaml --engine ray --no-track",
                         "lcfed run --config configs/demo.yaml --set checkpoint.dir=runs/demo --resume"))
-    _config_args(run)
+    config_options(run)
     run.add_argument("--engine", choices=["local", "ray"], help="execution engine (overrides engine.kind)")
     run.add_argument("--no-track", action="store_true", help="do not log to MLflow")
     run.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
@@ -163,7 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
         "the overrides and every default, validated (a bad value is an error here, as in `lcfed run`).",
         epilog=examples("lcfed config",
                         "lcfed config --config configs/demo.yaml --set data.alpha=0.1 > my.yaml"))
-    _config_args(show)
+    config_options(show)
     show.set_defaults(func=cmd_config)
 
     methods = sub.add_parser(
@@ -227,7 +198,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=examples("lcfed data stats --config configs/mnist_dirichlet.yaml",
                         "lcfed data stats --set data.partition=pathological --set data.classes_per_device=2"),
     )
-    _config_args(stats)
+    config_options(stats)
     stats.set_defaults(func=cmd_data_stats)
 
     tracking = sub.add_parser("tracking", help="tracking utilities",
@@ -465,32 +436,6 @@ def cmd_tracking_replay(args: argparse.Namespace) -> int:
     run_id, count = replay(args.file)
     print(f"sent {count} metric points to run {run_id}")
     return 0
-
-
-@contextlib.contextmanager
-def stop_on_signals() -> Iterator[None]:
-    """SIGTERM / SIGHUP / SIGINT: finish the current round, checkpoint, mark the MLflow run KILLED and
-    exit 128 + signal; a second signal stops at once."""
-    import signal
-
-    from lcfed.engine import STOP
-
-    def handler(signum: int, frame: Any) -> None:
-        name = signal.Signals(signum).name
-        if STOP.reason is not None:
-            raise KeyboardInterrupt(f"{name} again: stopped mid-round")
-        STOP.request(name)
-        print(f"lcfed: {name}: finishing the current round, then stopping (send it again to stop now)",
-              file=sys.stderr, flush=True)
-
-    signals = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
-    previous = {s: signal.signal(s, handler) for s in signals}
-    try:
-        yield
-    finally:
-        for s, h in previous.items():
-            signal.signal(s, h)
-        STOP.reason = None
 
 
 def placement_line(placement: dict[str, Any]) -> str:

@@ -32,6 +32,7 @@ import numpy as np
 from lcfed import numerics, registry
 from lcfed.config import ExperimentConfig, check_output_dir, load_config, require, resolve, safe_name
 from lcfed.stats import mean_ci, paired_test
+from tune_jobs.options import config_options, examples
 from tune_jobs.reproduce import LAST_EVALS, parse_seeds, read_state, summarize, write_json
 from tune_jobs.sweep import (
     SPACES_DIR,
@@ -372,8 +373,6 @@ def _plots(out: Path, methods: Sequence[str], seeds: list[int], phase2: dict[str
 
 
 def add_parser(sub: Any) -> None:
-    from tune_jobs.cli import examples
-
     p = sub.add_parser(
         "compare", help="tune methods on one budget (validation), re-run them on seeds, report mean ± CI and "
         "paired tests",
@@ -383,8 +382,7 @@ def add_parser(sub: Any) -> None:
         epilog=examples(
             "lcfed compare --config configs/digits_dirichlet.yaml --methods lcfed,fedavg,standalone,ifca",
             "lcfed compare --methods lcfed,standalone --budget 4 --seeds 0,5,9 --out outputs/cmp"))
-    p.add_argument("--config", "-c", metavar="FILE", help="base config (data, budget, engine, tracking)")
-    p.add_argument("--set", "-s", metavar="KEY=VALUE", action="append", default=[], help="override a base field")
+    config_options(p, "base config (data, budget, engine, tracking)", "override a base field")
     p.add_argument("--methods", required=True, help="comma-separated, e.g. lcfed,fedavg,standalone,ifca")
     p.add_argument("--budget", type=int, default=8, help="phase-1 trials per method (default %(default)s)")
     p.add_argument("--seeds", default="3", help="phase-2 seeds: a count or a list, e.g. 3 or 0,5,9 (default 3)")

@@ -35,6 +35,8 @@ from lcfed.config import (
     require,
     resolve,
 )
+from lcfed.stop import stop_on_signals
+from tune_jobs.options import add_actions, config_options, examples
 
 #: evaluations averaged per cell (the unweighted mean jumps between evaluations on small devices)
 LAST_EVALS = 3
@@ -338,8 +340,6 @@ def reproduce_table1(
 
 
 def add_parser(sub: Any) -> None:
-    from tune_jobs.cli import add_actions, examples
-
     rep = sub.add_parser("reproduce", help="reproduce a paper table (every cell on one budget, on Ray)",
                          description="Reproduce a paper table: every cell a run on one budget, on Ray, under one "
                          "MLflow parent run.",
@@ -354,9 +354,7 @@ def add_parser(sub: Any) -> None:
             "lcfed reproduce table1 --datasets fashion_mnist,mnist --rounds 100",
             "lcfed reproduce table1 --methods lcfed,fedavg,ifca --partitions dirichlet:0.1 --seeds 3",
             "lcfed reproduce table1 --method-set num_clusters=10 --out outputs/k10 --no-track"))
-    t1.add_argument("--config", "-c", metavar="FILE", help="base config (budget, devices, engine, tracking)")
-    t1.add_argument("--set", "-s", metavar="KEY=VALUE", action="append", default=[],
-                    help="override a base config field (repeatable)")
+    config_options(t1, "base config (budget, devices, engine, tracking)", "override a base config field (repeatable)")
     t1.add_argument("--datasets", default="fashion_mnist", help="comma-separated (default: %(default)s)")
     t1.add_argument("--partitions", default="dirichlet:0.1,pathological:2,pathological:3",
                     help="comma-separated: dirichlet:ALPHA, pathological:N, primary_secondary; "
@@ -397,8 +395,6 @@ def cmd_table1(args: argparse.Namespace) -> int:
     for key in sets:
         require(any(key in {f.name for f in dataclasses.fields(spec.params)} for spec in specs.values()),
                 "--method-set", key, "a setting of at least one chosen method (see `lcfed methods`)")
-    from tune_jobs.cli import stop_on_signals
-
     with stop_on_signals():  # SIGTERM/SIGHUP/Ctrl-C: the running cell stops at a round boundary, checkpointed
         summary = reproduce_table1(base, datasets, partitions, methods, Path(args.out), sets,
                                    track=base.tracking.enabled and not args.no_track, quiet=args.quiet,

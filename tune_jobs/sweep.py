@@ -51,6 +51,7 @@ from lcfed.config import (
     type_name,
 )
 from lcfed.engine import Stopped
+from tune_jobs.options import config_options, examples
 from tune_jobs.sweep_progress import progress_callback, short_names, trial_index
 
 SPACES_DIR = Path(__file__).resolve().parent / "spaces"
@@ -1135,8 +1136,6 @@ def _log_assignment_heatmap(client: Any, parent_id: str, exp_id: str, best: Any)
 
 
 def add_parser(sub: Any) -> None:
-    from tune_jobs.cli import examples
-
     p = sub.add_parser(
         "sweep", help="Ray Tune sweep over config fields; each trial a full federation",
         description="A Ray Tune sweep over the config fields a search space (--space) names: each trial is "
@@ -1147,8 +1146,7 @@ def add_parser(sub: Any) -> None:
             "lcfed sweep --space mu_lambda.yaml --search optuna --num-samples 20 --metric val_acc_mean "
             "--set data.val_fraction=0.2",
             "lcfed sweep --space mu_lambda.yaml --name my-sweep --resume   # continue an interrupted sweep"))
-    p.add_argument("--config", "-c", metavar="FILE", help="base experiment config")
-    p.add_argument("--set", "-s", metavar="KEY=VALUE", action="append", default=[], help="override a base field")
+    config_options(p, "base experiment config", "override a base field")
     p.add_argument("--space", required=True, metavar="FILE",
                    help="search space YAML (a path, or a bundled name under tune_jobs/spaces/, e.g. mu_lambda.yaml)")
     p.add_argument("--search", choices=list(SEARCHES), default="random",
