@@ -32,21 +32,14 @@ import numpy as np
 from lcfed import numerics, registry
 from lcfed.config import ExperimentConfig, check_output_dir, load_config, require, resolve, safe_name
 from lcfed.stats import mean_ci, paired_test
+from lcfed.tracking import resolve_tracking_uri
+from tune_jobs import sweep  # a lazy package: Tune loads when a comparison first uses it, not with lcfed's parser
 from tune_jobs.options import config_options, examples
-from tune_jobs.reproduce import LAST_EVALS, parse_seeds, read_state, summarize, write_json
-from tune_jobs.sweep import (
-    SPACES_DIR,
-    check_search,
-    check_storage,
-    load_sources,
-    load_space,
-    resolve_objective,
-    restore_results,
-    run_sweep,
-    storage_location,
-)
+from tune_jobs.outdir import open_recorded, read_state, write_json
+from tune_jobs.parent_run import ParentRun
+from tune_jobs.reproduce import LAST_EVALS, parse_seeds, summarize
 
-COMPARE_SPACES = SPACES_DIR / "compare"
+COMPARE_SPACES = Path(__file__).resolve().parent / "spaces" / "compare"
 #: the validation share of each device's training samples when the base config has none
 DEFAULT_VAL_FRACTION = 0.2
 METRIC = "val_acc_mean"
@@ -113,8 +106,6 @@ def run_compare(
     name: str | None = None,
 ) -> dict[str, Any]:
     """Both phases for every method (what is on disk already is kept), then the report."""
-    from actors.engine import ensure_ray
-
     out = Path(out)
     name = name or (out.name or "compare")
     require(safe_name(name), "--name", name, "letters, digits, '-', '_' and '.'")
@@ -127,99 +118,72 @@ def run_compare(
     require(target is None or 0 < target <= 1, "--target", target, "an accuracy in (0, 1]")
     val_fraction = base.data.val_fraction or DEFAULT_VAL_FRACTION
     configs = {m: method_config(base, m, val_fraction) for m in methods}
-    spaces = {m: load_space(method_space(m, space_dir), configs[m]) for m in methods}  # validated before work
+    spaces = {m: sweep.load_space(method_space(m, space_dir), configs[m]) for m in methods}  # validated before work
     for m in methods:
-        check_search(search, spaces[m])
-    resolve_objective(base.train.rounds, METRIC, None, scheduler)
+        sweep.check_search(search, spaces[m])
+    sweep.resolve_objective(base.train.rounds, METRIC, None, scheduler)
     for s in seeds:
         base.replace(seed=s)
     storage = storage or str(out.resolve() / "tune")
-    load_sources(configs[methods[0]], {})  # a missing dataset fails here, before any run or file exists
-    started = ensure_ray(base.engine)
-    try:
-        check_storage(storage_location(storage))  # a multi-node cluster needs a storage every node reaches
-        return _run_phases(base, methods, out, configs, spaces, budget=budget, seeds=seeds, search=search,
+    sweep.load_sources(configs[methods[0]], {})  # a missing dataset fails here, before any run or file exists
+    with ParentRun(base.engine, resolve_tracking_uri(base.tracking.uri), "; rerun the same command to resume") as parent:
+        sweep.check_storage(sweep.storage_location(storage))  # a multi-node cluster needs a storage every node reaches
+        return _run_phases(parent, base, methods, out, configs, spaces, budget=budget, seeds=seeds, search=search,
                            scheduler=scheduler, max_concurrent=max_concurrent, gpus_per_trial=gpus_per_trial,
                            storage=storage, target=target, name=name, val_fraction=val_fraction)
-    finally:
-        if started:
-            import ray
-
-            ray.shutdown()
 
 
-def _run_phases(base: ExperimentConfig, methods: Sequence[str], out: Path, configs: dict[str, ExperimentConfig],
-                spaces: dict[str, Any], *, budget: int, seeds: Sequence[int], search: str, scheduler: str,
-                max_concurrent: int, gpus_per_trial: float, storage: str, target: float | None, name: str,
-                val_fraction: float) -> dict[str, Any]:
-    from lcfed.tracking import RunGuard, get_or_create_experiment, open_client, resolve_tracking_uri
+def _run_phases(parent: ParentRun, base: ExperimentConfig, methods: Sequence[str], out: Path,
+                configs: dict[str, ExperimentConfig], spaces: dict[str, Any], *, budget: int, seeds: Sequence[int],
+                search: str, scheduler: str, max_concurrent: int, gpus_per_trial: float, storage: str,
+                target: float | None, name: str, val_fraction: float) -> dict[str, Any]:
+    """Under the comparison's parent run (recorded in ``<out>/state.json``), phase 1 then phase 2 for every
+    method not finished before, then the report, also on the parent run."""
+    from ray import tune  # Tune when a comparison runs: `lcfed` imports this module to build its parser
 
     params = {"methods": ",".join(methods), "budget": str(budget), "seeds": ",".join(map(str, seeds)),
               "search": search, "scheduler": scheduler, "metric": METRIC, "val_fraction": str(val_fraction),
               "rounds": str(base.train.rounds), "base_digest": base.digest(), "name": name}
-    state = read_state(out, params, "a comparison") or {"params": params}
+    state = read_state(out, params, "a comparison")
     out.mkdir(parents=True, exist_ok=True)
-
-    uri = resolve_tracking_uri(base.tracking.uri)
-    client = open_client(uri)
-    exp_id = get_or_create_experiment(client, base.tracking.experiment, uri)
-    if "parent_run_id" in state:
-        parent_id = str(state["parent_run_id"])
-        client.update_run(parent_id, status="RUNNING")
-    else:
-        from mlflow.entities import Param
-
-        parent_id = client.create_run(exp_id, run_name=name, tags={"compare_parent": "true"}).info.run_id
-        client.log_batch(parent_id, params=[Param(k, v[:6000]) for k, v in params.items()])
-        write_json(out / "state.json", {**state, "parent_run_id": parent_id})
-    guard = RunGuard(uri, parent_id, "; rerun the same command to resume")
-    tracked = {"tracking.uri": uri, "tracking.enabled": True}
+    client = parent.connect(base.tracking.experiment)
+    parent_id = open_recorded(parent, out, state, name, {"compare_parent": "true"}, params)
+    tracked = {"tracking.uri": parent.uri, "tracking.enabled": True}
     t0 = time.perf_counter()
     phase1: dict[str, dict[str, Any]] = {}
     phase2: dict[str, dict[int, dict[str, Any]]] = {}
-    try:
-        for i, m in enumerate(methods, 1):
-            done = out / "phase1" / f"{m}.json"
-            if done.exists():
-                phase1[m] = json.loads(done.read_text())
-                continue
-            print(f"lcfed compare: phase 1, {m} ({i}/{len(methods)}): {budget} trials on {METRIC}", file=sys.stderr)
-            summary = run_sweep(configs[m].replace(**tracked), spaces[m], num_samples=budget, scheduler=scheduler,
-                                max_concurrent=max_concurrent, gpus_per_trial=gpus_per_trial,
-                                name=f"{name}-{m}-tune", storage=storage, resume=True, metric=METRIC,
-                                search=search, parent_run_id=parent_id)
-            phase1[m] = {"best_config": summary["best_config"], METRIC: summary[f"best_{METRIC}"],
-                         "trials": summary["trials"], "errors": summary["errors"], "run_id": summary["parent_run_id"]}
-            write_json(done, phase1[m])
-        for i, m in enumerate(methods, 1):
-            done = out / "phase2" / f"{m}.json"
-            if done.exists():
-                phase2[m] = {int(k): v for k, v in json.loads(done.read_text()).items()}
-                continue
-            print(f"lcfed compare: phase 2, {m} ({i}/{len(methods)}): seeds {list(seeds)}", file=sys.stderr)
-            chosen = configs[m].replace(**tracked, **phase1[m]["best_config"])
-            from ray import tune
-
-            summary = run_sweep(chosen, {"seed": tune.grid_search(list(seeds))}, num_samples=1, scheduler="fifo",
-                                max_concurrent=max_concurrent, gpus_per_trial=gpus_per_trial,
-                                name=f"{name}-{m}-seeds", storage=storage, resume=True, metric=METRIC,
-                                parent_run_id=parent_id)
-            phase2[m] = _seed_rows(restore_results(summary["storage"]))
-            write_json(done, phase2[m])
-        report = write_report(out, methods, list(seeds), phase1, phase2, target, base)
-        client.log_text(parent_id, report["md"], "compare.md")
-        client.log_text(parent_id, report["csv"], "compare.csv")
-        for png in report["plots"]:
-            client.log_artifact(parent_id, png, "plots")
-        client.set_terminated(parent_id, "FINISHED")
-    except BaseException as exc:
-        status = "KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED"
-        client.set_tag(parent_id, "failure_reason", f"{type(exc).__name__}: {exc}"[:5000])
-        client.set_terminated(parent_id, status)
-        raise
-    finally:
-        guard.release()
-    return {"table": report["md"], "out": str(out), "parent_run_id": parent_id, "tracking_uri": uri,
+    for i, m in enumerate(methods, 1):
+        done = out / "phase1" / f"{m}.json"
+        if done.exists():
+            phase1[m] = json.loads(done.read_text())
+            continue
+        print(f"lcfed compare: phase 1, {m} ({i}/{len(methods)}): {budget} trials on {METRIC}", file=sys.stderr)
+        summary = sweep.run_sweep(configs[m].replace(**tracked), spaces[m], num_samples=budget, scheduler=scheduler,
+                                  max_concurrent=max_concurrent, gpus_per_trial=gpus_per_trial,
+                                  name=f"{name}-{m}-tune", storage=storage, resume=True, metric=METRIC,
+                                  search=search, parent_run_id=parent_id)
+        phase1[m] = {"best_config": summary["best_config"], METRIC: summary[f"best_{METRIC}"],
+                     "trials": summary["trials"], "errors": summary["errors"], "run_id": summary["parent_run_id"]}
+        write_json(done, phase1[m])
+    for i, m in enumerate(methods, 1):
+        done = out / "phase2" / f"{m}.json"
+        if done.exists():
+            phase2[m] = {int(k): v for k, v in json.loads(done.read_text()).items()}
+            continue
+        print(f"lcfed compare: phase 2, {m} ({i}/{len(methods)}): seeds {list(seeds)}", file=sys.stderr)
+        chosen = configs[m].replace(**tracked, **phase1[m]["best_config"])
+        summary = sweep.run_sweep(chosen, {"seed": tune.grid_search(list(seeds))}, num_samples=1, scheduler="fifo",
+                                  max_concurrent=max_concurrent, gpus_per_trial=gpus_per_trial,
+                                  name=f"{name}-{m}-seeds", storage=storage, resume=True, metric=METRIC,
+                                  parent_run_id=parent_id)
+        phase2[m] = _seed_rows(sweep.restore_results(summary["storage"]))
+        write_json(done, phase2[m])
+    report = write_report(out, methods, list(seeds), phase1, phase2, target, base)
+    client.log_text(parent_id, report["md"], "compare.md")
+    client.log_text(parent_id, report["csv"], "compare.csv")
+    for png in report["plots"]:
+        client.log_artifact(parent_id, png, "plots")
+    return {"table": report["md"], "out": str(out), "parent_run_id": parent_id, "tracking_uri": parent.uri,
             "wall_seconds": time.perf_counter() - t0, "results": report["rows"]}
 
 
@@ -342,6 +306,7 @@ def _device_pairs(methods: Sequence[str], seeds: list[int], phase2: dict[str, An
 
 def _plots(out: Path, methods: Sequence[str], seeds: list[int], phase2: dict[str, Any]) -> list[Path]:
     """Test accuracy vs round (mean over seeds, min–max band) and vs cumulative bytes."""
+    # matplotlib when the report is drawn: `lcfed` imports this module to build its parser
     import matplotlib
 
     matplotlib.use("Agg")
