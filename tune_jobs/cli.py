@@ -3,16 +3,22 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import signal
 import sys
 import textwrap
 from collections.abc import Sequence
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any, NoReturn
 
+import torch
 import yaml
 
-from lcfed import numerics
+from actors.connect import ClusterError
+from lcfed import conformance, numerics, registry
+from lcfed.checkpoint import CheckpointError
 from lcfed.config import (
     ConfigError,
     ExperimentConfig,
@@ -23,8 +29,17 @@ from lcfed.config import (
     require,
     to_dict,
 )
-from lcfed.stop import stop_on_signals
+from lcfed.data import DataError, format_stats, import_idx, partition_stats
+from lcfed.engine import DivergenceError, checkpoint_path, load_resume
+from lcfed.federation import check_against_data, load
+from lcfed.progress import ProgressBar
+from lcfed.runner import run_local
+from lcfed.stop import Stopped, stop_on_signals
+from lcfed.tracking import MLflowObserver, TrackingError, replay, ui_hint
+from tune_jobs import compare, jobs, mlflow_server, reproduce
 from tune_jobs.options import add_actions, config_options, examples
+from tune_jobs.sweep import command as sweep
+from tune_jobs.sweep.errors import SweepFailed
 
 EXIT_USAGE = 2
 #: what ``lcfed --version`` reports: lcfed and the packages that run and track it
@@ -82,8 +97,6 @@ class _Versions(argparse.Action):
 def versions() -> str:
     """E.g. ``lcfed 0.1.0 (torch 2.14.1, ray 2.60.0, mlflow 3.17.2)``, from the installed packages'
     metadata: no torch or Ray import."""
-    from importlib.metadata import PackageNotFoundError, version
-
     found = []
     for name in VERSIONED:
         try:
@@ -223,8 +236,6 @@ def build_parser() -> argparse.ArgumentParser:
     table.add_argument("files", nargs="+", metavar="FILE", help="summaries written by `lcfed run --json FILE`")
     table.set_defaults(func=cmd_table)
 
-    from tune_jobs import compare, jobs, mlflow_server, reproduce, sweep
-
     sweep.add_parser(sub)
     reproduce.add_parser(sub)
     compare.add_parser(sub)
@@ -234,13 +245,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _observers(cfg: ExperimentConfig, args: argparse.Namespace, resume: Any) -> tuple[list[Any], Any]:
-    from lcfed.progress import ProgressBar
-
     observers: list[Any] = [ProgressBar(disable=True if args.quiet else None)]
     tracker = None
     if cfg.tracking.enabled and not args.no_track:
-        from lcfed.tracking import MLflowObserver
-
         tracker = MLflowObserver(cfg.tracking.uri, resume_run_id=resume.tracking.get("run_id") if resume else None,
                                  backfill=resume.history if resume else (), guard=True)
         try:
@@ -258,16 +265,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     check_output_file(args.json, "--json", protect=[args.config])
     check_output_dir(cfg.checkpoint.dir, "checkpoint.dir")
     if cfg.engine.kind == "local" and cfg.engine.device == "cuda":
-        import torch
-
         require(torch.cuda.is_available(), "engine.device", "cuda",
                 "no CUDA GPU is visible to this process: use auto or cpu (or run on a GPU machine)")
-    from lcfed.data import format_stats
-
     stats = checked_partition_stats(cfg)  # fail on missing data or misfit sizes before anything starts
     print(f"partition: {partition_label(cfg)}: {format_stats(stats)}", flush=True)
-    from lcfed.engine import checkpoint_path, load_resume
-
     ckpt = checkpoint_path(cfg)
     resume = None
     if args.resume:
@@ -281,12 +282,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     observers, tracker = _observers(cfg, args, resume)
     with stop_on_signals():
         if cfg.engine.kind == "ray":
-            from actors.engine import run_ray
+            from actors.engine import run_ray  # Ray only for the Ray engine: `lcfed run` in-process never loads it
 
             result = run_ray(cfg, observers, resume)
         else:
-            from lcfed.runner import run_local
-
             result = run_local(cfg, observers, resume)
     averaged = last_evals(result.history, cfg.tracking.summary_evals)
     final_round = int(result.final["round"]) + 1 if "round" in result.final else None
@@ -316,8 +315,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     if result.placement:
         print(f"  placement      {placement_line(result.placement)}")
     if tracker is not None:
-        from lcfed.tracking import ui_hint
-
         loc = tracker.location()
         print(f"MLflow run {loc['run_id']} in experiment {cfg.tracking.experiment!r} (id {loc['experiment_id']})")
         print(f"  store: {loc['tracking_uri']}")
@@ -388,9 +385,6 @@ def partition_label(cfg: ExperimentConfig) -> str:
 def checked_partition_stats(cfg: ExperimentConfig) -> dict[str, float]:
     """The config's partition statistics, after checking the config against its dataset (a missing
     dataset or sizes that do not fit are errors here)."""
-    from lcfed.data import partition_stats
-    from lcfed.federation import check_against_data, load
-
     ds = load(cfg)
     return partition_stats(check_against_data(cfg, ds), ds.y)
 
@@ -423,16 +417,12 @@ def cmd_table(args: argparse.Namespace) -> int:
 
 
 def cmd_data_stats(args: argparse.Namespace) -> int:
-    from lcfed.data import format_stats
-
     cfg = load_config(args.config, args.set)
     print(f"{partition_label(cfg)}:\n  {format_stats(checked_partition_stats(cfg))}")
     return 0
 
 
 def cmd_tracking_replay(args: argparse.Namespace) -> int:
-    from lcfed.tracking import replay
-
     run_id, count = replay(args.file)
     print(f"sent {count} metric points to run {run_id}")
     return 0
@@ -459,10 +449,6 @@ def cmd_config(args: argparse.Namespace) -> int:
 def cmd_methods(args: argparse.Namespace) -> int:
     """Every method by name (built-in, then installed plugins, with where each comes from) and its
     parameters with their defaults."""
-    import dataclasses
-
-    from lcfed import registry
-
     for entry in registry.names("method"):
         try:
             spec = registry.method(entry.name)
@@ -480,8 +466,6 @@ def cmd_methods(args: argparse.Namespace) -> int:
 
 def cmd_check(args: argparse.Namespace) -> int:
     """The conformance report of each method; exit 1 when a property fails."""
-    from lcfed import conformance
-
     require(args.rounds >= 2, "--rounds", args.rounds, "must be >= 2 (resuming needs a round before the last)")
     configs = [conformance.small_config(name, **{"train.rounds": args.rounds}) for name in args.methods]
     failed = 0
@@ -495,8 +479,6 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 def cmd_components(args: argparse.Namespace) -> int:
     """``lcfed models`` / ``lcfed datasets``: every name, its first docstring line and where it comes from."""
-    from lcfed import registry
-
     for entry in registry.names(args.kind):
         try:
             obj = getattr(registry, args.kind)(entry.name)
@@ -515,8 +497,6 @@ def _first_line(obj: Any) -> str:
 
 
 def cmd_data_import(args: argparse.Namespace) -> int:
-    from lcfed.data import import_idx
-
     check_output_dir(args.data_dir, "--data-dir")
     placed = import_idx(Path(args.data_dir).expanduser(), args.sources)
     for name, dest in placed:
@@ -528,13 +508,6 @@ def cmd_data_import(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    from actors.connect import ClusterError
-    from lcfed.checkpoint import CheckpointError
-    from lcfed.data import DataError
-    from lcfed.engine import DivergenceError, Stopped
-    from lcfed.tracking import TrackingError
-    from tune_jobs.sweep import SweepFailed
-
     try:
         return int(args.func(args))
     except ConfigError as exc:
@@ -556,8 +529,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"lcfed: run failed: {exc}", file=sys.stderr)
         return 1
     except Stopped as exc:
-        import signal
-
         print(f"lcfed: {exc}", file=sys.stderr)
         return 128 + int(getattr(signal, exc.reason, signal.SIGINT))
     except KeyboardInterrupt as exc:
