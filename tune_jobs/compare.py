@@ -306,11 +306,10 @@ def _device_pairs(methods: Sequence[str], seeds: list[int], phase2: dict[str, An
 
 def _plots(out: Path, methods: Sequence[str], seeds: list[int], phase2: dict[str, Any]) -> list[Path]:
     """Test accuracy vs round (mean over seeds, min–max band) and vs cumulative bytes."""
-    # matplotlib when the report is drawn: `lcfed` imports this module to build its parser
-    import matplotlib
+    import matplotlib  # when the report is drawn: `lcfed` imports this module to build its parser
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # (the same)
 
     paths = []
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))

@@ -8,6 +8,9 @@ guarded (:class:`lcfed.tracking.RunGuard` marks it FAILED should this process di
 and closed on the way out: FINISHED; KILLED on ``KeyboardInterrupt`` (a signal, Ctrl-C,
 :class:`lcfed.stop.Stopped`) or FAILED on any other exception, the reason in its ``failure_reason`` tag,
 the exception propagating. Last, a Ray started here is shut down; an attached one is left running.
+
+Ray and MLflow are imported where they are used: ``lcfed`` builds its parser from ``reproduce`` and
+``compare``, which import this module, and a command that runs neither must not load them.
 """
 
 from __future__ import annotations
@@ -56,9 +59,7 @@ class ParentRun:
             if self._guard is not None:
                 self._guard.release()
             if self._started:
-                # loaded already (ensure_ray started it); at the top it would load Ray into every `lcfed`
-                # command: the parser imports reproduce and compare, which import this module
-                import ray
+                import ray  # loaded already by ensure_ray; not at the top: see the module's docstring
 
                 ray.shutdown()
 
@@ -74,9 +75,7 @@ class ParentRun:
         characters)."""
         run_id = self.open(self.client.create_run(self.experiment_id, run_name=name, tags=tags).info.run_id)
         if params:
-            # MLflow's entities load with the first run; at the top, every `lcfed` command would load MLflow
-            # (the parser imports reproduce and compare, which import this module)
-            from mlflow.entities import Param
+            from mlflow.entities import Param  # MLflow with the first run; not at the top: see the module's docstring
 
             self.client.log_batch(run_id, params=[Param(k, v[:6000]) for k, v in params.items()])
         return run_id

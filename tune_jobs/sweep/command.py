@@ -67,9 +67,8 @@ def add_parser(sub: Any) -> None:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    # Tune and MLflow load when a sweep runs, not with the parser (see the module's docstring)
-    from tune_jobs.sweep.run import run_sweep
-    from tune_jobs.sweep.space import load_space
+    from tune_jobs.sweep.run import run_sweep  # Tune and MLflow when a sweep runs, not with lcfed's parser
+    from tune_jobs.sweep.space import load_space  # (Tune too)
 
     base = load_config(args.config, args.set)
     require(args.name is None or safe_name(args.name), "--name", args.name, NAME_RULE)
