@@ -118,6 +118,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action=_Versions, help="print the versions of lcfed, torch, Ray and MLflow")
     sub = add_actions(parser, "command", "COMMAND")
 
+    for add in (_add_run, _add_config, _add_methods, _add_check, _add_components, _add_data, _add_tracking,
+                _add_table, sweep.add_parser, reproduce.add_parser, compare.add_parser, mlflow_server.add_parser,
+                jobs.add_parser):
+        add(sub)
+    return parser
+
+
+def _add_run(sub: Any) -> None:
+    """lcfed run: one federation, tracked."""
     run = sub.add_parser(
         "run", help="run one federation and log it to MLflow",
         description="Run one federation (every round: local training, clustering, aggregation, evaluation), "
@@ -141,6 +150,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.set_defaults(func=cmd_run)
 
+
+def _add_config(sub: Any) -> None:
+    """lcfed config: the resolved config."""
     show = sub.add_parser(
         "config", help="print the resolved, validated config as YAML",
         description="Print the config a run with the same --config and --set would use: the file's fields, "
@@ -150,6 +162,9 @@ def build_parser() -> argparse.ArgumentParser:
     config_options(show)
     show.set_defaults(func=cmd_config)
 
+
+def _add_methods(sub: Any) -> None:
+    """lcfed methods: the registered methods and their parameters."""
     methods = sub.add_parser(
         "methods", help="list the registered methods and their parameters",
         description="List the registered methods (the values of method.name), each with its description "
@@ -157,6 +172,9 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=examples("lcfed methods", "lcfed run --set method.name=ifca --set method.num_clusters=3"))
     methods.set_defaults(func=cmd_methods)
 
+
+def _add_check(sub: Any) -> None:
+    """lcfed check: a method's conformance to the Strategy contract."""
     check = sub.add_parser(
         "check", help="check that a method keeps the Strategy contract (seeded, pure, priced, resumable, Ray = local)",
         description="Run a method on a small federation and check the contract every built-in keeps: the same "
@@ -170,6 +188,9 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--rounds", type=int, default=2, help="rounds of the small federation (default: %(default)s)")
     check.set_defaults(func=cmd_check)
 
+
+def _add_components(sub: Any) -> None:
+    """lcfed models / lcfed datasets: the names each accepts."""
     for kind, what in (("model", "models"), ("dataset", "datasets")):
         listing = sub.add_parser(
             what, help=f"list the {what}: built-in, installed plugins (entry points lcfed.{what}) and where each comes from",
@@ -180,6 +201,9 @@ def build_parser() -> argparse.ArgumentParser:
                                              f"=mypackage.module:{'build' if kind == 'model' else 'load'}"))
         listing.set_defaults(func=cmd_components, kind=kind)
 
+
+def _add_data(sub: Any) -> None:
+    """lcfed data import / stats."""
     data = sub.add_parser("data", help="dataset utilities", description="Dataset utilities: place IDX files where "
                           "torchvision expects them, or print the partition a config makes.",
                           epilog=examples("lcfed data import --from /tmp/mnist-idx",
@@ -214,6 +238,9 @@ def build_parser() -> argparse.ArgumentParser:
     config_options(stats)
     stats.set_defaults(func=cmd_data_stats)
 
+
+def _add_tracking(sub: Any) -> None:
+    """lcfed tracking replay."""
     tracking = sub.add_parser("tracking", help="tracking utilities",
                               description="Tracking utilities: send metrics a run kept while MLflow was unreachable.",
                               epilog=examples("lcfed tracking replay unlogged-metrics-3f2a1b9c.json"))
@@ -226,6 +253,9 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("file", metavar="FILE", help="an unlogged-metrics-<run id>.json file")
     rep.set_defaults(func=cmd_tracking_replay)
 
+
+def _add_table(sub: Any) -> None:
+    """lcfed table: finished runs side by side."""
     table = sub.add_parser(
         "table", help="compare finished runs: one row per `lcfed run --json` summary",
         description="Compare finished runs side by side, best first: one row per summary written by "
@@ -235,13 +265,6 @@ def build_parser() -> argparse.ArgumentParser:
                         "lcfed table a.json b.json"))
     table.add_argument("files", nargs="+", metavar="FILE", help="summaries written by `lcfed run --json FILE`")
     table.set_defaults(func=cmd_table)
-
-    sweep.add_parser(sub)
-    reproduce.add_parser(sub)
-    compare.add_parser(sub)
-    mlflow_server.add_parser(sub)
-    jobs.add_parser(sub)
-    return parser
 
 
 def _observers(cfg: ExperimentConfig, args: argparse.Namespace, resume: Any) -> tuple[list[Any], Any]:
@@ -288,25 +311,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         else:
             result = run_local(cfg, observers, resume)
     averaged = last_evals(result.history, cfg.tracking.summary_evals)
-    final_round = int(result.final["round"]) + 1 if "round" in result.final else None
-    summary = {
-        "name": cfg.name,
-        "seed": cfg.seed,
-        "method": cfg.method.name,
-        "engine": cfg.engine.kind,
-        "rounds": cfg.train.rounds,
-        "seconds_per_round": result.round_seconds,
-        "wall_seconds": result.wall_seconds,
-        "reports": f"the metrics at the top level are the last evaluation's (round {final_round}); last_evals "
-                   f"holds their mean over the last {averaged['evaluations']} evaluations (rounds counted from 1)",
-        "last_eval_round": final_round,
-        **{k: v for k, v in result.final.items() if k != "round"},
-        "last_evals": averaged,
-        "partition": stats,
-        "provenance": result.provenance,
-        **result.tracking,
-        **({"placement": result.placement} if result.placement else {}),
-    }
+    summary = _run_summary(cfg, result, stats, averaged)
     print(f"\n{cfg.name}: {cfg.method.name} on {cfg.data.dataset} ({cfg.data.partition}), "
           f"{cfg.data.num_devices} devices, {cfg.train.rounds} rounds, engine {cfg.engine.kind}")
     print(summary_table(result.final, averaged))
@@ -327,6 +332,30 @@ def cmd_run(args: argparse.Namespace) -> int:
               f"{result.tracking['unlogged_metrics']}` once it is back", file=sys.stderr)
         return 1
     return 0
+
+
+def _run_summary(cfg: ExperimentConfig, result: Any, stats: dict[str, float], averaged: dict[str, Any]) -> dict[str, Any]:
+    """What ``lcfed run --json`` writes: the run's settings, its last evaluation, the mean of the last ones,
+    the partition, the numerics and where it was tracked."""
+    final_round = int(result.final["round"]) + 1 if "round" in result.final else None
+    return {
+        "name": cfg.name,
+        "seed": cfg.seed,
+        "method": cfg.method.name,
+        "engine": cfg.engine.kind,
+        "rounds": cfg.train.rounds,
+        "seconds_per_round": result.round_seconds,
+        "wall_seconds": result.wall_seconds,
+        "reports": f"the metrics at the top level are the last evaluation's (round {final_round}); last_evals "
+                   f"holds their mean over the last {averaged['evaluations']} evaluations (rounds counted from 1)",
+        "last_eval_round": final_round,
+        **{k: v for k, v in result.final.items() if k != "round"},
+        "last_evals": averaged,
+        "partition": stats,
+        "provenance": result.provenance,
+        **result.tracking,
+        **({"placement": result.placement} if result.placement else {}),
+    }
 
 
 #: what the summary reports, per evaluation and averaged over the last ``tracking.summary_evals``
