@@ -200,27 +200,7 @@ def write_report(out: Path, methods: Sequence[str], seeds: list[int], phase1: di
                  base: ExperimentConfig) -> dict[str, Any]:
     """``compare.md``, ``compare.csv`` and the plots; returns them and the rows. With held-out devices
     (``data.holdout_fraction``) the newcomers' test accuracy gets its own column."""
-    acc = {m: [phase2[m][s]["acc_mean"] for s in seeds] for m in methods}
-    cis = {m: mean_ci(acc[m]) for m in methods}
-    if target is None:  # reached by every method on average: 90 % of the weakest method's accuracy
-        target = 0.9 * min(ci.mean for ci in cis.values())
-    rows = []
-    for m in methods:
-        others = [o for o in methods if o != m]
-        best_other = max(others, key=lambda o: cis[o].mean)
-        vs_ref = paired_test(acc[m], acc[REFERENCE]) if REFERENCE in methods and m != REFERENCE else None
-        vs_best = paired_test(acc[m], acc[best_other])
-        reached = [r for r in (_first_reaching(phase2[m][s]["curve"], target) for s in seeds) if r is not None]
-        nbytes = phase2[m][seeds[0]]["bytes_up_total"] + phase2[m][seeds[0]]["bytes_down_total"]
-        rows.append({
-            "method": m, "config": phase1[m]["best_config"], "val_acc_mean": phase1[m][METRIC],
-            "test_acc_mean": cis[m].mean, "ci95": cis[m].half, "per_seed": acc[m],
-            "vs_standalone": vs_ref, "best_other": best_other, "vs_best_other": vs_best,
-            "reached": len(reached), "bytes_to_target": float(np.mean([r[0] for r in reached])) if reached else math.nan,
-            "sim_seconds_to_target": float(np.mean([r[1] for r in reached])) if reached else math.nan,
-            "bytes_total": nbytes,
-            "acc_new": [phase2[m][s].get("acc_new_mean", math.nan) for s in seeds],
-        })
+    rows, target = _report_rows(methods, seeds, phase1, phase2, target)
     # devices held out of training (data.holdout_fraction): their accuracy after joining, a column of its own
     newcomers = any(not math.isnan(v) for r in rows for v in r["acc_new"])
 
@@ -257,6 +237,43 @@ def write_report(out: Path, methods: Sequence[str], seeds: list[int], phase1: di
         lines += ["", "**Note:** the runs compared were produced under different numerics (torch's kernels, "
                   "profile or versions), so part of a difference may come from there: " + "; ".join(differ) + "."]
     md = "\n".join(lines) + "\n"
+    table_csv = _report_csv(rows, seeds, newcomers)
+    (out / "compare.md").write_text(md)
+    (out / "compare.csv").write_text(table_csv)
+    plots = _plots(out, methods, seeds, phase2)
+    return {"md": md, "csv": table_csv, "plots": plots, "rows": rows}
+
+
+def _report_rows(methods: Sequence[str], seeds: list[int], phase1: dict[str, Any],
+                 phase2: dict[str, dict[int, dict[str, Any]]], target: float | None) -> tuple[list[dict[str, Any]], float]:
+    """A row per method: its test accuracy over seeds, the paired tests against Standalone and the best other
+    method, what it took to reach ``target``; and the target (default: 90 % of the weakest method's mean)."""
+    acc = {m: [phase2[m][s]["acc_mean"] for s in seeds] for m in methods}
+    cis = {m: mean_ci(acc[m]) for m in methods}
+    if target is None:  # reached by every method on average: 90 % of the weakest method's accuracy
+        target = 0.9 * min(ci.mean for ci in cis.values())
+    rows = []
+    for m in methods:
+        others = [o for o in methods if o != m]
+        best_other = max(others, key=lambda o: cis[o].mean)
+        vs_ref = paired_test(acc[m], acc[REFERENCE]) if REFERENCE in methods and m != REFERENCE else None
+        vs_best = paired_test(acc[m], acc[best_other])
+        reached = [r for r in (_first_reaching(phase2[m][s]["curve"], target) for s in seeds) if r is not None]
+        nbytes = phase2[m][seeds[0]]["bytes_up_total"] + phase2[m][seeds[0]]["bytes_down_total"]
+        rows.append({
+            "method": m, "config": phase1[m]["best_config"], "val_acc_mean": phase1[m][METRIC],
+            "test_acc_mean": cis[m].mean, "ci95": cis[m].half, "per_seed": acc[m],
+            "vs_standalone": vs_ref, "best_other": best_other, "vs_best_other": vs_best,
+            "reached": len(reached), "bytes_to_target": float(np.mean([r[0] for r in reached])) if reached else math.nan,
+            "sim_seconds_to_target": float(np.mean([r[1] for r in reached])) if reached else math.nan,
+            "bytes_total": nbytes,
+            "acc_new": [phase2[m][s].get("acc_new_mean", math.nan) for s in seeds],
+        })
+    return rows, target
+
+
+def _report_csv(rows: list[dict[str, Any]], seeds: list[int], newcomers: bool) -> str:
+    """``compare.csv``: a line per method, every number of its row."""
     buf = io.StringIO()
     w = csv.writer(buf)
     w.writerow(["method", "test_acc_mean", "ci95", *[f"seed_{s}" for s in seeds], "diff_vs_standalone",
@@ -270,10 +287,7 @@ def write_report(out: Path, methods: Sequence[str], seeds: list[int], phase1: di
                     r["best_other"], best.diff.mean, best.t_p, best.wilcoxon_p, r["val_acc_mean"],
                     r["bytes_to_target"], r["sim_seconds_to_target"], r["reached"],
                     float(np.mean(r["acc_new"])) if newcomers else "", json.dumps(r["config"])])
-    (out / "compare.md").write_text(md)
-    (out / "compare.csv").write_text(buf.getvalue())
-    plots = _plots(out, methods, seeds, phase2)
-    return {"md": md, "csv": buf.getvalue(), "plots": plots, "rows": rows}
+    return buf.getvalue()
 
 
 def _device_pairs(methods: Sequence[str], seeds: list[int], phase2: dict[str, Any],
