@@ -96,8 +96,9 @@ def run_sweep(
     tune_space = check_search(search, space)
     uri = resolve_tracking_uri(base.tracking.uri)
     base = base.replace(**{"tracking.uri": uri, "tracking.enabled": True})
-    plan = SweepPlan(base, space, tune_space, obj, search, name or f"{base.name}-sweep", storage_location(storage),
-                     num_samples, max_concurrent, gpus_per_trial, resume)
+    plan = SweepPlan(base=base, space=space, tune_space=tune_space, objective=obj, search=search,
+                     name=name or f"{base.name}-sweep", storage_uri=storage_location(storage), num_samples=num_samples,
+                     max_concurrent=max_concurrent, gpus_per_trial=gpus_per_trial, resume=resume)
     require(trial_engine in TRIAL_ENGINES, "--trial-engine", trial_engine, f"one of {list(TRIAL_ENGINES)}")
     sources = load_sources(base, space)  # a missing dataset fails here, before any run or trial exists
     hint = f"; the Tune state is saved: continue with --resume --name {plan.name}"
