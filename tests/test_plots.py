@@ -26,7 +26,7 @@ from lcfed.tracking import (
     read_assignment_history,
 )
 from tests.conftest import tiny_config
-from tune_jobs.sweep import assignment_figure, comparable_values, mu_lambda_figure
+from tune_jobs.sweep.figures import assignment_figure, comparable_values, mu_lambda_figure
 
 
 def _history(rounds: int) -> list[dict[str, float]]:

@@ -13,7 +13,8 @@ import yaml
 from lcfed.config import ConfigError, to_dict
 from tests.conftest import tiny_config
 from tune_jobs.cli import main
-from tune_jobs.sweep import load_space, restore_results, run_sweep
+from tune_jobs.sweep.run import restore_results, run_sweep
+from tune_jobs.sweep.space import load_space
 
 
 def test_space_files_are_validated_against_the_base_config(tmp_path):
@@ -151,10 +152,10 @@ def test_asha_on_a_loss_stops_the_worse_trial_early_and_finished(tmp_path, track
 
 def _proposals(storage: str) -> list[dict]:
     """The swept values of a sweep's trials in the order they were created."""
-    from tune_jobs.sweep import _trial_order
+    from tune_jobs.sweep.best import trial_order
 
     grid = restore_results(storage)
-    order = _trial_order(grid)
+    order = trial_order(grid)
     results = sorted(grid, key=lambda r: order[r.metrics["trial_id"]])
     return [{k: r.config[k] for k in ("method.mu", "method.lam")} for r in results]
 
@@ -283,7 +284,7 @@ def test_a_signal_stops_the_sweep_killed_with_a_reason_and_resume_finishes_it(tm
 
 
 def test_auto_trial_engine_is_local_on_one_node_with_at_most_one_gpu_per_trial():
-    from tune_jobs.sweep import resolve_trial_engine
+    from tune_jobs.sweep.placement import resolve_trial_engine
 
     assert resolve_trial_engine("auto", 0.0, nodes=1) == "local"
     assert resolve_trial_engine("auto", 1.0, nodes=1) == "local"
@@ -298,7 +299,7 @@ def test_auto_trial_engine_is_local_on_one_node_with_at_most_one_gpu_per_trial()
 
 
 def test_a_local_trial_asks_for_its_threads_and_gpu_share_in_one_bundle():
-    from tune_jobs.sweep import trial_config, trial_resources
+    from tune_jobs.sweep.trial import trial_config, trial_resources
 
     cfg = tiny_config("engine.torch_threads=2", "engine.workers=2")
     assert trial_resources(cfg, 0.5, "local").bundles == [{"CPU": 4, "GPU": 0.5}]

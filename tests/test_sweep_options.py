@@ -10,17 +10,11 @@ import yaml
 
 from lcfed.config import ConfigError
 from tests.conftest import tiny_config
-from tune_jobs.sweep import (
-    METRICS,
-    Objective,
-    _best_result,
-    child_name,
-    describe_domain,
-    make_scheduler,
-    resolve_objective,
-    space_spec,
-    swept_keys,
-)
+from tune_jobs.sweep.best import best_result
+from tune_jobs.sweep.callbacks import child_name
+from tune_jobs.sweep.objective import METRICS, Objective, resolve_objective
+from tune_jobs.sweep.search import make_scheduler
+from tune_jobs.sweep.space import describe_domain, space_spec, swept_keys
 
 
 def test_defaults_half_way_grace_and_the_metrics_direction():
@@ -83,7 +77,7 @@ def test_the_space_is_logged_in_its_file_form():
 
 
 def test_every_domain_of_a_space_file_loads_and_is_logged_as_written(tmp_path):
-    from tune_jobs.sweep import DOMAINS, load_space
+    from tune_jobs.sweep.space import DOMAINS, load_space
 
     specs = {"method.mu": {"loguniform": [0.001, 1.0]}, "method.lam": {"uniform": [0.0, 0.5]},
              "train.lr": {"quniform": [0.05, 0.2, 0.05]}, "train.batch_size": {"grid": [16, 32]},
@@ -106,19 +100,19 @@ def test_child_names_carry_the_swept_values():
 def test_the_best_trial_follows_the_mode_and_ties_go_to_the_first_trial():
     results = [SimpleNamespace(metrics={"test_loss": v, "trial_id": t}, error=None)
                for v, t in [(0.5, "a_00002"), (0.3, "a_00001"), (0.3, "a_00000"), (float("nan"), "a_00003")]]
-    assert _best_result(results, "test_loss", "min").metrics["trial_id"] == "a_00000"
-    assert _best_result(results, "test_loss", "max").metrics["trial_id"] == "a_00002"
+    assert best_result(results, "test_loss", "min").metrics["trial_id"] == "a_00000"
+    assert best_result(results, "test_loss", "max").metrics["trial_id"] == "a_00002"
     with pytest.raises(Exception, match="finite ari"):
-        _best_result(results, "ari", "max")
+        best_result(results, "ari", "max")
     # a seeded search's trial ids are random: ties go to the trial created first
-    assert _best_result(results, "test_loss", "min", {"a_00001": 0, "a_00000": 1}).metrics["trial_id"] == "a_00001"
+    assert best_result(results, "test_loss", "min", {"a_00001": 0, "a_00000": 1}).metrics["trial_id"] == "a_00001"
 
 
 def test_the_best_trial_is_one_that_ran_the_most_rounds():
     """ASHA stopped b at round 1 on 0.9: it is not compared with a and c, which ran 4 rounds."""
     results = [SimpleNamespace(metrics={"acc_mean": v, "round": r, "trial_id": t}, error=None)
                for v, r, t in [(0.7, 3, "a"), (0.9, 1, "b"), (0.8, 3, "c")]]
-    assert _best_result(results, "acc_mean", "max").metrics["trial_id"] == "c"
+    assert best_result(results, "acc_mean", "max").metrics["trial_id"] == "c"
 
 
 def test_every_sweepable_metric_is_one_a_run_reports():

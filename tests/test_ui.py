@@ -17,7 +17,8 @@ import pytest
 from tests.conftest import tiny_config
 from tests.test_jobs import free_port
 from tune_jobs.mlflow_server import start_mlflow_server, stop
-from tune_jobs.sweep import load_space, run_sweep
+from tune_jobs.sweep.run import run_sweep
+from tune_jobs.sweep.space import load_space
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -3,18 +3,23 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
-import functools
+import dataclasses
 import json
+import re
+import signal
 import sys
 import textwrap
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any, NoReturn
 
+import torch
 import yaml
 
-from lcfed import numerics
+from actors.connect import ClusterError
+from lcfed import conformance, numerics, registry
+from lcfed.checkpoint import CheckpointError
 from lcfed.config import (
     ConfigError,
     ExperimentConfig,
@@ -25,6 +30,17 @@ from lcfed.config import (
     require,
     to_dict,
 )
+from lcfed.data import DataError, format_groups, format_stats, import_idx, import_leaf, partition_stats
+from lcfed.engine import DivergenceError, checkpoint_path, load_resume
+from lcfed.federation import check_against_data, load
+from lcfed.progress import ProgressBar
+from lcfed.runner import run_local
+from lcfed.stop import Stopped, stop_on_signals
+from lcfed.tracking import MLflowObserver, TrackingError, replay, ui_hint
+from tune_jobs import compare, head, jobs, mlflow_server, reproduce
+from tune_jobs.options import add_actions, config_options, examples
+from tune_jobs.sweep import command as sweep
+from tune_jobs.sweep.errors import SweepFailed
 
 EXIT_USAGE = 2
 #: what ``lcfed --version`` reports: lcfed and the packages that run and track it
@@ -82,8 +98,6 @@ class _Versions(argparse.Action):
 def versions() -> str:
     """E.g. ``lcfed 0.1.0 (torch 2.14.1, ray 2.60.0, mlflow 3.17.2)``, from the installed packages'
     metadata: no torch or Ray import."""
-    from importlib.metadata import PackageNotFoundError, version
-
     found = []
     for name in VERSIONED:
         try:
@@ -91,35 +105,6 @@ def versions() -> str:
         except PackageNotFoundError:
             found.append(f"{name} not installed")
     return f"{found[0]} ({', '.join(found[1:])})"
-
-
-def examples(*commands: str) -> str:
-    """A subcommand's ``epilog``: example command lines, printed as written."""
-    return "examples:\n" + "\n".join(f"  {c}" for c in commands)
-
-
-def add_actions(parser: argparse.ArgumentParser, dest: str, metavar: str = "ACTION") -> Any:
-    """The sub-actions of a command (``lcfed data import``); the bare command prints its help and
-    exits 0 instead of an error."""
-    parser.set_defaults(func=functools.partial(_print_help, parser))
-    return parser.add_subparsers(dest=dest, metavar=metavar)
-
-
-def _print_help(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
-    parser.print_help()
-    return 0
-
-
-def _config_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", "-c", metavar="FILE", help="YAML experiment config (default: built-in defaults)")
-    p.add_argument(
-        "--set",
-        "-s",
-        metavar="KEY=VALUE",
-        action="append",
-        default=[],
-        help="override a config field, e.g. --set method.mu=0.1 --set data.num_devices=100 (repeatable)",
-    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -134,6 +119,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action=_Versions, help="print the versions of lcfed, torch, Ray and MLflow")
     sub = add_actions(parser, "command", "COMMAND")
 
+    for add in (_add_run, _add_config, _add_methods, _add_check, _add_components, _add_data, _add_tracking,
+                _add_table, sweep.add_parser, reproduce.add_parser, compare.add_parser, mlflow_server.add_parser,
+                jobs.add_parser, head.add_parser):
+        add(sub)
+    return parser
+
+
+def _add_run(sub: Any) -> None:
+    """lcfed run: one federation, tracked."""
     run = sub.add_parser(
         "run", help="run one federation and log it to MLflow",
         description="Run one federation (every round: local training, clustering, aggregation, evaluation), "
@@ -145,7 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "lcfed run --config configs/demo.yaml --set method.name=fedavg --json fedavg.json",
                         "lcfed run --config configs/demo.yaml --engine ray --no-track",
                         "lcfed run --config configs/demo.yaml --set checkpoint.dir=runs/demo --resume"))
-    _config_args(run)
+    config_options(run)
     run.add_argument("--engine", choices=["local", "ray"], help="execution engine (overrides engine.kind)")
     run.add_argument("--no-track", action="store_true", help="do not log to MLflow")
     run.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
@@ -157,15 +151,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.set_defaults(func=cmd_run)
 
+
+def _add_config(sub: Any) -> None:
+    """lcfed config: the resolved config."""
     show = sub.add_parser(
         "config", help="print the resolved, validated config as YAML",
         description="Print the config a run with the same --config and --set would use: the file's fields, "
         "the overrides and every default, validated (a bad value is an error here, as in `lcfed run`).",
         epilog=examples("lcfed config",
                         "lcfed config --config configs/demo.yaml --set data.alpha=0.1 > my.yaml"))
-    _config_args(show)
+    config_options(show)
     show.set_defaults(func=cmd_config)
 
+
+def _add_methods(sub: Any) -> None:
+    """lcfed methods: the registered methods and their parameters."""
     methods = sub.add_parser(
         "methods", help="list the registered methods and their parameters",
         description="List the registered methods (the values of method.name), each with its description "
@@ -173,6 +173,9 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=examples("lcfed methods", "lcfed run --set method.name=ifca --set method.num_clusters=3"))
     methods.set_defaults(func=cmd_methods)
 
+
+def _add_check(sub: Any) -> None:
+    """lcfed check: a method's conformance to the Strategy contract."""
     check = sub.add_parser(
         "check", help="check that a method keeps the Strategy contract (seeded, pure, priced, resumable, Ray = local)",
         description="Run a method on a small federation and check the contract every built-in keeps: the same "
@@ -186,6 +189,9 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--rounds", type=int, default=2, help="rounds of the small federation (default: %(default)s)")
     check.set_defaults(func=cmd_check)
 
+
+def _add_components(sub: Any) -> None:
+    """lcfed models / lcfed datasets: the names each accepts."""
     for kind, what in (("model", "models"), ("dataset", "datasets")):
         listing = sub.add_parser(
             what, help=f"list the {what}: built-in, installed plugins (entry points lcfed.{what}) and where each comes from",
@@ -196,6 +202,9 @@ def build_parser() -> argparse.ArgumentParser:
                                              f"=mypackage.module:{'build' if kind == 'model' else 'load'}"))
         listing.set_defaults(func=cmd_components, kind=kind)
 
+
+def _add_data(sub: Any) -> None:
+    """lcfed data import / stats."""
     data = sub.add_parser("data", help="dataset utilities", description="Dataset utilities: place IDX files where "
                           "torchvision expects them, turn LEAF's JSON files into an .npz, or print the partition a "
                           "config makes.",
@@ -242,9 +251,12 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=examples("lcfed data stats --config configs/mnist_dirichlet.yaml",
                         "lcfed data stats --set data.partition=pathological --set data.classes_per_device=2"),
     )
-    _config_args(stats)
+    config_options(stats)
     stats.set_defaults(func=cmd_data_stats)
 
+
+def _add_tracking(sub: Any) -> None:
+    """lcfed tracking replay."""
     tracking = sub.add_parser("tracking", help="tracking utilities",
                               description="Tracking utilities: send metrics a run kept while MLflow was unreachable.",
                               epilog=examples("lcfed tracking replay unlogged-metrics-3f2a1b9c.json"))
@@ -257,6 +269,9 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("file", metavar="FILE", help="an unlogged-metrics-<run id>.json file")
     rep.set_defaults(func=cmd_tracking_replay)
 
+
+def _add_table(sub: Any) -> None:
+    """lcfed table: finished runs side by side."""
     table = sub.add_parser(
         "table", help="compare finished runs: one row per `lcfed run --json` summary",
         description="Compare finished runs side by side, best first: one row per summary written by "
@@ -267,25 +282,11 @@ def build_parser() -> argparse.ArgumentParser:
     table.add_argument("files", nargs="+", metavar="FILE", help="summaries written by `lcfed run --json FILE`")
     table.set_defaults(func=cmd_table)
 
-    from tune_jobs import compare, head, jobs, mlflow_server, reproduce, sweep
-
-    sweep.add_parser(sub)
-    reproduce.add_parser(sub)
-    compare.add_parser(sub)
-    mlflow_server.add_parser(sub)
-    jobs.add_parser(sub)
-    head.add_parser(sub)
-    return parser
-
 
 def _observers(cfg: ExperimentConfig, args: argparse.Namespace, resume: Any) -> tuple[list[Any], Any]:
-    from lcfed.progress import ProgressBar
-
     observers: list[Any] = [ProgressBar(disable=True if args.quiet else None)]
     tracker = None
     if cfg.tracking.enabled and not args.no_track:
-        from lcfed.tracking import MLflowObserver
-
         tracker = MLflowObserver(cfg.tracking.uri, resume_run_id=resume.tracking.get("run_id") if resume else None,
                                  backfill=resume.history if resume else (), guard=True)
         try:
@@ -303,16 +304,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     check_output_file(args.json, "--json", protect=[args.config])
     check_output_dir(cfg.checkpoint.dir, "checkpoint.dir")
     if cfg.engine.kind == "local" and cfg.engine.device == "cuda":
-        import torch
-
         require(torch.cuda.is_available(), "engine.device", "cuda",
                 "no CUDA GPU is visible to this process: use auto or cpu (or run on a GPU machine)")
-    from lcfed.data import format_stats
-
     stats = checked_partition_stats(cfg)  # fail on missing data or misfit sizes before anything starts
     print(f"partition: {partition_label(cfg)}: {format_stats(stats)}", flush=True)
-    from lcfed.engine import checkpoint_path, load_resume
-
     ckpt = checkpoint_path(cfg)
     resume = None
     if args.resume:
@@ -326,16 +321,40 @@ def cmd_run(args: argparse.Namespace) -> int:
     observers, tracker = _observers(cfg, args, resume)
     with stop_on_signals():
         if cfg.engine.kind == "ray":
-            from actors.engine import run_ray
+            from actors.engine import run_ray  # Ray only for the Ray engine: `lcfed run` in-process never loads it
 
             result = run_ray(cfg, observers, resume)
         else:
-            from lcfed.runner import run_local
-
             result = run_local(cfg, observers, resume)
     averaged = last_evals(result.history, cfg.tracking.summary_evals)
+    summary = _run_summary(cfg, result, stats, averaged)
+    print(f"\n{cfg.name}: {cfg.method.name} on {cfg.data.dataset} ({cfg.data.partition}), "
+          f"{cfg.data.num_devices} devices, {cfg.train.rounds} rounds, engine {cfg.engine.kind}")
+    print(summary_table(result.final, averaged))
+    print(f"  {'s/round':<14} {result.round_seconds:>10.3f}   (wall {result.wall_seconds:.1f} s)")
+    print(f"  numerics       {provenance_line(result.provenance)}")
+    if result.placement:
+        print(f"  placement      {placement_line(result.placement)}")
+    if tracker is not None:
+        loc = tracker.location()
+        print(f"MLflow run {loc['run_id']} in experiment {cfg.tracking.experiment!r} (id {loc['experiment_id']})")
+        print(f"  store: {loc['tracking_uri']}")
+        print(f"  UI:    {ui_hint(loc['tracking_uri'])}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(summary, indent=2, default=str) + "\n")
+    if "unlogged_metrics" in result.tracking:
+        print(f"lcfed: the MLflow store was unreachable at the end: metrics not logged are in "
+              f"{result.tracking['unlogged_metrics']}; send them with `lcfed tracking replay "
+              f"{result.tracking['unlogged_metrics']}` once it is back", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _run_summary(cfg: ExperimentConfig, result: Any, stats: dict[str, float], averaged: dict[str, Any]) -> dict[str, Any]:
+    """What ``lcfed run --json`` writes: the run's settings, its last evaluation, the mean of the last ones,
+    the partition, the numerics and where it was tracked."""
     final_round = int(result.final["round"]) + 1 if "round" in result.final else None
-    summary = {
+    return {
         "name": cfg.name,
         "seed": cfg.seed,
         "method": cfg.method.name,
@@ -353,28 +372,6 @@ def cmd_run(args: argparse.Namespace) -> int:
         **result.tracking,
         **({"placement": result.placement} if result.placement else {}),
     }
-    print(f"\n{cfg.name}: {cfg.method.name} on {cfg.data.dataset} ({cfg.data.partition}), "
-          f"{cfg.data.num_devices} devices, {cfg.train.rounds} rounds, engine {cfg.engine.kind}")
-    print(summary_table(result.final, averaged))
-    print(f"  {'s/round':<14} {result.round_seconds:>10.3f}   (wall {result.wall_seconds:.1f} s)")
-    print(f"  numerics       {provenance_line(result.provenance)}")
-    if result.placement:
-        print(f"  placement      {placement_line(result.placement)}")
-    if tracker is not None:
-        from lcfed.tracking import ui_hint
-
-        loc = tracker.location()
-        print(f"MLflow run {loc['run_id']} in experiment {cfg.tracking.experiment!r} (id {loc['experiment_id']})")
-        print(f"  store: {loc['tracking_uri']}")
-        print(f"  UI:    {ui_hint(loc['tracking_uri'])}")
-    if args.json:
-        Path(args.json).write_text(json.dumps(summary, indent=2, default=str) + "\n")
-    if "unlogged_metrics" in result.tracking:
-        print(f"lcfed: the MLflow store was unreachable at the end: metrics not logged are in "
-              f"{result.tracking['unlogged_metrics']}; send them with `lcfed tracking replay "
-              f"{result.tracking['unlogged_metrics']}` once it is back", file=sys.stderr)
-        return 1
-    return 0
 
 
 #: what the summary reports, per evaluation and averaged over the last ``tracking.summary_evals``
@@ -437,9 +434,6 @@ def partition_label(cfg: ExperimentConfig) -> str:
 def checked_partition_stats(cfg: ExperimentConfig) -> dict[str, float]:
     """The config's partition statistics, after checking the config against its dataset (a missing
     dataset or sizes that do not fit are errors here)."""
-    from lcfed.data import partition_stats
-    from lcfed.federation import check_against_data, load
-
     ds = load(cfg)
     return partition_stats(check_against_data(cfg, ds), ds.y)
 
@@ -472,9 +466,6 @@ def cmd_table(args: argparse.Namespace) -> int:
 
 
 def cmd_data_stats(args: argparse.Namespace) -> int:
-    from lcfed.data import format_groups, format_stats, partition_stats
-    from lcfed.federation import check_against_data, load
-
     cfg = load_config(args.config, args.set)
     ds = load(cfg)
     part = check_against_data(cfg, ds)
@@ -485,37 +476,9 @@ def cmd_data_stats(args: argparse.Namespace) -> int:
 
 
 def cmd_tracking_replay(args: argparse.Namespace) -> int:
-    from lcfed.tracking import replay
-
     run_id, count = replay(args.file)
     print(f"sent {count} metric points to run {run_id}")
     return 0
-
-
-@contextlib.contextmanager
-def stop_on_signals() -> Iterator[None]:
-    """SIGTERM / SIGHUP / SIGINT: finish the current round, checkpoint, mark the MLflow run KILLED and
-    exit 128 + signal; a second signal stops at once."""
-    import signal
-
-    from lcfed.engine import STOP
-
-    def handler(signum: int, frame: Any) -> None:
-        name = signal.Signals(signum).name
-        if STOP.reason is not None:
-            raise KeyboardInterrupt(f"{name} again: stopped mid-round")
-        STOP.request(name)
-        print(f"lcfed: {name}: finishing the current round, then stopping (send it again to stop now)",
-              file=sys.stderr, flush=True)
-
-    signals = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
-    previous = {s: signal.signal(s, handler) for s in signals}
-    try:
-        yield
-    finally:
-        for s, h in previous.items():
-            signal.signal(s, h)
-        STOP.reason = None
 
 
 def placement_line(placement: dict[str, Any]) -> str:
@@ -539,10 +502,6 @@ def cmd_config(args: argparse.Namespace) -> int:
 def cmd_methods(args: argparse.Namespace) -> int:
     """Every method by name (built-in, then installed plugins, with where each comes from) and its
     parameters with their defaults."""
-    import dataclasses
-
-    from lcfed import registry
-
     for entry in registry.names("method"):
         try:
             spec = registry.method(entry.name)
@@ -560,8 +519,6 @@ def cmd_methods(args: argparse.Namespace) -> int:
 
 def cmd_check(args: argparse.Namespace) -> int:
     """The conformance report of each method; exit 1 when a property fails."""
-    from lcfed import conformance
-
     require(args.rounds >= 2, "--rounds", args.rounds, "must be >= 2 (resuming needs a round before the last)")
     configs = [conformance.small_config(name, **{"train.rounds": args.rounds}) for name in args.methods]
     failed = 0
@@ -575,8 +532,6 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 def cmd_components(args: argparse.Namespace) -> int:
     """``lcfed models`` / ``lcfed datasets``: every name, its first docstring line and where it comes from."""
-    from lcfed import registry
-
     for entry in registry.names(args.kind):
         try:
             obj = getattr(registry, args.kind)(entry.name)
@@ -595,8 +550,6 @@ def _first_line(obj: Any) -> str:
 
 
 def cmd_data_import(args: argparse.Namespace) -> int:
-    from lcfed.data import import_idx
-
     check_output_dir(args.data_dir, "--data-dir")
     if args.leaf:
         return _import_leaf(args)
@@ -611,9 +564,6 @@ def cmd_data_import(args: argparse.Namespace) -> int:
 
 def _import_leaf(args: argparse.Namespace) -> int:
     """``lcfed data import --leaf``: LEAF JSON files -> ``--data-dir/NAME.npz`` with device ids."""
-    import re
-
-    from lcfed.data import import_leaf
 
     require(not args.sources, "--from", args.sources, "reads IDX files; give it or --leaf (LEAF JSON), not both")
     require(re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}", args.name) is not None, "--name", args.name,
@@ -636,13 +586,6 @@ def _import_leaf(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    from actors.connect import ClusterError
-    from lcfed.checkpoint import CheckpointError
-    from lcfed.data import DataError
-    from lcfed.engine import DivergenceError, Stopped
-    from lcfed.tracking import TrackingError
-    from tune_jobs.sweep import SweepFailed
-
     try:
         return int(args.func(args))
     except ConfigError as exc:
@@ -664,8 +607,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"lcfed: run failed: {exc}", file=sys.stderr)
         return 1
     except Stopped as exc:
-        import signal
-
         print(f"lcfed: {exc}", file=sys.stderr)
         return 128 + int(getattr(signal, exc.reason, signal.SIGINT))
     except KeyboardInterrupt as exc:

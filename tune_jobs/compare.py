@@ -32,20 +32,14 @@ import numpy as np
 from lcfed import numerics, registry
 from lcfed.config import ExperimentConfig, check_output_dir, load_config, require, resolve, safe_name
 from lcfed.stats import mean_ci, paired_test
-from tune_jobs.reproduce import LAST_EVALS, parse_seeds, read_state, summarize, write_json
-from tune_jobs.sweep import (
-    SPACES_DIR,
-    check_search,
-    check_storage,
-    load_sources,
-    load_space,
-    resolve_objective,
-    restore_results,
-    run_sweep,
-    storage_location,
-)
+from lcfed.tracking import resolve_tracking_uri
+from tune_jobs import sweep  # a lazy package: Tune loads when a comparison first uses it, not with lcfed's parser
+from tune_jobs.options import config_options, examples
+from tune_jobs.outdir import open_recorded, read_state, write_json
+from tune_jobs.parent_run import ParentRun
+from tune_jobs.reproduce import LAST_EVALS, parse_seeds, summarize
 
-COMPARE_SPACES = SPACES_DIR / "compare"
+COMPARE_SPACES = Path(__file__).resolve().parent / "spaces" / "compare"
 #: the validation share of each device's training samples when the base config has none
 DEFAULT_VAL_FRACTION = 0.2
 METRIC = "val_acc_mean"
@@ -112,8 +106,6 @@ def run_compare(
     name: str | None = None,
 ) -> dict[str, Any]:
     """Both phases for every method (what is on disk already is kept), then the report."""
-    from actors.engine import ensure_ray
-
     out = Path(out)
     name = name or (out.name or "compare")
     require(safe_name(name), "--name", name, "letters, digits, '-', '_' and '.'")
@@ -126,99 +118,72 @@ def run_compare(
     require(target is None or 0 < target <= 1, "--target", target, "an accuracy in (0, 1]")
     val_fraction = base.data.val_fraction or DEFAULT_VAL_FRACTION
     configs = {m: method_config(base, m, val_fraction) for m in methods}
-    spaces = {m: load_space(method_space(m, space_dir), configs[m]) for m in methods}  # validated before work
+    spaces = {m: sweep.load_space(method_space(m, space_dir), configs[m]) for m in methods}  # validated before work
     for m in methods:
-        check_search(search, spaces[m])
-    resolve_objective(base.train.rounds, METRIC, None, scheduler)
+        sweep.check_search(search, spaces[m])
+    sweep.resolve_objective(base.train.rounds, METRIC, None, scheduler)
     for s in seeds:
         base.replace(seed=s)
     storage = storage or str(out.resolve() / "tune")
-    load_sources(configs[methods[0]], {})  # a missing dataset fails here, before any run or file exists
-    started = ensure_ray(base.engine)
-    try:
-        check_storage(storage_location(storage))  # a multi-node cluster needs a storage every node reaches
-        return _run_phases(base, methods, out, configs, spaces, budget=budget, seeds=seeds, search=search,
+    sweep.load_sources(configs[methods[0]], {})  # a missing dataset fails here, before any run or file exists
+    with ParentRun(base.engine, resolve_tracking_uri(base.tracking.uri), "; rerun the same command to resume") as parent:
+        sweep.check_storage(sweep.storage_location(storage))  # a multi-node cluster needs a storage every node reaches
+        return _run_phases(parent, base, methods, out, configs, spaces, budget=budget, seeds=seeds, search=search,
                            scheduler=scheduler, max_concurrent=max_concurrent, gpus_per_trial=gpus_per_trial,
                            storage=storage, target=target, name=name, val_fraction=val_fraction)
-    finally:
-        if started:
-            import ray
-
-            ray.shutdown()
 
 
-def _run_phases(base: ExperimentConfig, methods: Sequence[str], out: Path, configs: dict[str, ExperimentConfig],
-                spaces: dict[str, Any], *, budget: int, seeds: Sequence[int], search: str, scheduler: str,
-                max_concurrent: int, gpus_per_trial: float, storage: str, target: float | None, name: str,
-                val_fraction: float) -> dict[str, Any]:
-    from lcfed.tracking import RunGuard, get_or_create_experiment, open_client, resolve_tracking_uri
+def _run_phases(parent: ParentRun, base: ExperimentConfig, methods: Sequence[str], out: Path,
+                configs: dict[str, ExperimentConfig], spaces: dict[str, Any], *, budget: int, seeds: Sequence[int],
+                search: str, scheduler: str, max_concurrent: int, gpus_per_trial: float, storage: str,
+                target: float | None, name: str, val_fraction: float) -> dict[str, Any]:
+    """Under the comparison's parent run (recorded in ``<out>/state.json``), phase 1 then phase 2 for every
+    method not finished before, then the report, also on the parent run."""
+    from ray import tune  # Tune when a comparison runs: `lcfed` imports this module to build its parser
 
     params = {"methods": ",".join(methods), "budget": str(budget), "seeds": ",".join(map(str, seeds)),
               "search": search, "scheduler": scheduler, "metric": METRIC, "val_fraction": str(val_fraction),
               "rounds": str(base.train.rounds), "base_digest": base.digest(), "name": name}
-    state = read_state(out, params, "a comparison") or {"params": params}
+    state = read_state(out, params, "a comparison")
     out.mkdir(parents=True, exist_ok=True)
-
-    uri = resolve_tracking_uri(base.tracking.uri)
-    client = open_client(uri)
-    exp_id = get_or_create_experiment(client, base.tracking.experiment, uri)
-    if "parent_run_id" in state:
-        parent_id = str(state["parent_run_id"])
-        client.update_run(parent_id, status="RUNNING")
-    else:
-        from mlflow.entities import Param
-
-        parent_id = client.create_run(exp_id, run_name=name, tags={"compare_parent": "true"}).info.run_id
-        client.log_batch(parent_id, params=[Param(k, v[:6000]) for k, v in params.items()])
-        write_json(out / "state.json", {**state, "parent_run_id": parent_id})
-    guard = RunGuard(uri, parent_id, "; rerun the same command to resume")
-    tracked = {"tracking.uri": uri, "tracking.enabled": True}
+    client = parent.connect(base.tracking.experiment)
+    parent_id = open_recorded(parent, out, state, name, {"compare_parent": "true"}, params)
+    tracked = {"tracking.uri": parent.uri, "tracking.enabled": True}
     t0 = time.perf_counter()
     phase1: dict[str, dict[str, Any]] = {}
     phase2: dict[str, dict[int, dict[str, Any]]] = {}
-    try:
-        for i, m in enumerate(methods, 1):
-            done = out / "phase1" / f"{m}.json"
-            if done.exists():
-                phase1[m] = json.loads(done.read_text())
-                continue
-            print(f"lcfed compare: phase 1, {m} ({i}/{len(methods)}): {budget} trials on {METRIC}", file=sys.stderr)
-            summary = run_sweep(configs[m].replace(**tracked), spaces[m], num_samples=budget, scheduler=scheduler,
-                                max_concurrent=max_concurrent, gpus_per_trial=gpus_per_trial,
-                                name=f"{name}-{m}-tune", storage=storage, resume=True, metric=METRIC,
-                                search=search, parent_run_id=parent_id)
-            phase1[m] = {"best_config": summary["best_config"], METRIC: summary[f"best_{METRIC}"],
-                         "trials": summary["trials"], "errors": summary["errors"], "run_id": summary["parent_run_id"]}
-            write_json(done, phase1[m])
-        for i, m in enumerate(methods, 1):
-            done = out / "phase2" / f"{m}.json"
-            if done.exists():
-                phase2[m] = {int(k): v for k, v in json.loads(done.read_text()).items()}
-                continue
-            print(f"lcfed compare: phase 2, {m} ({i}/{len(methods)}): seeds {list(seeds)}", file=sys.stderr)
-            chosen = configs[m].replace(**tracked, **phase1[m]["best_config"])
-            from ray import tune
-
-            summary = run_sweep(chosen, {"seed": tune.grid_search(list(seeds))}, num_samples=1, scheduler="fifo",
-                                max_concurrent=max_concurrent, gpus_per_trial=gpus_per_trial,
-                                name=f"{name}-{m}-seeds", storage=storage, resume=True, metric=METRIC,
-                                parent_run_id=parent_id)
-            phase2[m] = _seed_rows(restore_results(summary["storage"]))
-            write_json(done, phase2[m])
-        report = write_report(out, methods, list(seeds), phase1, phase2, target, base)
-        client.log_text(parent_id, report["md"], "compare.md")
-        client.log_text(parent_id, report["csv"], "compare.csv")
-        for png in report["plots"]:
-            client.log_artifact(parent_id, png, "plots")
-        client.set_terminated(parent_id, "FINISHED")
-    except BaseException as exc:
-        status = "KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED"
-        client.set_tag(parent_id, "failure_reason", f"{type(exc).__name__}: {exc}"[:5000])
-        client.set_terminated(parent_id, status)
-        raise
-    finally:
-        guard.release()
-    return {"table": report["md"], "out": str(out), "parent_run_id": parent_id, "tracking_uri": uri,
+    for i, m in enumerate(methods, 1):
+        done = out / "phase1" / f"{m}.json"
+        if done.exists():
+            phase1[m] = json.loads(done.read_text())
+            continue
+        print(f"lcfed compare: phase 1, {m} ({i}/{len(methods)}): {budget} trials on {METRIC}", file=sys.stderr)
+        summary = sweep.run_sweep(configs[m].replace(**tracked), spaces[m], num_samples=budget, scheduler=scheduler,
+                                  max_concurrent=max_concurrent, gpus_per_trial=gpus_per_trial,
+                                  name=f"{name}-{m}-tune", storage=storage, resume=True, metric=METRIC,
+                                  search=search, parent_run_id=parent_id)
+        phase1[m] = {"best_config": summary["best_config"], METRIC: summary[f"best_{METRIC}"],
+                     "trials": summary["trials"], "errors": summary["errors"], "run_id": summary["parent_run_id"]}
+        write_json(done, phase1[m])
+    for i, m in enumerate(methods, 1):
+        done = out / "phase2" / f"{m}.json"
+        if done.exists():
+            phase2[m] = {int(k): v for k, v in json.loads(done.read_text()).items()}
+            continue
+        print(f"lcfed compare: phase 2, {m} ({i}/{len(methods)}): seeds {list(seeds)}", file=sys.stderr)
+        chosen = configs[m].replace(**tracked, **phase1[m]["best_config"])
+        summary = sweep.run_sweep(chosen, {"seed": tune.grid_search(list(seeds))}, num_samples=1, scheduler="fifo",
+                                  max_concurrent=max_concurrent, gpus_per_trial=gpus_per_trial,
+                                  name=f"{name}-{m}-seeds", storage=storage, resume=True, metric=METRIC,
+                                  parent_run_id=parent_id)
+        phase2[m] = _seed_rows(sweep.restore_results(summary["storage"]))
+        write_json(done, phase2[m])
+    report = write_report(out, methods, list(seeds), phase1, phase2, target, base)
+    client.log_text(parent_id, report["md"], "compare.md")
+    client.log_text(parent_id, report["csv"], "compare.csv")
+    for png in report["plots"]:
+        client.log_artifact(parent_id, png, "plots")
+    return {"table": report["md"], "out": str(out), "parent_run_id": parent_id, "tracking_uri": parent.uri,
             "wall_seconds": time.perf_counter() - t0, "results": report["rows"]}
 
 
@@ -235,27 +200,7 @@ def write_report(out: Path, methods: Sequence[str], seeds: list[int], phase1: di
                  base: ExperimentConfig) -> dict[str, Any]:
     """``compare.md``, ``compare.csv`` and the plots; returns them and the rows. With held-out devices
     (``data.holdout_fraction``) the newcomers' test accuracy gets its own column."""
-    acc = {m: [phase2[m][s]["acc_mean"] for s in seeds] for m in methods}
-    cis = {m: mean_ci(acc[m]) for m in methods}
-    if target is None:  # reached by every method on average: 90 % of the weakest method's accuracy
-        target = 0.9 * min(ci.mean for ci in cis.values())
-    rows = []
-    for m in methods:
-        others = [o for o in methods if o != m]
-        best_other = max(others, key=lambda o: cis[o].mean)
-        vs_ref = paired_test(acc[m], acc[REFERENCE]) if REFERENCE in methods and m != REFERENCE else None
-        vs_best = paired_test(acc[m], acc[best_other])
-        reached = [r for r in (_first_reaching(phase2[m][s]["curve"], target) for s in seeds) if r is not None]
-        nbytes = phase2[m][seeds[0]]["bytes_up_total"] + phase2[m][seeds[0]]["bytes_down_total"]
-        rows.append({
-            "method": m, "config": phase1[m]["best_config"], "val_acc_mean": phase1[m][METRIC],
-            "test_acc_mean": cis[m].mean, "ci95": cis[m].half, "per_seed": acc[m],
-            "vs_standalone": vs_ref, "best_other": best_other, "vs_best_other": vs_best,
-            "reached": len(reached), "bytes_to_target": float(np.mean([r[0] for r in reached])) if reached else math.nan,
-            "sim_seconds_to_target": float(np.mean([r[1] for r in reached])) if reached else math.nan,
-            "bytes_total": nbytes,
-            "acc_new": [phase2[m][s].get("acc_new_mean", math.nan) for s in seeds],
-        })
+    rows, target = _report_rows(methods, seeds, phase1, phase2, target)
     # devices held out of training (data.holdout_fraction): their accuracy after joining, a column of its own
     newcomers = any(not math.isnan(v) for r in rows for v in r["acc_new"])
 
@@ -292,6 +237,43 @@ def write_report(out: Path, methods: Sequence[str], seeds: list[int], phase1: di
         lines += ["", "**Note:** the runs compared were produced under different numerics (torch's kernels, "
                   "profile or versions), so part of a difference may come from there: " + "; ".join(differ) + "."]
     md = "\n".join(lines) + "\n"
+    table_csv = _report_csv(rows, seeds, newcomers)
+    (out / "compare.md").write_text(md)
+    (out / "compare.csv").write_text(table_csv)
+    plots = _plots(out, methods, seeds, phase2)
+    return {"md": md, "csv": table_csv, "plots": plots, "rows": rows}
+
+
+def _report_rows(methods: Sequence[str], seeds: list[int], phase1: dict[str, Any],
+                 phase2: dict[str, dict[int, dict[str, Any]]], target: float | None) -> tuple[list[dict[str, Any]], float]:
+    """A row per method: its test accuracy over seeds, the paired tests against Standalone and the best other
+    method, what it took to reach ``target``; and the target (default: 90 % of the weakest method's mean)."""
+    acc = {m: [phase2[m][s]["acc_mean"] for s in seeds] for m in methods}
+    cis = {m: mean_ci(acc[m]) for m in methods}
+    if target is None:  # reached by every method on average: 90 % of the weakest method's accuracy
+        target = 0.9 * min(ci.mean for ci in cis.values())
+    rows = []
+    for m in methods:
+        others = [o for o in methods if o != m]
+        best_other = max(others, key=lambda o: cis[o].mean)
+        vs_ref = paired_test(acc[m], acc[REFERENCE]) if REFERENCE in methods and m != REFERENCE else None
+        vs_best = paired_test(acc[m], acc[best_other])
+        reached = [r for r in (_first_reaching(phase2[m][s]["curve"], target) for s in seeds) if r is not None]
+        nbytes = phase2[m][seeds[0]]["bytes_up_total"] + phase2[m][seeds[0]]["bytes_down_total"]
+        rows.append({
+            "method": m, "config": phase1[m]["best_config"], "val_acc_mean": phase1[m][METRIC],
+            "test_acc_mean": cis[m].mean, "ci95": cis[m].half, "per_seed": acc[m],
+            "vs_standalone": vs_ref, "best_other": best_other, "vs_best_other": vs_best,
+            "reached": len(reached), "bytes_to_target": float(np.mean([r[0] for r in reached])) if reached else math.nan,
+            "sim_seconds_to_target": float(np.mean([r[1] for r in reached])) if reached else math.nan,
+            "bytes_total": nbytes,
+            "acc_new": [phase2[m][s].get("acc_new_mean", math.nan) for s in seeds],
+        })
+    return rows, target
+
+
+def _report_csv(rows: list[dict[str, Any]], seeds: list[int], newcomers: bool) -> str:
+    """``compare.csv``: a line per method, every number of its row."""
     buf = io.StringIO()
     w = csv.writer(buf)
     w.writerow(["method", "test_acc_mean", "ci95", *[f"seed_{s}" for s in seeds], "diff_vs_standalone",
@@ -305,10 +287,7 @@ def write_report(out: Path, methods: Sequence[str], seeds: list[int], phase1: di
                     r["best_other"], best.diff.mean, best.t_p, best.wilcoxon_p, r["val_acc_mean"],
                     r["bytes_to_target"], r["sim_seconds_to_target"], r["reached"],
                     float(np.mean(r["acc_new"])) if newcomers else "", json.dumps(r["config"])])
-    (out / "compare.md").write_text(md)
-    (out / "compare.csv").write_text(buf.getvalue())
-    plots = _plots(out, methods, seeds, phase2)
-    return {"md": md, "csv": buf.getvalue(), "plots": plots, "rows": rows}
+    return buf.getvalue()
 
 
 def _device_pairs(methods: Sequence[str], seeds: list[int], phase2: dict[str, Any],
@@ -341,10 +320,10 @@ def _device_pairs(methods: Sequence[str], seeds: list[int], phase2: dict[str, An
 
 def _plots(out: Path, methods: Sequence[str], seeds: list[int], phase2: dict[str, Any]) -> list[Path]:
     """Test accuracy vs round (mean over seeds, min–max band) and vs cumulative bytes."""
-    import matplotlib
+    import matplotlib  # when the report is drawn: `lcfed` imports this module to build its parser
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # (the same)
 
     paths = []
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
@@ -372,8 +351,6 @@ def _plots(out: Path, methods: Sequence[str], seeds: list[int], phase2: dict[str
 
 
 def add_parser(sub: Any) -> None:
-    from tune_jobs.cli import examples
-
     p = sub.add_parser(
         "compare", help="tune methods on one budget (validation), re-run them on seeds, report mean ± CI and "
         "paired tests",
@@ -383,8 +360,7 @@ def add_parser(sub: Any) -> None:
         epilog=examples(
             "lcfed compare --config configs/digits_dirichlet.yaml --methods lcfed,fedavg,standalone,ifca",
             "lcfed compare --methods lcfed,standalone --budget 4 --seeds 0,5,9 --out outputs/cmp"))
-    p.add_argument("--config", "-c", metavar="FILE", help="base config (data, budget, engine, tracking)")
-    p.add_argument("--set", "-s", metavar="KEY=VALUE", action="append", default=[], help="override a base field")
+    config_options(p, "base config (data, budget, engine, tracking)", "override a base field")
     p.add_argument("--methods", required=True, help="comma-separated, e.g. lcfed,fedavg,standalone,ifca")
     p.add_argument("--budget", type=int, default=8, help="phase-1 trials per method (default %(default)s)")
     p.add_argument("--seeds", default="3", help="phase-2 seeds: a count or a list, e.g. 3 or 0,5,9 (default 3)")

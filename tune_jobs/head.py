@@ -32,6 +32,7 @@ import psutil
 
 from actors.connect import LOOPBACK, secure_token_file
 from tune_jobs.jobs import auth_headers
+from tune_jobs.options import add_actions, examples
 
 #: the ports ``ray start`` would otherwise take from fixed defaults (another Ray on the machine collides)
 AUX_PORT_FLAGS = ("--node-manager-port", "--object-manager-port", "--dashboard-agent-listen-port",
@@ -288,8 +289,6 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def add_parser(sub: Any) -> None:
     """Register ``lcfed head {start,stop,status}`` on the CLI's subparsers."""
-    from tune_jobs.cli import add_actions, examples  # cli imports this module to build its parser
-
     head = sub.add_parser("head", help="a local Ray head on 127.0.0.1: start, stop, status",
                           description="A Ray head on this machine, every socket on 127.0.0.1, in its own process "
                           "group: `lcfed submit` and engine.address=auto reach it; `lcfed head stop` takes it "

@@ -15,7 +15,6 @@ import dataclasses
 import io
 import json
 import math
-import os
 import re
 import sys
 import time
@@ -26,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from lcfed import registry
+from lcfed.checkpoint import CheckpointError
 from lcfed.config import (
     ConfigError,
     ExperimentConfig,
@@ -35,6 +35,15 @@ from lcfed.config import (
     require,
     resolve,
 )
+from lcfed.engine import load_resume
+from lcfed.federation import check_against_data, load
+from lcfed.progress import ProgressBar
+from lcfed.stats import mean_ci
+from lcfed.stop import stop_on_signals
+from lcfed.tracking import MLflowObserver, resolve_tracking_uri
+from tune_jobs.options import add_actions, config_options, examples
+from tune_jobs.outdir import open_recorded, read_state, write_json
+from tune_jobs.parent_run import ParentRun
 
 #: evaluations averaged per cell (the unweighted mean jumps between evaluations on small devices)
 LAST_EVALS = 3
@@ -144,8 +153,6 @@ def last_evaluations(results: dict[str, dict[str, Any]]) -> str:
 def write_tables(out: Path, cells: list[Cell], results: dict[str, dict[str, Any]], title: str) -> tuple[str, str]:
     """``table1.md`` (methods x dataset/partition, in %: accuracy ± its std over devices; with ``--seeds``
     the mean over seeds ± its 95 % confidence interval) and ``table1.csv`` (one row per run)."""
-    from lcfed.stats import mean_ci
-
     columns = list(dict.fromkeys(c.column for c in cells))
     methods = list(dict.fromkeys(c.method for c in cells))
     seeded = any(c.seed is not None for c in cells)
@@ -199,44 +206,6 @@ def write_tables(out: Path, cells: list[Cell], results: dict[str, dict[str, Any]
     return md, buf.getvalue()
 
 
-def write_json(path: Path, data: Any) -> None:
-    """``data`` as JSON at ``path``, whole or not at all (written beside it, then renamed)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
-    os.replace(tmp, path)
-
-
-def read_state(out: Path, params: dict[str, str], what: str) -> dict[str, Any] | None:
-    """``<out>/state.json`` of an earlier invocation (None if there is none); refused when its settings
-    differ from ``params`` (``what``: "a reproduction", "a comparison")."""
-    state_file = out / "state.json"
-    if not state_file.exists():
-        return None
-    state = json.loads(state_file.read_text())
-    if state.get("params") != params:
-        raise ConfigError("--out", str(out), f"holds {what} with other settings ({state.get('params')}); "
-                          "use another --out to start a new one")
-    return dict(state)
-
-
-def _parent_run(client: Any, out: Path, experiment: str, uri: str, params: dict[str, str]) -> str:
-    """The reproduction's parent run: created once, found again in ``<out>/state.json`` on resume."""
-    from lcfed.tracking import get_or_create_experiment
-
-    state_file = out / "state.json"
-    state = read_state(out, params, "a reproduction")
-    if state is not None:
-        client.update_run(state["parent_run_id"], status="RUNNING")
-        return str(state["parent_run_id"])
-    exp_id = get_or_create_experiment(client, experiment, uri)
-    run = client.create_run(exp_id, run_name=out.name or "table1", tags={"table1_parent": "true"})
-    for k, v in params.items():
-        client.log_param(run.info.run_id, k, v[:6000])
-    state_file.write_text(json.dumps({"parent_run_id": run.info.run_id, "params": params}, indent=2) + "\n")
-    return str(run.info.run_id)
-
-
 def reproduce_table1(
     base: ExperimentConfig,
     datasets: list[str],
@@ -249,12 +218,6 @@ def reproduce_table1(
     seeds: list[int] | None = None,
 ) -> dict[str, Any]:
     """Run (or finish) every cell; return the table and where it went."""
-    from actors.engine import RayFederation, ensure_ray
-    from lcfed.checkpoint import CheckpointError
-    from lcfed.engine import load_resume
-    from lcfed.federation import check_against_data, load
-    from lcfed.progress import ProgressBar
-
     method_sets = dict(method_sets or {})
     cells = [Cell(d, p, m, s) for d in datasets for p in partitions for m in methods for s in (seeds or [None])]
     configs = {c.key: cell_config(base, c, method_sets, out) for c in cells}  # every cell validated before work
@@ -263,83 +226,66 @@ def reproduce_table1(
         check_against_data(cfg, load(cfg))
     out.mkdir(parents=True, exist_ok=True)
     (out / "cells").mkdir(exist_ok=True)
-
-    client, parent_id, uri, guard = None, None, None, None
+    uri, params, state = None, {}, None
     if track:
-
-        from lcfed.tracking import RunGuard, open_client, resolve_tracking_uri
-
         uri = resolve_tracking_uri(base.tracking.uri)
-        client = open_client(uri)
         params = {"datasets": ",".join(datasets), "partitions": ",".join(partitions), "methods": ",".join(methods),
                   "method_sets": json.dumps(method_sets, sort_keys=True), "base_digest": base.digest(),
                   "rounds": str(base.train.rounds), **({"seeds": ",".join(map(str, seeds))} if seeds else {})}
-        parent_id = _parent_run(client, out, base.tracking.experiment, uri, params)
-        guard = RunGuard(uri, parent_id, "; rerun the same command to resume")
+        state = read_state(out, params, "a reproduction")
 
     results: dict[str, dict[str, Any]] = {}
-    started = ensure_ray(base.engine)
-    t0 = time.perf_counter()
-    try:
+    with ParentRun(base.engine, uri, "; rerun the same command to resume") as parent:
+        if track:
+            parent.connect(base.tracking.experiment)
+            open_recorded(parent, out, state, out.name or "table1", {"table1_parent": "true"}, params)
+        t0 = time.perf_counter()
         for i, cell in enumerate(cells, 1):
-            cfg = configs[cell.key]
-            done = out / "cells" / f"{cell.key}.json"
-            if done.exists():
-                prior = json.loads(done.read_text())
-                if prior.get("digest") != cfg.digest() or prior.get("rounds") != cfg.train.rounds:
-                    raise CheckpointError(f"{done} was finished with another config; use another --out")
-                results[cell.key] = prior
-                print(f"[{i}/{len(cells)}] {cell.dataset} {partition_label(cell.partition)} {cell.method}"
-                      f"{'' if cell.seed is None else f' seed {cell.seed}'}: "
-                      f"finished before ({100 * prior['acc_mean']:.2f}%)", file=sys.stderr)
-                continue
-            resume = load_resume(cfg)
-            observers: list[Any] = [ProgressBar(disable=True if quiet else None)]
-            if track:
-                from lcfed.tracking import MLflowObserver
-
-                observers.append(MLflowObserver(uri, parent_run_id=parent_id, tags={"table1_cell": cell.key},
-                                                resume_run_id=resume.tracking.get("run_id") if resume else None))
-            fed = RayFederation(cfg)
-            try:
-                result = fed.run(observers, resume)
-            finally:
-                fed.close()
-            row = {**summarize(result.history), "rounds": cfg.train.rounds, "digest": cfg.digest(),
-                   "wall_seconds": result.wall_seconds, "seconds_per_round": result.round_seconds,
-                   "run_id": result.tracking.get("run_id", "")}
-            write_json(done, row)  # a cell is finished only once its summary is whole on disk
-            results[cell.key] = row
-            print(f"[{i}/{len(cells)}] {cell.dataset} {partition_label(cell.partition)} {cell.method}"
-                      f"{'' if cell.seed is None else f' seed {cell.seed}'}: "
-                  f"{100 * row['acc_mean']:.2f} ± {100 * row['acc_std']:.2f}  ({row['wall_seconds']:.0f} s)",
-                  file=sys.stderr)
-    except BaseException as exc:
-        if client is not None and parent_id is not None:
-            status = "KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED"
-            client.set_tag(parent_id, "failure_reason", f"{type(exc).__name__}: {exc}"[:5000])
-            client.set_terminated(parent_id, status)
-        raise
-    finally:
-        if guard is not None:
-            guard.release()
-        if started:
-            import ray
-
-            ray.shutdown()
-    title = f"Table I reproduction: {base.data.num_devices} devices, {base.train.rounds} rounds"
-    md, table_csv = write_tables(out, cells, results, title)
-    if client is not None and parent_id is not None:
-        client.log_text(parent_id, md, "table1.md")
-        client.log_text(parent_id, table_csv, "table1.csv")
-        client.set_terminated(parent_id, "FINISHED")
-    return {"table": md, "out": str(out), "parent_run_id": parent_id, "tracking_uri": uri,
+            results[cell.key] = _cell_result(cell, configs[cell.key], out, parent, quiet, f"[{i}/{len(cells)}]")
+        title = f"Table I reproduction: {base.data.num_devices} devices, {base.train.rounds} rounds"
+        md, table_csv = write_tables(out, cells, results, title)
+        if parent.run_id is not None:
+            parent.client.log_text(parent.run_id, md, "table1.md")
+            parent.client.log_text(parent.run_id, table_csv, "table1.csv")
+    return {"table": md, "out": str(out), "parent_run_id": parent.run_id, "tracking_uri": uri,
             "cells": len(cells), "wall_seconds": time.perf_counter() - t0, "results": results}
 
 
-def add_parser(sub: Any) -> None:
-    from tune_jobs.cli import add_actions, examples
+def _cell_result(cell: Cell, cfg: ExperimentConfig, out: Path, parent: ParentRun, quiet: bool,
+                 counter: str) -> dict[str, Any]:
+    """A cell's summary: ``<out>/cells/<cell>.json`` if it was finished before (with this config), else a run
+    on Ray (resumed from its checkpoint; an MLflow child run of ``parent``'s run, if any), written there."""
+    from actors.engine import RayFederation  # Ray when a cell runs: `lcfed` imports this module to build its parser
 
+    done = out / "cells" / f"{cell.key}.json"
+    label = (f"{counter} {cell.dataset} {partition_label(cell.partition)} {cell.method}"
+             f"{'' if cell.seed is None else f' seed {cell.seed}'}")
+    if done.exists():
+        prior = json.loads(done.read_text())
+        if prior.get("digest") != cfg.digest() or prior.get("rounds") != cfg.train.rounds:
+            raise CheckpointError(f"{done} was finished with another config; use another --out")
+        print(f"{label}: finished before ({100 * prior['acc_mean']:.2f}%)", file=sys.stderr)
+        return prior
+    resume = load_resume(cfg)
+    observers: list[Any] = [ProgressBar(disable=True if quiet else None)]
+    if parent.run_id is not None:
+        observers.append(MLflowObserver(parent.uri, parent_run_id=parent.run_id, tags={"table1_cell": cell.key},
+                                        resume_run_id=resume.tracking.get("run_id") if resume else None))
+    fed = RayFederation(cfg)
+    try:
+        result = fed.run(observers, resume)
+    finally:
+        fed.close()
+    row = {**summarize(result.history), "rounds": cfg.train.rounds, "digest": cfg.digest(),
+           "wall_seconds": result.wall_seconds, "seconds_per_round": result.round_seconds,
+           "run_id": result.tracking.get("run_id", "")}
+    write_json(done, row)  # a cell is finished only once its summary is whole on disk
+    print(f"{label}: {100 * row['acc_mean']:.2f} ± {100 * row['acc_std']:.2f}  ({row['wall_seconds']:.0f} s)",
+          file=sys.stderr)
+    return row
+
+
+def add_parser(sub: Any) -> None:
     rep = sub.add_parser("reproduce", help="reproduce a paper table (every cell on one budget, on Ray)",
                          description="Reproduce a paper table: every cell a run on one budget, on Ray, under one "
                          "MLflow parent run.",
@@ -354,9 +300,7 @@ def add_parser(sub: Any) -> None:
             "lcfed reproduce table1 --datasets fashion_mnist,mnist --rounds 100",
             "lcfed reproduce table1 --methods lcfed,fedavg,ifca --partitions dirichlet:0.1 --seeds 3",
             "lcfed reproduce table1 --method-set num_clusters=10 --out outputs/k10 --no-track"))
-    t1.add_argument("--config", "-c", metavar="FILE", help="base config (budget, devices, engine, tracking)")
-    t1.add_argument("--set", "-s", metavar="KEY=VALUE", action="append", default=[],
-                    help="override a base config field (repeatable)")
+    config_options(t1, "base config (budget, devices, engine, tracking)", "override a base config field (repeatable)")
     t1.add_argument("--datasets", default="fashion_mnist", help="comma-separated (default: %(default)s)")
     t1.add_argument("--partitions", default="dirichlet:0.1,pathological:2,pathological:3",
                     help="comma-separated: dirichlet:ALPHA, pathological:N, primary_secondary; "
@@ -397,8 +341,6 @@ def cmd_table1(args: argparse.Namespace) -> int:
     for key in sets:
         require(any(key in {f.name for f in dataclasses.fields(spec.params)} for spec in specs.values()),
                 "--method-set", key, "a setting of at least one chosen method (see `lcfed methods`)")
-    from tune_jobs.cli import stop_on_signals
-
     with stop_on_signals():  # SIGTERM/SIGHUP/Ctrl-C: the running cell stops at a round boundary, checkpointed
         summary = reproduce_table1(base, datasets, partitions, methods, Path(args.out), sets,
                                    track=base.tracking.enabled and not args.no_track, quiet=args.quiet,

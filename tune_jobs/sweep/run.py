@@ -1,0 +1,240 @@
+"""``run_sweep``: a Ray Tune sweep over any config field, each trial a full federation.
+
+A trial runs its federation one of two ways (``--trial-engine``, see :func:`resolve_trial_engine`):
+``local``, the in-process engine inside the trial's own process (one bundle: the trial's CPUs and its
+GPU share; trial processes are reused from trial to trial, so torch is imported once per slot), or
+``ray``, a placement group with a small bundle for the trial's driver and one bundle per device actor
+(with its fraction of the trial's GPUs; the ServerActor takes no CPU), as a multi-node cluster with
+GPU workers needs. Every round is reported to Tune (so ASHA can stop poor trials early); the trial
+checkpoint is the engine's snapshot, so ``--resume`` continues interrupted trials bit-identically.
+MLflow gets one parent run per sweep and one child run per trial; the parent gets the best config
+and summary plots.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from ray import tune
+
+from actors.engine import alive_nodes
+from lcfed.config import ConfigError, ExperimentConfig, require, to_dict
+from lcfed.tracking import resolve_tracking_uri, share_view, view_url
+from tune_jobs.parent_run import ParentRun
+from tune_jobs.sweep.best import best_result, log_parent, trial_order
+from tune_jobs.sweep.callbacks import SweepProgress, TrialTracker
+from tune_jobs.sweep.errors import SweepInterrupted, error_line
+from tune_jobs.sweep.objective import METRIC, Objective, resolve_objective
+from tune_jobs.sweep.placement import TRIAL_ENGINES, resolve_trial_engine
+from tune_jobs.sweep.search import check_search, make_scheduler, make_search
+from tune_jobs.sweep.space import describe_domain, space_spec, swept_keys
+from tune_jobs.sweep.storage import check_storage, experiment_path, storage_location
+from tune_jobs.sweep.trial import load_sources, run_trial, trial_resources
+
+
+@dataclass(frozen=True)
+class SweepPlan:
+    """A sweep's settings, resolved and checked before anything starts."""
+
+    base: ExperimentConfig  # its tracking: an absolute URI, enabled
+    space: dict[str, Any]  # as given: Tune domains, grids and fixed values
+    tune_space: dict[str, Any]  # the Tuner's param_space entries for the search (:func:`check_search`)
+    objective: Objective
+    search: str
+    name: str
+    storage_uri: str
+    num_samples: int = 1
+    max_concurrent: int = 0
+    gpus_per_trial: float = 0.0
+    resume: bool = False
+
+    @property
+    def swept(self) -> list[str]:
+        return swept_keys(self.space)
+
+    @property
+    def exp_path(self) -> str:
+        """Where Tune keeps the sweep (the summary's ``storage``)."""
+        return experiment_path(self.storage_uri, self.name)
+
+
+def run_sweep(
+    base: ExperimentConfig,
+    space: dict[str, Any],
+    *,
+    num_samples: int = 1,
+    scheduler: str = "asha",
+    max_concurrent: int = 0,
+    gpus_per_trial: float = 0.0,
+    name: str | None = None,
+    storage: str | Path = "~/lcfed-sweeps",
+    resume: bool = False,
+    trial_engine: str = "auto",
+    metric: str = METRIC,
+    mode: str | None = None,
+    grace_period: int | None = None,
+    max_t: int | None = None,
+    search: str = "random",
+    parent_run_id: str | None = None,
+) -> dict[str, Any]:
+    """Run (or resume) a sweep; return the best trial's config, metric and the MLflow parent run.
+
+    ``trial_engine``: ``auto``, ``local`` or ``ray`` (:func:`resolve_trial_engine`). ``metric``, ``mode``,
+    ``scheduler``, ``grace_period``, ``max_t``: :func:`resolve_objective` (one metric and mode for the
+    scheduler, the best trial and the parent run). ``search``: :func:`check_search`. A resumed sweep keeps
+    the objective and search it started with. ``parent_run_id``: the sweep's run nests under it (``lcfed
+    compare``).
+    """
+    obj = resolve_objective(base.train.rounds, metric, mode, scheduler, grace_period, max_t)
+    tune_space = check_search(search, space)
+    uri = resolve_tracking_uri(base.tracking.uri)
+    base = base.replace(**{"tracking.uri": uri, "tracking.enabled": True})
+    plan = SweepPlan(base=base, space=space, tune_space=tune_space, objective=obj, search=search,
+                     name=name or f"{base.name}-sweep", storage_uri=storage_location(storage), num_samples=num_samples,
+                     max_concurrent=max_concurrent, gpus_per_trial=gpus_per_trial, resume=resume)
+    require(trial_engine in TRIAL_ENGINES, "--trial-engine", trial_engine, f"one of {list(TRIAL_ENGINES)}")
+    sources = load_sources(base, space)  # a missing dataset fails here, before any run or trial exists
+    hint = f"; the Tune state is saved: continue with --resume --name {plan.name}"
+    with ParentRun(base.engine, uri, hint, stop_reason=_stop_reason) as parent:
+        check_storage(plan.storage_uri)
+        engine = resolve_trial_engine(trial_engine, gpus_per_trial, len(alive_nodes()))
+        parent.connect(base.tracking.experiment)  # once, before any trial
+        _open_parent(parent, plan, engine, parent_run_id)
+        tracker = TrialTracker(uri, parent.experiment_id, parent.run_id, plan.name, base.train.rounds, plan.swept)
+        results = _fit(_tuner(plan, engine, parent.run_id, sources, tracker), tracker, plan.name)
+        best = best_result(results, obj.metric, obj.mode, trial_order(results))
+        summary = _summary(plan, results, best, engine, parent)
+        log_parent(parent.client, parent.run_id, parent.experiment_id, results, best, summary["best_config"], space,
+                   obj.metric, obj.mode)
+        return summary
+
+
+def _stop_reason(exc: BaseException) -> str:
+    """A stopped sweep's ``failure_reason``: the message alone (:class:`SweepInterrupted`'s says how to
+    continue)."""
+    return str(exc) or "interrupted"
+
+
+def _open_parent(parent: ParentRun, plan: SweepPlan, engine: str, nest_under: str | None) -> None:
+    """The sweep's parent run, opened: found again by the sweep's name to resume it, or created with the
+    sweep's settings as params, its space as ``space.yaml`` and a UI view of its trials. ``nest_under``: the
+    run it nests under (``lcfed compare``)."""
+    client, obj = parent.client, plan.objective
+    query = f"tags.sweep_name = '{plan.name}' and tags.sweep_parent = 'true'"
+    previous = client.search_runs([parent.experiment_id], query) if plan.resume else []
+    if previous:  # Tune restores the scheduler it started with: the flags must agree with it
+        logged = previous[0].data.params
+        for key, value in {**obj.as_params(), "search": plan.search}.items():
+            if key in logged and logged[key] != value:
+                raise ConfigError(f"--{key.replace('_', '-')}", value,
+                                  f"sweep {plan.name} was started with {logged[key]}: resume it with the same")
+        parent.open(previous[0].info.run_id)
+        return
+    nested = {"mlflow.parentRunId": nest_under} if nest_under else {}
+    tags = {"sweep_parent": "true", "sweep_name": plan.name, "method": plan.base.method.name, **nested}
+    params = {**{f"space.{k}": describe_domain(v) for k, v in plan.space.items()}, "num_samples": str(plan.num_samples),
+              "trial_engine": engine, "search": plan.search, **obj.as_params()}
+    run_id = parent.create(plan.name, tags, params)
+    client.log_text(run_id, yaml.safe_dump({k: space_spec(v) for k, v in plan.space.items()}, sort_keys=False),
+                    "space.yaml")
+    shown = [obj.metric] + [m for m in (METRIC, "train_loss") if m != obj.metric]
+    share_view(client, parent.experiment_id, view_key(plan.name), metrics=shown, params=plan.swept,
+               tags=["stopped_early"], ascending=obj.mode == "min", run_filter=f"tags.sweep = '{plan.name}'")
+
+
+def view_key(name: str) -> str:
+    """The MLflow UI view of a sweep's trials (:func:`lcfed.tracking.share_view`)."""
+    return f"sweep-{name}"
+
+
+def _tuner(plan: SweepPlan, engine: str, parent_id: str, sources: dict[Any, Any], tracker: TrialTracker) -> Any:
+    """The sweep's Tuner: restored from the storage to resume it, else a new one. Each trial gets the base
+    config and the sweep's facts beside its sampled values, and the datasets through the object store."""
+    obj = plan.objective
+    param_space = {**plan.tune_space, "__base__": to_dict(plan.base),
+                   "__sweep__": {"parent_run_id": parent_id, "name": plan.name, "gpus_per_trial": plan.gpus_per_trial,
+                                 "trial_engine": engine, "metric": obj.metric}}
+    trainable = tune.with_resources(tune.with_parameters(run_trial, sources=sources),
+                                    trial_resources(plan.base, plan.gpus_per_trial, engine))
+    progress = SweepProgress(plan.swept, obj.metric, obj.mode, obj.max_t or plan.base.train.rounds)
+    # verbose=0: Tune's own status output repeats the whole base config; the progress table replaces it
+    run_config = tune.RunConfig(name=plan.name, storage_path=plan.storage_uri, callbacks=[tracker, progress], verbose=0)
+    if plan.resume and tune.Tuner.can_restore(plan.exp_path):
+        return tune.Tuner.restore(plan.exp_path, trainable, param_space=param_space, resume_errored=True)
+    return tune.Tuner(
+        trainable,
+        param_space=param_space,
+        tune_config=tune.TuneConfig(metric=obj.metric, mode=obj.mode, num_samples=plan.num_samples,
+                                    scheduler=make_scheduler(obj),
+                                    search_alg=make_search(plan.search, plan.base.seed, plan.max_concurrent),
+                                    # a local trial's process (torch imported, warm) serves the next trial
+                                    reuse_actors=engine == "local"),
+        run_config=run_config,
+    )
+
+
+def _fit(tuner: Any, tracker: TrialTracker, name: str) -> Any:
+    """Tune's results of the sweep. A signal stops it, Tune saving its state: the unfinished trials' runs are
+    closed KILLED and :class:`SweepInterrupted` says how to continue."""
+    with forward_signals_to_tune() as received:
+        results = tuner.fit()
+    unfinished = [t for t in getattr(getattr(results, "_experiment_analysis", None), "trials", None) or []
+                  if t.status not in ("TERMINATED", "ERROR")]
+    if received or unfinished:
+        reason = received[0] if received else "SIGINT"
+        why = (f"{reason}: sweep stopped with {len(unfinished)} trial(s) unfinished; the Tune state is saved: "
+               f"continue with the same command plus --resume --name {name}")
+        tracker.close_open(why)
+        raise SweepInterrupted(reason, why)
+    return results
+
+
+def _summary(plan: SweepPlan, results: Any, best: Any, engine: str, parent: ParentRun) -> dict[str, Any]:
+    """What ``lcfed sweep`` prints (and ``--json`` writes): the best trial, the runs, the failures, where
+    Tune keeps the sweep and the settings it ran with."""
+    obj, uri = plan.objective, plan.base.tracking.uri
+    best_cfg = {k: v for k, v in best.config.items() if not k.startswith("__")}
+    failed = [error_line(str(r.error)) for r in results if r.error is not None]
+    return {"best_config": best_cfg, "best_" + obj.metric: best.metrics.get(obj.metric),
+            "metric": obj.metric, "mode": obj.mode, "best_trial_id": best.metrics.get("trial_id"),
+            "parent_run_id": parent.run_id, "experiment_id": parent.experiment_id, "tracking_uri": uri,
+            "trials": len(results), "errors": len(failed), "first_error": failed[0] if failed else None,
+            "storage": plan.exp_path, "trial_engine": engine, "scheduler": obj.scheduler,
+            "grace_period": obj.grace_period, "max_t": obj.max_t, "search": plan.search,
+            "view": view_url(uri, parent.experiment_id, view_key(plan.name))}
+
+
+def restore_results(path: str) -> Any:
+    """Tune's results of a sweep (its ``storage`` in the summary): ``tune.Tuner.restore(path, run_trial)
+    .get_results()``; ``get_best_result()`` uses the sweep's metric and mode. Config keys are the space's
+    (``method.mu``), besides ``__base__`` (the base config) and ``__sweep__``."""
+    return tune.Tuner.restore(path, run_trial).get_results()
+
+
+@contextlib.contextmanager
+def forward_signals_to_tune() -> Iterator[list[str]]:
+    """SIGTERM / SIGHUP become SIGINT, which Tune answers by stopping its trials and saving the
+    experiment (a second one stops at once); yields the names of the signals received."""
+    received: list[str] = []
+
+    def forward(signum: int, frame: Any) -> None:
+        name = signal.Signals(signum).name
+        if not received:
+            print(f"lcfed: {name}: stopping the sweep and saving its state (send it again to stop now)",
+                  file=sys.stderr, flush=True)
+        received.append(name)
+        signal.raise_signal(signal.SIGINT)
+
+    previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield received
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
