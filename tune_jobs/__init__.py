@@ -1,1 +1,2 @@
-"""Outermost layer: Tune sweeps, paper reproductions, job submission and the ``lcfed`` command."""
+"""Outermost layer: the ``lcfed`` command (cli.py), Tune sweeps (sweep/), paper reproductions, method
+comparisons, the MLflow server, Ray jobs and a local Ray head; one parent-run lifecycle (parent_run.py)."""
