@@ -137,6 +137,9 @@ def method(name: str) -> Any:
         spec = obj
     elif isinstance(obj, type) and issubclass(obj, Strategy):
         params = getattr(obj, "Params", None)
+        if params is None:  # a subclass of a built-in that adds no hyper-parameters takes the built-in's
+            inherited = {s.strategy: s.params for s in _builtins("method").values()}
+            params = next((inherited[base] for base in obj.__mro__ if base in inherited), None)
         if not (isinstance(params, type) and dataclasses.is_dataclass(params)):
             raise PluginError(f"method {name!r}: {obj.__name__}.Params must be the dataclass of its "
                               "hyper-parameters (an empty @dataclass if it has none)")

@@ -149,3 +149,15 @@ def test_an_entry_point_that_fails_to_load_is_one_line(tmp_path, monkeypatch, ca
     finally:
         monkeypatch.undo()
         registry.refresh()
+
+
+def test_a_subclass_of_a_built_in_without_params_takes_the_built_ins(tmp_path, monkeypatch, capsys):
+    (tmp_path / "mine.py").write_text("from lcfed.methods.lcfed import LCFed\n\n\nclass Mine(LCFed):\n    pass\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "dont_write_bytecode", True)
+    try:
+        assert main(["config", "--set", "method.name=mine:Mine", "--set", "method.mu=0.5"]) == 0
+        method = yaml.safe_load(capsys.readouterr().out)["method"]
+        assert method["name"] == "mine:Mine" and method["mu"] == 0.5 and "num_clusters" in method
+    finally:
+        sys.modules.pop("mine", None)
