@@ -37,6 +37,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from lcfed.logs import quiet_logger
+from tune_jobs.options import add_actions, examples
 
 DEFAULT_ADDRESS = "http://127.0.0.1:8265"
 # Gitignore-style, as Ray matches them against each path relative to the working directory: a
@@ -483,8 +484,6 @@ def _address_arg(p: argparse.ArgumentParser) -> None:
 
 def add_parser(sub: Any) -> None:
     """Register ``lcfed submit`` and ``lcfed job {status,logs,stop,list}`` on the CLI's subparsers."""
-    from tune_jobs.cli import add_actions, examples
-
     submit = sub.add_parser(
         "submit",
         help="run an lcfed command on a Ray cluster as a Ray job (ships this directory)",

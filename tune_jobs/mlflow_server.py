@@ -27,6 +27,8 @@ from pathlib import Path
 from typing import Any, TextIO
 from urllib.parse import urlparse
 
+from tune_jobs.options import examples
+
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 5000
 EXIT_USAGE = 2
@@ -441,8 +443,6 @@ def cmd_mlflow_server(args: argparse.Namespace) -> int:
 
 def add_parser(sub: Any) -> None:
     """Register ``lcfed mlflow-server`` on the CLI's subparsers."""
-    from tune_jobs.cli import examples
-
     p = sub.add_parser(
         "mlflow-server",
         help="run an MLflow tracking server (127.0.0.1 by default) for runs, sweeps and cluster jobs",
