@@ -23,8 +23,9 @@ from lcfed import checkpoint
 from lcfed.config import ExperimentConfig
 from lcfed.local import EvalResult
 from lcfed.methods.base import Federation, RoundStats
-from lcfed.metrics import accuracy_metrics, adjusted_rand, label_homogeneity
+from lcfed.metrics import accuracy_metrics, label_homogeneity
 from lcfed.models import ParamSpec
+from lcfed.recovery import adjusted_rand_index, normalized_mutual_info
 
 
 class Plan(Protocol):
@@ -336,7 +337,9 @@ def _metrics(
             truth, found = fed.groups[assigned], stats.assignment[assigned]
             # ARI only where K clusters can express the true groups (pathological class sets cannot)
             if len(np.unique(truth)) <= max(stats.num_clusters, len(np.unique(found))):
-                metrics["ari"] = adjusted_rand(truth, found)
+                metrics["ari"] = adjusted_rand_index(found, truth)
+            if fed.group_kind:  # a testbed's true clusters: recovery also as normalized mutual information
+                metrics["nmi"] = normalized_mutual_info(found, truth)
             if fed.label_dist is not None:
                 metrics["label_homogeneity"] = label_homogeneity(fed.label_dist[assigned], found)
     # the share of the devices rounds can select that have trained (held-out ones never do)

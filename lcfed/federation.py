@@ -169,6 +169,7 @@ def prepare(cfg: ExperimentConfig, dataset: Dataset | None = None) -> Setup:
         num_devices=part.num_devices,
         train_sizes=part.sizes(),
         groups=part.groups,
+        group_kind=part.group_kind,
         spec=net.spec,
         init=init,
         num_classes=ds.num_classes,
@@ -239,7 +240,8 @@ def shard(ds: Dataset, part: Partition, devices: Iterable[int]) -> tuple[Dataset
         return tuple(np.searchsorted(rows, a).astype(np.int64) if d in hosted else empty for d, a in enumerate(idx))
 
     sub = Dataset(ds.name, np.ascontiguousarray(ds.x[rows]), np.ascontiguousarray(ds.y[rows]), ds.num_classes)
-    return sub, Partition(remap(part.train), remap(part.test), part.groups, remap(part.val) if part.val else ())
+    return sub, Partition(remap(part.train), remap(part.test), part.groups, remap(part.val) if part.val else (),
+                          part.group_kind)
 
 
 def resolve_device(kind: str) -> torch.device:

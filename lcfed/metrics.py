@@ -45,13 +45,6 @@ def accuracy_metrics(results: Mapping[int, EvalResult], trained: np.ndarray | No
     return out
 
 
-def adjusted_rand(truth: np.ndarray, labels: np.ndarray) -> float:
-    """Adjusted Rand index of a clustering against the ground-truth device groups (1 = identical)."""
-    from sklearn.metrics import adjusted_rand_score  # lazy: scikit-learn costs ~2.5 s to import per worker
-
-    return float(adjusted_rand_score(truth, labels))
-
-
 def label_homogeneity(label_dist: np.ndarray, labels: np.ndarray) -> float:
     """How much of the spread of the devices' label distributions the clustering explains.
 

@@ -13,7 +13,8 @@ from lcfed.data import Scaling
 from lcfed.engine import load_resume
 from lcfed.federation import device_data, load, prepare
 from lcfed.local import EvalResult
-from lcfed.metrics import accuracy_metrics, adjusted_rand, label_homogeneity
+from lcfed.metrics import accuracy_metrics, label_homogeneity
+from lcfed.recovery import adjusted_rand_index
 from lcfed.runner import run_local
 from tests.conftest import tiny_config
 
@@ -98,7 +99,7 @@ def test_pathological_runs_report_homogeneity_not_a_meaningless_ari() -> None:
 
 
 def test_ari_oracle_is_scikit_learn() -> None:
-    assert adjusted_rand(np.array([0, 0, 1, 1]), np.array([1, 1, 0, 0])) == 1.0
+    assert adjusted_rand_index(np.array([1, 1, 0, 0]), np.array([0, 0, 1, 1])) == 1.0
 
 
 # -- accuracy over devices that have trained ----------------------------------------------------

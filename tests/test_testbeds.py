@@ -212,6 +212,10 @@ def test_lcfed_recovers_the_four_rotation_groups_of_digits():
     scores = recovery_scores(result.assignment, truth)
     assert scores["ari"] >= 0.9, (scores, result.assignment.tolist(), truth.tolist())
     assert result.final["ari"] == scores["ari"]  # the run's own ari metric: the same truth
+    assert result.final["nmi"] == scores["nmi"]  # and, on a testbed, its nmi (logged each round)
+    assert all("nmi" in h for h in result.history if "ari" in h)
+    plain = run_local(tiny_config("train.rounds=1"))
+    assert "num_clusters" in plain.final and "nmi" not in plain.final  # label-skew groups are a proxy: no nmi
 
 
 def test_the_ray_engine_gives_the_in_process_numbers_on_a_testbed_of_a_table(tmp_path):

@@ -42,6 +42,8 @@ class Federation:
     input_shape: tuple[int, ...] = ()  # one sample's (C, H, W): rebuilds the model skeleton (e.g. to log models)
     # devices kept out of every round (data.holdout_fraction), sorted: they join only after the last one
     held_out: tuple[int, ...] = ()
+    # the testbed whose true clusters ``groups`` are (data.testbed); "": a label-skew proxy
+    group_kind: str = ""
 
     def training_devices(self) -> tuple[int, ...]:
         """The devices rounds may select: all but the held-out ones."""
