@@ -336,6 +336,12 @@ ROWS += [
     ("run-tracking-uri-plain-dir", "run --set tracking.uri=store", {"store/x": ""}, ("tracking.uri", "sqlite:///")),
     ("run-tracking-uri-file-scheme", "run --set tracking.uri=file:///tmp/lcfed-mlruns", {},
      ("tracking.uri", "file store")),
+    ("run-sqlite-store-in-proc", "run --set tracking.uri=sqlite:////proc/self/lcfed/m.db", {}, "cannot hold files"),
+    ("run-sqlite-store-is-a-dir", "run --set tracking.uri=sqlite:///store", {"store/x": ""}, "is a directory"),
+    ("sweep-sqlite-store-in-proc", "sweep --space s.yaml --set tracking.uri=sqlite:////proc/self/m.db",
+     {"s.yaml": "method.mu: {grid: [0.1]}\n"}, ("tracking.uri", "cannot hold files")),
+    ("compare-sqlite-store-in-proc", "compare --methods fedavg,standalone --set tracking.uri=sqlite:////proc/self/m.db",
+     {}, ("tracking.uri", "cannot hold files")),
     # lcfed head
     ("head-port-privileged", "head start --port 80", {}, "--port 80: must be a port in 1024-65535"),
     ("head-ports-equal", "head start --port 7001 --dashboard-port 7001", {}, "they must differ"),

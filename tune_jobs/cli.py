@@ -25,6 +25,7 @@ from lcfed.config import (
     ExperimentConfig,
     check_output_dir,
     check_output_file,
+    check_tracking_store,
     did_you_mean,
     load_config,
     require,
@@ -303,6 +304,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     numerics.activate(cfg.engine.numerics)  # before this process's first tensor op
     check_output_file(args.json, "--json", protect=[args.config])
     check_output_dir(cfg.checkpoint.dir, "checkpoint.dir")
+    if cfg.tracking.enabled and not args.no_track:
+        check_tracking_store(cfg.tracking.uri)
     if cfg.engine.kind == "local" and cfg.engine.device == "cuda":
         require(torch.cuda.is_available(), "engine.device", "cuda",
                 "no CUDA GPU is visible to this process: use auto or cpu (or run on a GPU machine)")

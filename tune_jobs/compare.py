@@ -30,7 +30,15 @@ from typing import Any
 import numpy as np
 
 from lcfed import numerics, registry
-from lcfed.config import ExperimentConfig, check_output_dir, load_config, require, resolve, safe_name
+from lcfed.config import (
+    ExperimentConfig,
+    check_output_dir,
+    check_tracking_store,
+    load_config,
+    require,
+    resolve,
+    safe_name,
+)
 from lcfed.stats import mean_ci, paired_test
 from lcfed.tracking import resolve_tracking_uri
 from tune_jobs import sweep  # a lazy package: Tune loads when a comparison first uses it, not with lcfed's parser
@@ -381,6 +389,7 @@ def add_parser(sub: Any) -> None:
 def cmd_compare(args: argparse.Namespace) -> int:
     base = load_config(args.config, args.set)
     check_output_dir(args.out, "--out")
+    check_tracking_store(base.tracking.uri)  # a comparison is always tracked
     if args.storage is not None:
         check_output_dir(args.storage, "--storage")
     require(args.max_concurrent >= 0, "--max-concurrent", args.max_concurrent, "must be >= 0")

@@ -30,6 +30,7 @@ from lcfed.config import (
     ConfigError,
     ExperimentConfig,
     check_output_dir,
+    check_tracking_store,
     load_config,
     parse_override,
     require,
@@ -322,6 +323,8 @@ def cmd_table1(args: argparse.Namespace) -> int:
     overrides = list(args.set) + ([f"train.rounds={args.rounds}"] if args.rounds is not None else [])
     base = load_config(args.config, overrides)
     check_output_dir(args.out, "--out")
+    if base.tracking.enabled and not args.no_track:
+        check_tracking_store(base.tracking.uri)
     methods = [e.name for e in registry.names("method") if e.origin == "built-in"] if args.methods == "all" \
         else [m.strip() for m in args.methods.split(",") if m.strip()]
     specs = {m: resolve("method", "--methods", m) for m in methods}

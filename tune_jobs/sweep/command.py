@@ -12,7 +12,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from lcfed.config import NAME_RULE, check_output_dir, check_output_file, load_config, require, safe_name
+from lcfed.config import (
+    NAME_RULE,
+    check_output_dir,
+    check_output_file,
+    check_tracking_store,
+    load_config,
+    require,
+    safe_name,
+)
 from lcfed.tracking import ui_hint
 from tune_jobs.options import config_options, examples
 from tune_jobs.sweep.objective import METRIC, METRICS, SCHEDULERS, SEARCHES, resolve_objective
@@ -67,18 +75,20 @@ def add_parser(sub: Any) -> None:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from tune_jobs.sweep.run import run_sweep  # Tune and MLflow when a sweep runs, not with lcfed's parser
-    from tune_jobs.sweep.space import load_space  # (Tune too)
-
     base = load_config(args.config, args.set)
     require(args.name is None or safe_name(args.name), "--name", args.name, NAME_RULE)
     check_output_file(args.json, "--json", protect=[args.config, args.space])
     check_output_dir(args.storage, "--storage")
+    check_tracking_store(base.tracking.uri)  # a sweep is always tracked
     require(args.num_samples >= 1, "--num-samples", args.num_samples, "must be >= 1")
     require(args.max_concurrent >= 0, "--max-concurrent", args.max_concurrent, "must be >= 0")
     require(args.gpus_per_trial >= 0, "--gpus-per-trial", args.gpus_per_trial, "must be >= 0")
     resolve_objective(base.train.rounds, args.metric, args.mode, args.scheduler, args.grace_period, args.max_t)
+    from tune_jobs.sweep.space import load_space  # Tune when a sweep runs, not with lcfed's parser
+
     space = load_space(args.space, base)
+    from tune_jobs.sweep.run import run_sweep  # MLflow and matplotlib: once the flags and the space are sound
+
     summary = run_sweep(base, space, num_samples=args.num_samples, scheduler=args.scheduler,
                         max_concurrent=args.max_concurrent, gpus_per_trial=args.gpus_per_trial, name=args.name,
                         storage=args.storage, resume=args.resume, trial_engine=args.trial_engine,
