@@ -221,7 +221,7 @@ def build_network(name: str, input_shape: tuple[int, ...], num_classes: int, see
         raise ValueError(str(exc)) from None
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        module = builder(input_shape, num_classes)  # type: ignore[arg-type]  # (C, H, W) or (F,)
+        module = builder(input_shape, num_classes)  # (C, H, W) or (F,)
     if not isinstance(module, nn.Module):
         raise ValueError(f"model {name!r} built a {type(module).__name__}, not a torch.nn.Module")
     spec = param_spec(module)

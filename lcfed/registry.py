@@ -152,7 +152,7 @@ def method(name: str) -> Any:
     return spec
 
 
-def model(name: str) -> Callable[[tuple[int, int, int], int], Any]:
+def model(name: str) -> Callable[[tuple[int, ...], int], Any]:
     """The model builder that ``name`` names (checked when it builds: :func:`lcfed.models.build_network`)."""
     obj, origin = _load("model", name)
     if not callable(obj):

@@ -90,7 +90,7 @@ def run_models(fed: Federation, cfg: ExperimentConfig, result: RunResult) -> dic
     """Name -> module of everything a finished run logs: :func:`final_modules` of its server state and,
     up to :data:`MAX_PERSONAL_BYTES`, the personalized models as ``personal`` (row ``d`` = device ``d``)."""
     assert result.models is not None
-    net, _ = build_network(cfg.model.name, tuple(fed.input_shape), fed.num_classes, cfg.seed)  # type: ignore[arg-type]
+    net, _ = build_network(cfg.model.name, tuple(fed.input_shape), fed.num_classes, cfg.seed)
     models = final_modules(net.module, net.spec, result.models.server_state)
     personal = result.models.personal
     if personal and len(personal) * fed.spec.size * 4 <= MAX_PERSONAL_BYTES:
