@@ -165,7 +165,7 @@ def test_the_report_by_hand_with_newcomers(tmp_path):
     def seed(acc, new, devices=None):
         curve = [[0, acc / 2, 1e6, 1.0], [1, acc, 2e6, 2.0]]
         return {"acc_mean": acc, "bytes_up_total": 1e6, "bytes_down_total": 1e6, "curve": curve, "acc_new_mean": new,
-                "devices": devices or {}}
+                "devices": devices or {}, "evaluations": 2.0}
 
     # seed 0: devices "0", "1", "2" in both (lcfed - standalone = 0.1, 0.2, 0.3); seed 1: one device in common
     phase2 = {"lcfed": {0: seed(0.90, 0.5, {"0": 0.9, "1": 0.8, "2": 0.7}), 1: seed(0.92, 0.6, {"0": 1.0})},
@@ -182,6 +182,7 @@ def test_the_report_by_hand_with_newcomers(tmp_path):
     # differences 0.1, 0.2, 0.3: mean 0.2, s = 0.1, t = 0.2 / (0.1 / sqrt 3) = 3.464, df 2 -> p = 0.0742
     assert "| lcfed vs standalone | +20.00 (p = 0.074, n = 3) | – |" in report["md"]
     assert "different numerics" not in report["md"]  # none recorded: nothing to tell apart
+    assert "averaged over the last 2 evaluations;" in report["md"]  # as many as the runs made
 
 
 def test_the_report_says_when_its_runs_ran_under_different_numerics(tmp_path):

@@ -45,7 +45,7 @@ from tune_jobs import sweep  # a lazy package: Tune loads when a comparison firs
 from tune_jobs.options import config_options, examples
 from tune_jobs.outdir import open_recorded, read_state, write_json
 from tune_jobs.parent_run import ParentRun
-from tune_jobs.reproduce import LAST_EVALS, parse_seeds, summarize
+from tune_jobs.reproduce import last_evaluations, parse_seeds, summarize
 
 COMPARE_SPACES = Path(__file__).resolve().parent / "spaces" / "compare"
 #: the validation share of each device's training samples when the base config has none
@@ -211,6 +211,7 @@ def write_report(out: Path, methods: Sequence[str], seeds: list[int], phase1: di
     rows, target = _report_rows(methods, seeds, phase1, phase2, target)
     # devices held out of training (data.holdout_fraction): their accuracy after joining, a column of its own
     newcomers = any(not math.isnan(v) for r in rows for v in r["acc_new"])
+    averaged = last_evaluations({f"{m}/{seed}": row for m in methods for seed, row in phase2[m].items()})
 
     def diff(t: Any) -> str:
         if t is None:
@@ -222,7 +223,7 @@ def write_report(out: Path, methods: Sequence[str], seeds: list[int], phase1: di
         f"# Comparison: {base.data.dataset}, {base.data.num_devices} devices, {base.train.rounds} rounds", "",
         f"Phase 1: each method tuned by {phase1[methods[0]]['trials']} trials on validation accuracy "
         f"(`{METRIC}`). Phase 2: its chosen config on seeds {seeds}. Test accuracy (%) = mean over devices, "
-        f"averaged over the last {LAST_EVALS} evaluations; mean ± 95 % CI over seeds. Differences are paired by "
+        f"averaged over the {averaged}; mean ± 95 % CI over seeds. Differences are paired by "
         "seed: mean ± 95 % CI, paired t-test p and Wilcoxon signed-rank p (W p). "
         f"Target for bytes / simulated time: {100 * target:.1f} % test accuracy.", "",
         "| method | test acc (%) | vs standalone | vs best other | val acc (phase 1) | MB to target | "
