@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("lcfed", "actors")
 #: imports inside functions that close a cycle on purpose: the registry looks the built-ins up when asked,
@@ -129,3 +131,19 @@ def test_the_cycle_finder_finds_a_cycle():
 def test_placement_arithmetic_does_not_import_ray():
     code = "import sys, actors.placement; assert 'ray' not in sys.modules, 'ray was imported'"
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)
+
+
+def test_the_sweep_package_resolves_every_name_it_lists():
+    import tune_jobs.sweep as sweep
+
+    for name in [*sweep.__all__, "_best_result", "_trial_order", "_trial_error"]:
+        assert getattr(sweep, name) is not None, name
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        sweep.nope  # noqa: B018
+
+
+def test_building_the_parser_loads_neither_ray_nor_mlflow_nor_matplotlib():
+    code = ("import sys; from tune_jobs.cli import build_parser; build_parser(); "
+            "print(sorted(m for m in ('ray', 'mlflow', 'matplotlib') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr
