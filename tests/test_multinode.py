@@ -147,6 +147,7 @@ def _children(client: mlflow.MlflowClient, exp_name: str) -> list:
     return [r for r in client.search_runs([exp.experiment_id]) if "mlflow.parentRunId" in r.data.tags]
 
 
+@pytest.mark.slow  # ~2 min; trials on the workers, S3 storage and MLflow through the driver: the plugin sweep below
 def test_sweep_on_workers_logs_through_the_driver_and_resumes_from_s3(env: Env, tmp_path: Path):
     space = tmp_path / "space.yaml"
     space.write_text("method.mu: {grid: [0.0, 0.01, 0.1, 1.0]}\n")

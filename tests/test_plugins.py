@@ -85,6 +85,7 @@ def lcfed(site: Path, cwd: Path, *args: str) -> subprocess.CompletedProcess[str]
                           text=True, timeout=600)
 
 
+@pytest.mark.slow  # ~70 s; a plugin swept on Ray's workers: tests/test_multinode.py; compare itself: tests/test_compare.py
 def test_a_compare_of_the_plugin_against_fedavg(installed, tmp_path):
     """Phase 1 is a 2-trial sweep of each method (the code ``lcfed sweep`` runs; the CLI sweep of a plugin is
     in tests/test_multinode.py, on worker nodes); FedProx is tuned over the space it ships."""

@@ -43,6 +43,7 @@ def test_summary_averages_the_last_evaluations():
     assert s["final_acc_mean"] == 0.7 and s["bytes_up_total"] == 10.0 and s["evaluations"] == 2
 
 
+@pytest.mark.slow  # ~60 s; resumable --out: test_compare's rerun; cells and tables: the tests around it
 def test_table1_on_ray_tracks_cells_and_resumes_only_what_is_missing(tmp_path, tracking_uri):
     base = tiny_config("train.rounds=2", "engine.num_cpus=2", "tracking.enabled=true", f"tracking.uri={tracking_uri}",
                        "tracking.experiment=t1")

@@ -151,6 +151,7 @@ def test_tracking_server_gone_at_the_end_keeps_the_metrics_for_a_replay(tmp_path
         stop(proc)
 
 
+@pytest.mark.slow  # ~40 s; the outage buffer and the replay file: the two tests above
 def test_resume_logs_the_rounds_an_outage_kept_from_the_store(tmp_path):
     """Server down, then the process dies: rounds only buffered in memory are lost with it, but the
     checkpoint has them, and resuming logs every round the store lacks."""

@@ -160,6 +160,7 @@ def _proposals(storage: str) -> list[dict]:
     return [{k: r.config[k] for k in ("method.mu", "method.lam")} for r in results]
 
 
+@pytest.mark.slow  # ~45 s; ASHA: test_asha_on_a_loss...; --search choices: tests/test_bad_inputs.py
 def test_an_optuna_sweep_with_asha_is_seeded_and_prints_one_table(tmp_path, tracking_uri, capsys):
     """--search optuna: Tune's OptunaSearch seeded by the config's seed (the same proposals again), ASHA stops
     trials at the half-way rung, the best trial is one that ran every round, and the console has a line per
