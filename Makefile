@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --disable-pip-version-check torch==2.14.1 torchvision==0.29.1
-	$(BIN)/python -m pip install -q --disable-pip-version-check -e ".[test,dev,search]"
+	$(BIN)/python -m pip install -q --disable-pip-version-check -e ".[test,dev,search,parquet]"
 	@touch $(STAMP)
 
 setup: $(STAMP)
