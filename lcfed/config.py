@@ -853,23 +853,6 @@ def check_output_file(path: str | Path | None, flag: str, protect: Iterable[str 
                     f"is the input file {other}: writing there would overwrite it")
 
 
-def check_tracking_store(uri: str | None, flag: str = "tracking.uri") -> None:
-    """Refuse, before any work, a local sqlite store (the config's, else ``$MLFLOW_TRACKING_URI``, else
-    ``./mlflow.db``) that is a directory or whose directory cannot hold files."""
-    resolved = uri or os.environ.get("MLFLOW_TRACKING_URI") or "sqlite:///mlflow.db"
-    if not resolved.startswith("sqlite:///"):
-        return  # a server or a database elsewhere: reached (and refused) by the store itself
-    db = resolved[len("sqlite:///"):].split("?", 1)[0]
-    if not db or db == ":memory:":
-        return
-    path = Path(db).expanduser().absolute()
-    require(not path.is_dir(), flag, resolved, "is a directory: name the database file, e.g. sqlite:///DIR/mlflow.db")
-    existing = next(d for d in path.parents if d.exists())
-    require(existing.is_dir(), flag, resolved, f"{existing} is a file, not a directory")
-    problem = probe.cannot_write(existing)
-    require(problem is None, flag, resolved, f"the store's directory {existing} {problem}")
-
-
 def check_output_dir(path: str | Path | None, flag: str) -> None:
     """Refuse, before any work, a directory path that is a file or lies under an unwritable directory
     (the directory itself may not exist yet: it is made when first written)."""
@@ -877,7 +860,13 @@ def check_output_dir(path: str | Path | None, flag: str) -> None:
         return
     p = Path(path).expanduser().absolute()
     require(not p.exists() or p.is_dir(), flag, str(path), "exists and is not a directory")
-    existing = next(d for d in (p, *p.parents) if d.exists())
-    require(existing.is_dir(), flag, str(path), f"{existing} is a file, not a directory")
+    check_holds_files(p, flag, str(path))
+
+
+def check_holds_files(path: Path, flag: str, value: str, what: str = "") -> None:
+    """Refuse ``value`` unless the nearest existing directory at or above ``path`` (absolute) is a directory
+    that holds files (``what`` names it in the error, e.g. ``"the store's directory "``)."""
+    existing = next(d for d in (path, *path.parents) if d.exists())
+    require(existing.is_dir(), flag, value, f"{existing} is a file, not a directory")
     problem = probe.cannot_write(existing)
-    require(problem is None, flag, str(path), f"{existing} {problem}")
+    require(problem is None, flag, value, f"{what}{existing} {problem}")

@@ -25,7 +25,6 @@ from lcfed.config import (
     ExperimentConfig,
     check_output_dir,
     check_output_file,
-    check_tracking_store,
     did_you_mean,
     load_config,
     require,
@@ -37,7 +36,7 @@ from lcfed.federation import check_against_data, load
 from lcfed.progress import ProgressBar
 from lcfed.runner import run_local
 from lcfed.stop import Stopped, stop_on_signals
-from lcfed.tracking import MLflowObserver, TrackingError, replay, ui_hint
+from lcfed.tracking import MLflowObserver, TrackingError, check_tracking_store, replay, ui_hint
 from tune_jobs import compare, head, jobs, mlflow_server, reproduce
 from tune_jobs.options import add_actions, config_options, examples
 from tune_jobs.sweep import command as sweep

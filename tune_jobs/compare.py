@@ -33,14 +33,13 @@ from lcfed import numerics, registry
 from lcfed.config import (
     ExperimentConfig,
     check_output_dir,
-    check_tracking_store,
     load_config,
     require,
     resolve,
     safe_name,
 )
 from lcfed.stats import mean_ci, paired_test
-from lcfed.tracking import resolve_tracking_uri
+from lcfed.tracking import check_tracking_store, resolve_tracking_uri
 from tune_jobs import sweep  # a lazy package: Tune loads when a comparison first uses it, not with lcfed's parser
 from tune_jobs.options import config_options, examples
 from tune_jobs.outdir import open_recorded, read_state, write_json

@@ -30,7 +30,6 @@ from lcfed.config import (
     ConfigError,
     ExperimentConfig,
     check_output_dir,
-    check_tracking_store,
     load_config,
     parse_override,
     require,
@@ -41,7 +40,7 @@ from lcfed.federation import check_against_data, load
 from lcfed.progress import ProgressBar
 from lcfed.stats import mean_ci
 from lcfed.stop import stop_on_signals
-from lcfed.tracking import MLflowObserver, resolve_tracking_uri
+from lcfed.tracking import MLflowObserver, check_tracking_store, resolve_tracking_uri
 from tune_jobs.options import add_actions, config_options, examples
 from tune_jobs.outdir import open_recorded, read_state, write_json
 from tune_jobs.parent_run import ParentRun

@@ -39,6 +39,7 @@ from lcfed.tracking.store import (
     HTTP_RETRY_BUDGET,
     STORE_LOCK_TIMEOUT_S,
     TrackingError,
+    check_tracking_store,
     get_or_create_experiment,
     open_client,
     resolve_tracking_uri,
@@ -50,6 +51,7 @@ from lcfed.tracking.ui import SHARED_VIEW_TAG, share_view, ui_hint, view_url
 from lcfed.tracking.unlogged import read_unlogged, replay
 
 __all__ = [
+    "check_tracking_store",
     "EXPERIMENT_KIND",
     "HTTP_RETRY_BUDGET",
     "MAX_PERSONAL_BYTES",

@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+from lcfed.config import check_holds_files, require
+
 
 class TrackingError(RuntimeError):
     """The MLflow store could not take the run's data; nothing was dropped silently."""
@@ -73,6 +75,17 @@ def _sqlite_path(uri: str) -> Path | None:
         return None
     path = uri[len("sqlite:///") :].split("?", 1)[0]
     return Path(path) if path and path != ":memory:" else None
+
+
+def check_tracking_store(uri: str | None, flag: str = "tracking.uri") -> None:
+    """Refuse, before any work, a local sqlite store (:func:`resolve_tracking_uri`'s) that is a directory or
+    whose directory cannot hold files; a server or another database is reached, and refused, by the store."""
+    resolved = resolve_tracking_uri(uri)
+    path = _sqlite_path(resolved)
+    if path is None:
+        return
+    require(not path.is_dir(), flag, resolved, "is a directory: name the database file, e.g. sqlite:///DIR/mlflow.db")
+    check_holds_files(path.parent, flag, resolved, "the store's directory ")
 
 
 @contextmanager

@@ -16,12 +16,11 @@ from lcfed.config import (
     NAME_RULE,
     check_output_dir,
     check_output_file,
-    check_tracking_store,
     load_config,
     require,
     safe_name,
 )
-from lcfed.tracking import ui_hint
+from lcfed.tracking import check_tracking_store, ui_hint
 from tune_jobs.options import config_options, examples
 from tune_jobs.sweep.objective import METRIC, METRICS, SCHEDULERS, SEARCHES, resolve_objective
 from tune_jobs.sweep.placement import TRIAL_ENGINES
