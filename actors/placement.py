@@ -1,5 +1,5 @@
 """Where a federation's device actors go: the pure arithmetic that sizes the actor pool and checks it
-against the nodes' resources. No Ray here (the Ray engine, :mod:`actors.engine`, asks Ray for the
+against the nodes' resources. No Ray here (the Ray engine, :mod:`actors.ray_engine`, asks Ray for the
 nodes and reserves what this plans), so it is tested on plain numbers.
 """
 

@@ -71,7 +71,7 @@ sys.path.insert(0, str(ROOT))
 
 from lcfed.clustering import assign_by_cosine, cluster_means  # noqa: E402
 from lcfed.config import load_config  # noqa: E402
-from lcfed.local import DeviceData  # noqa: E402
+from lcfed.local_update import DeviceData  # noqa: E402
 from lcfed.methods import METHODS  # noqa: E402
 from lcfed.methods.base import Federation, Message, Strategy  # noqa: E402
 from lcfed.methods.fedavg import ModelMessage  # noqa: E402

@@ -70,7 +70,7 @@ def summarize(name: str, res: Any, start_s: float, args: argparse.Namespace) -> 
 
 
 def run_local(args: argparse.Namespace, vectorize: str) -> dict[str, Any]:
-    from lcfed.runner import run_local as run
+    from lcfed.engines.local import run_local as run
 
     cfg = workload(args, "local", vectorize)
     t0 = time.perf_counter()
@@ -80,7 +80,7 @@ def run_local(args: argparse.Namespace, vectorize: str) -> dict[str, Any]:
 
 
 def run_ray(args: argparse.Namespace, actors: int, vectorize: str) -> dict[str, Any]:
-    from actors.engine import RayFederation
+    from actors.ray_engine import RayFederation
 
     cfg = workload(args, "ray", vectorize, actors)
     t0 = time.perf_counter()

@@ -72,13 +72,13 @@ def measure(args: argparse.Namespace, engine: str) -> dict:
     rss = PeakRSS(me)
     t0 = time.perf_counter()
     if engine.startswith("local"):
-        from lcfed.runner import run_local
+        from lcfed.engines.local import run_local
 
         res = run_local(cfg, [rss])
     else:
         import ray
 
-        from actors.engine import RayFederation
+        from actors.ray_engine import RayFederation
 
         ray.init(address="local", num_cpus=args.actors, include_dashboard=False, object_store_memory=256 * 2**20, log_to_driver=False)
         fed = RayFederation(cfg)

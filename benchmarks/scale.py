@@ -171,7 +171,7 @@ def main() -> None:
 
     import ray
 
-    from actors.engine import RayFederation
+    from actors.ray_engine import RayFederation
 
     load0 = os.getloadavg()  # the machine may be shared: say how busy it was
     me = psutil.Process(os.getpid())

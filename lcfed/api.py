@@ -25,7 +25,7 @@ from typing import Any
 
 from lcfed import numerics
 from lcfed.config import ExperimentConfig, apply_overrides, from_dict, parse_override, read_yaml, require, to_dict
-from lcfed.engine import Observer, RunResult
+from lcfed.loop import Observer, RunResult
 
 #: metrics a trainable reports on every round (NaN until the first evaluation), so that a Tune metric
 #: named after one of them is in every result even when ``train.eval_every`` skips rounds
@@ -62,7 +62,7 @@ class _KeepModels:
 
 def run(cfg: ExperimentConfig, *, engine: str | None = None, track: bool = False, models: bool = False,
         observers: Sequence[Observer] = ()) -> RunResult:
-    """Run one federation and return its :class:`~lcfed.engine.RunResult`: ``final`` (the last evaluation),
+    """Run one federation and return its :class:`~lcfed.loop.RunResult`: ``final`` (the last evaluation),
     ``history`` (every round), ``assignment``, ``provenance`` and, with ``models=True``, ``models`` (the
     server's state and each device's personalized weights).
 
@@ -83,10 +83,10 @@ def run(cfg: ExperimentConfig, *, engine: str | None = None, track: bool = False
         tracker.check()
         chosen.append(tracker)
     if cfg.engine.kind == "ray":
-        from actors.engine import run_ray  # Ray only when asked
+        from actors.ray_engine import run_ray  # Ray only when asked
 
         return run_ray(cfg, chosen)
-    from lcfed.runner import run_local
+    from lcfed.engines.local import run_local
 
     return run_local(cfg, chosen)
 
@@ -132,8 +132,8 @@ def trainable(base: ExperimentConfig | Mapping[str, Any] | str | Path, *, track:
     def train(trial: dict[str, Any]) -> None:
         import ray
 
+        from lcfed.engines.local import LocalFederation
         from lcfed.federation import load
-        from lcfed.runner import LocalFederation
 
         chosen = config(cfg, {k: v for k, v in trial.items()}).replace(**{"engine.kind": "local"})
         numerics.activate(chosen.engine.numerics)  # before load(), the trial's first tensor op

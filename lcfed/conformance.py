@@ -28,10 +28,10 @@ import torch
 
 from lcfed import numerics
 from lcfed.config import ExperimentConfig, from_dict, resolve
-from lcfed.engine import RunResult, load_resume, run_rounds
+from lcfed.engines.local import LocalFederation, LocalPool, LocalServer
 from lcfed.federation import load, make_strategy
+from lcfed.loop import RunResult, load_resume, run_rounds
 from lcfed.methods.base import Message, Strategy, tensor_bytes
-from lcfed.runner import LocalFederation, LocalPool, LocalServer
 
 PROPERTIES = ("seeded", "pure", "priced", "resumable", "engines")
 #: the hooks whose arguments must come back unchanged, by argument position
@@ -208,7 +208,7 @@ def _resumable(cfg: ExperimentConfig, straight: RunResult) -> Finding:
 
 
 def _engines(cfg: ExperimentConfig, local: RunResult) -> Finding:
-    from actors.engine import run_ray  # Ray only for this property
+    from actors.ray_engine import run_ray  # Ray only for this property
 
     try:
         remote = run_ray(cfg.replace(**{"engine.kind": "ray", "engine.devices_per_actor": 3}))

@@ -28,7 +28,7 @@ from lcfed.data import (
     split_validation,
 )
 from lcfed.data.testbeds import apply_testbed
-from lcfed.local import DeviceData, LocalWork
+from lcfed.local_update import DeviceData, LocalWork
 from lcfed.methods import Strategy
 from lcfed.methods.base import Federation
 from lcfed.models import Network, build_network

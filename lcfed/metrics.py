@@ -6,7 +6,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from lcfed.local import EvalResult
+from lcfed.local_update import EvalResult
 
 
 def accuracy_metrics(results: Mapping[int, EvalResult], trained: np.ndarray | None = None) -> dict[str, float]:

@@ -10,7 +10,7 @@ from typing import Any
 from tqdm import tqdm
 
 from lcfed.config import ExperimentConfig
-from lcfed.engine import RunResult
+from lcfed.loop import RunResult
 from lcfed.methods.base import Federation, RoundStats
 
 #: seconds between plain progress lines when rounds are quick (every round is printed otherwise)

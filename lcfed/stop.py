@@ -1,8 +1,8 @@
 """Stopping a run on a signal: the handler that sets the process's stop request.
 
-The round loop (:func:`lcfed.engine.run_rounds`) checks :data:`STOP` after every round and raises
+The round loop (:func:`lcfed.loop.run_rounds`) checks :data:`STOP` after every round and raises
 :class:`Stopped` at the boundary, checkpointed; :func:`stop_on_signals` is what sets it. The flag and the
-exception still live in :mod:`lcfed.engine`, which checks them.
+exception still live in :mod:`lcfed.loop`, which checks them.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import sys
 from collections.abc import Iterator
 from types import FrameType
 
-from lcfed.engine import STOP, Stopped, StopRequest
+from lcfed.loop import STOP, Stopped, StopRequest
 
 __all__ = ["STOP", "Stopped", "StopRequest", "stop_on_signals"]
 

@@ -10,10 +10,11 @@ import pytest
 import ray
 import torch
 
-from actors.engine import RayFederation
+from actors.ray_engine import RayFederation
 from lcfed.config import ConfigError, load_config
+from lcfed.engines.local import run_local
 from lcfed.federation import prepare
-from lcfed.local import DeviceData, LocalWork
+from lcfed.local_update import DeviceData, LocalWork
 from lcfed.methods import METHODS
 from lcfed.methods.base import DeviceContext, Federation, RoundPlan, Strategy
 from lcfed.methods.cgpfl import CGPFLState
@@ -23,7 +24,6 @@ from lcfed.methods.fesem import FeSEMState, span_coordinates
 from lcfed.methods.ifca import IFCAMessage, IFCAState, cluster_losses
 from lcfed.methods.lcfed import PersonalModel
 from lcfed.models import Network, param_spec
-from lcfed.runner import run_local
 from tests.conftest import start_test_ray, tiny_config
 from tests.test_math import Tiny
 

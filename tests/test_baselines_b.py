@@ -9,9 +9,10 @@ import pytest
 import ray
 import torch
 
-from actors.engine import RayFederation
+from actors.ray_engine import RayFederation
 from lcfed.config import load_config
-from lcfed.local import DeviceData, LocalWork
+from lcfed.engines.local import run_local
+from lcfed.local_update import DeviceData, LocalWork
 from lcfed.methods.base import DeviceContext, Federation, RoundPlan
 from lcfed.methods.clusterfl import ClusterFL, PersonalModel, indicator_clusters, similarity
 from lcfed.methods.fedavg import ModelMessage
@@ -19,7 +20,6 @@ from lcfed.methods.fedgroup import FedGroup, decomposed_cosine
 from lcfed.methods.flhc import FLHC, hierarchical_labels
 from lcfed.methods.perfedavg import Batch, PerFedAvg, PerFedAvgState, hessian_vector_product, maml_step
 from lcfed.models import Network, param_spec
-from lcfed.runner import run_local
 from tests.conftest import start_test_ray, tiny_config
 from tests.test_math import Tiny  # w = [a | W0, W1, b0, b1]: layer emb = a, layer head = the rest
 
@@ -171,7 +171,7 @@ def test_hessian_free_step_adds_the_second_order_correction():
     g_outer = (w - fo) / 0.2
     hv = hessian_vector_product(net, w, b3, g_outer)
     # the Hessian-vector product against central differences of the gradient
-    from lcfed.local import loss_and_grad
+    from lcfed.local_update import loss_and_grad
 
     eps = 1e-2
     fd = (loss_and_grad(net, w + eps * g_outer, b3.x, b3.y)[1] - loss_and_grad(net, w - eps * g_outer, b3.x, b3.y)[1]) / (2 * eps)

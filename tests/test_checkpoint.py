@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from lcfed import checkpoint
-from lcfed.engine import load_resume
+from lcfed.engines.local import run_local
+from lcfed.loop import load_resume
 from lcfed.methods.lcfed import LCFedState
-from lcfed.runner import run_local
 from lcfed.similarity import Projector
 from tests.conftest import tiny_config
 from tune_jobs.cli import main

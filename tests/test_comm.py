@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from lcfed.engines.local import run_local
 from lcfed.federation import prepare
 from lcfed.methods.base import downlink_traffic, layer_traffic
 from lcfed.models import build_network
-from lcfed.runner import run_local
 from tests.conftest import tiny_config
 
 # LeNet-5 on 1x28x28, 10 classes: parameters per layer (weights + biases)

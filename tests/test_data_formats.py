@@ -16,9 +16,9 @@ import lcfed.data.formats as formats
 from lcfed.config import ConfigError
 from lcfed.data import DataError, Dataset, FileSource, Scaling, load_dataset
 from lcfed.data.sources import CACHE_DIR
+from lcfed.engines.local import run_local
 from lcfed.federation import load, prepare
 from lcfed.models import build_network
-from lcfed.runner import run_local
 from tests.conftest import tiny_config
 from tune_jobs.cli import main
 

@@ -11,8 +11,9 @@ import pytest
 import torch
 
 from lcfed.config import ConfigError, load_config
-from lcfed.engine import load_resume
-from lcfed.local import DeviceData, LocalWork, batch_rng, local_update
+from lcfed.engines.local import run_local
+from lcfed.local_update import DeviceData, LocalWork, batch_rng, local_update
+from lcfed.loop import load_resume
 from lcfed.methods.base import DeviceContext, Federation
 from lcfed.methods.dcpfl import (
     DCPFL,
@@ -33,7 +34,6 @@ from lcfed.methods.dcpfl import (
     threshold_groups,
 )
 from lcfed.models import Network, param_spec
-from lcfed.runner import run_local
 from tests.conftest import tiny_config
 from tests.test_math import Tiny  # w = [a | W0, W1, b0, b1]: layer emb = a, layer head = the rest
 

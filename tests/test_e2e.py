@@ -82,8 +82,8 @@ def test_progress_without_a_terminal_is_plain_lines_and_quiet_is_silent():
     LINE_EVERY_S seconds, and the last round), not tqdm's carriage returns."""
     import io
 
+    from lcfed.engines.local import run_local
     from lcfed.progress import ProgressBar
-    from lcfed.runner import run_local
 
     out, quiet = io.StringIO(), io.StringIO()
     run_local(tiny_config("train.rounds=3"), [ProgressBar(file=out), ProgressBar(disable=True, file=quiet)])

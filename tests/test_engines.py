@@ -10,7 +10,7 @@ import pytest
 import ray
 import torch
 
-from actors.engine import (
+from actors.ray_engine import (
     NodeResources,
     RayFederation,
     _tensor_to_wire,
@@ -20,8 +20,8 @@ from actors.engine import (
     pool_layout,
 )
 from lcfed.config import ConfigError, EngineConfig
+from lcfed.engines.local import HostedDevices, run_local
 from lcfed.federation import prepare
-from lcfed.runner import HostedDevices, run_local
 from tests.conftest import start_test_ray, tiny_config
 
 
@@ -192,7 +192,7 @@ def test_cluster_layout_asks_for_stated_gpus_before_any_gpu_node_exists():
 
 
 def test_unplaceable_pool_on_a_private_ray_fails_at_once(ray_cluster):
-    from actors.engine import PlacementError, alive_nodes, place_pool
+    from actors.ray_engine import PlacementError, alive_nodes, place_pool
 
     lay = cluster_layout(EngineConfig(kind="ray", num_actors=3, gpus_per_actor=1), 3, alive_nodes())
     with pytest.raises(PlacementError, match=r"asked for 3 device actor\(s\) x \{CPU: 0.6666, GPU: 1\}.*1 alive node"):

@@ -11,12 +11,12 @@ import torch
 
 from lcfed import checkpoint
 from lcfed.config import ConfigError, load_config
-from lcfed.engine import load_resume
+from lcfed.engines.local import run_local
+from lcfed.loop import load_resume
 from lcfed.methods.base import Federation, RoundPlan
 from lcfed.methods.fedac import FedAC, FedACParams, FedACState, gap_ratios, split_labels, tune_clusters
 from lcfed.methods.lcfed import LCFedMessage
 from lcfed.models import ParamSpec, build_network, param_spec
-from lcfed.runner import run_local
 from lcfed.similarity import Projector
 from tests.conftest import tiny_config
 from tests.test_math import Tiny

@@ -10,12 +10,12 @@ import pytest
 import torch
 
 from lcfed.data import Scaling
-from lcfed.engine import load_resume
+from lcfed.engines.local import run_local
 from lcfed.federation import device_data, load, prepare
-from lcfed.local import EvalResult
+from lcfed.local_update import EvalResult
+from lcfed.loop import load_resume
 from lcfed.metrics import accuracy_metrics, label_homogeneity
 from lcfed.recovery import adjusted_rand_index
-from lcfed.runner import run_local
 from tests.conftest import tiny_config
 
 # -- input standardization -----------------------------------------------------------------------

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from lcfed.config import ConfigError
+from lcfed.engines.local import run_local
 from lcfed.federation import held_out_devices
 from lcfed.methods.base import select_devices
-from lcfed.runner import run_local
 from lcfed.tracking import partition_digest
 from tests.conftest import tiny_config
 

@@ -9,7 +9,7 @@ from torch import nn
 
 from lcfed.clustering import assign_by_cosine, cluster_means
 from lcfed.config import load_config
-from lcfed.local import DeviceData, LocalWork, Proximal, local_update
+from lcfed.local_update import DeviceData, LocalWork, Proximal, local_update
 from lcfed.methods.base import Federation, RoundPlan
 from lcfed.methods.lcfed import LCFed, LCFedMessage, LCFedState
 from lcfed.models import Network, param_spec

@@ -11,9 +11,9 @@ import mlflow
 import pytest
 import torch
 
-from lcfed.engine import DivergenceError
+from lcfed.engines.local import run_local
 from lcfed.federation import device_data, load, prepare
-from lcfed.runner import run_local
+from lcfed.loop import DivergenceError
 from lcfed.tracking import MLflowObserver
 from tests.conftest import tiny_config
 

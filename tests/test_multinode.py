@@ -28,7 +28,7 @@ import yaml
 from lcfed import numerics
 from lcfed.config import load_config
 from lcfed.data import import_idx
-from lcfed.runner import run_local
+from lcfed.engines.local import run_local
 from tests.conftest import from_a_terminal
 from tests.raycluster import ROOT, LocalCluster, free_port
 from tests.s3server import S3Server

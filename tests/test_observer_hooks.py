@@ -1,12 +1,12 @@
-"""The round loop's optional observer hooks (lcfed/engine.py): declared as Protocols, used where an
+"""The round loop's optional observer hooks (lcfed/loop.py): declared as Protocols, used where an
 observer has them, their defaults where it has not."""
 
 from __future__ import annotations
 
-from lcfed.engine import ErrorObserver, LocatingObserver, ModelsObserver, run_rounds
+from lcfed.engines.local import HostedDevices, LocalPool, LocalServer, make_strategy, run_local
 from lcfed.federation import prepare
+from lcfed.loop import ErrorObserver, LocatingObserver, ModelsObserver, run_rounds
 from lcfed.progress import ProgressBar
-from lcfed.runner import HostedDevices, LocalPool, LocalServer, make_strategy, run_local
 from lcfed.tracking import MLflowObserver
 from tests.conftest import tiny_config
 

@@ -6,7 +6,7 @@ import mlflow
 import pytest
 
 from lcfed.config import ConfigError
-from lcfed.runner import run_local
+from lcfed.engines.local import run_local
 from tests.conftest import tiny_config
 from tune_jobs.cli import main
 from tune_jobs.reproduce import (

@@ -9,9 +9,9 @@ import mlflow
 import pytest
 import torch
 
-from lcfed.engine import DivergenceError, run_rounds
+from lcfed.engines.local import HostedDevices, LocalPool, LocalServer, make_strategy, run_local
 from lcfed.federation import load, prepare
-from lcfed.runner import HostedDevices, LocalPool, LocalServer, make_strategy, run_local
+from lcfed.loop import DivergenceError, run_rounds
 from lcfed.tracking import MLflowObserver
 from tests.conftest import tiny_config
 from tune_jobs.cli import main
@@ -78,7 +78,7 @@ def test_server_receives_models_never_samples(method):
 
 
 def test_divergence_error_is_raised_in_process():
-    from lcfed.runner import run_local
+    from lcfed.engines.local import run_local
 
     with pytest.raises(DivergenceError, match="round"):
         run_local(tiny_config("train.lr=1e6"))
@@ -155,7 +155,7 @@ def test_tracking_server_gone_at_the_end_keeps_the_metrics_for_a_replay(tmp_path
 def test_resume_logs_the_rounds_an_outage_kept_from_the_store(tmp_path):
     """Server down, then the process dies: rounds only buffered in memory are lost with it, but the
     checkpoint has them, and resuming logs every round the store lacks."""
-    from lcfed.engine import load_resume
+    from lcfed.loop import load_resume
     from tests.test_jobs import free_port
     from tune_jobs.mlflow_server import start_mlflow_server, stop
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from actors.engine import run_ray
+from actors.ray_engine import run_ray
 from lcfed.config import load_config
 from lcfed.data import import_idx
 

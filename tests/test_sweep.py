@@ -99,7 +99,7 @@ def test_a_diverging_trial_fails_alone_and_the_sweep_exits_1(tmp_path, tracking_
     code = main(["sweep", "-c", str(config), "--space", str(space), "--scheduler", "fifo", "--max-concurrent", "1",
                  "--name", "nan", "--storage", str(tmp_path / "tune"), "--json", str(out)])
     assert code == 1
-    assert "1 of 2 trials failed; first: lcfed.engine.DivergenceError: round 0" in capsys.readouterr().err
+    assert "1 of 2 trials failed; first: lcfed.loop.DivergenceError: round 0" in capsys.readouterr().err
     summary = json.loads(out.read_text())
     assert summary["trials"] == 2 and summary["errors"] == 1
     assert summary["best_config"] == {"train.lr": 0.05}
@@ -319,7 +319,7 @@ def test_trials_equal_lcfed_run_of_the_same_config_and_name_their_engine(tmp_pat
     engine; two trials one after the other: the second reuses the first's warm process (local)."""
     from ray import tune
 
-    from lcfed.runner import run_local
+    from lcfed.engines.local import run_local
 
     base = tiny_config("train.rounds=2", "engine.num_cpus=2", "tracking.enabled=true", f"tracking.uri={tracking_uri}",
                        "tracking.experiment=sweep-eq")

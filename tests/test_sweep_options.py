@@ -117,7 +117,7 @@ def test_the_best_trial_is_one_that_ran_the_most_rounds():
 
 def test_every_sweepable_metric_is_one_a_run_reports():
     """The --metric names are the engine's per-round metrics (besides per-layer bytes and cluster sizes)."""
-    from lcfed.runner import run_local
+    from lcfed.engines.local import run_local
 
     result = run_local(tiny_config("train.rounds=1", "data.partition=dirichlet", "data.alpha=0.5", "data.val_fraction=0.2",
                                    "data.holdout_fraction=0.25"))

@@ -11,9 +11,9 @@ import pytest
 from lcfed.config import ConfigError
 from lcfed.data import Dataset, apply_testbed, group_layout, make_partition
 from lcfed.data.testbeds import label_permutations, rotate, shift
+from lcfed.engines.local import run_local
 from lcfed.federation import load, prepare
 from lcfed.recovery import adjusted_rand_index, normalized_mutual_info, recovery_scores
-from lcfed.runner import run_local
 from tests.conftest import tiny_config
 from tune_jobs.cli import main
 
@@ -222,7 +222,7 @@ def test_the_ray_engine_gives_the_in_process_numbers_on_a_testbed_of_a_table(tmp
     """The driver reads the file and relabels the groups once, and ships each actor its devices' samples."""
     import ray
 
-    from actors.engine import run_ray
+    from actors.ray_engine import run_ray
     from tests.conftest import start_test_ray
     from tests.test_data_formats import write_blobs
 

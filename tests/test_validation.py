@@ -11,9 +11,9 @@ import ray
 
 from lcfed.config import ConfigError
 from lcfed.data import Dataset, Scaling, format_stats, partition_stats, split_validation
-from lcfed.engine import RunResult, run_rounds
+from lcfed.engines.local import HostedDevices, LocalPool, LocalServer, run_local
 from lcfed.federation import load, make_strategy, partition, prepare
-from lcfed.runner import HostedDevices, LocalPool, LocalServer, run_local
+from lcfed.loop import RunResult, run_rounds
 from tests.conftest import start_test_ray, tiny_config
 
 VAL = "data.val_fraction=0.25"
@@ -130,7 +130,7 @@ def test_val_fraction_outside_its_range_is_refused(value):
 
 
 def test_ray_engine_matches_in_process_on_val(val_run):
-    from actors.engine import RayFederation
+    from actors.ray_engine import RayFederation
 
     cfg = tiny_config(VAL, "engine.kind=ray", "engine.devices_per_actor=4")
     start_test_ray()

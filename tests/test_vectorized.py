@@ -8,9 +8,9 @@ import threading
 import pytest
 import torch
 
+from lcfed.engines.local import HostedDevices, run_local
 from lcfed.federation import make_network, prepare
-from lcfed.local import DeviceData, LocalWork, batch_rng, local_update
-from lcfed.runner import HostedDevices, run_local
+from lcfed.local_update import DeviceData, LocalWork, batch_rng, local_update
 from lcfed.vectorized import BatchedNet, StepBatcher
 from tests.conftest import tiny_config
 

@@ -31,10 +31,10 @@ from lcfed.config import (
     to_dict,
 )
 from lcfed.data import DataError, format_groups, format_stats, import_idx, import_leaf, partition_stats
-from lcfed.engine import DivergenceError, checkpoint_path, load_resume
+from lcfed.engines.local import run_local
 from lcfed.federation import check_against_data, load
+from lcfed.loop import DivergenceError, checkpoint_path, load_resume
 from lcfed.progress import ProgressBar
-from lcfed.runner import run_local
 from lcfed.stop import Stopped, stop_on_signals
 from lcfed.tracking import MLflowObserver, TrackingError, check_tracking_store, replay, ui_hint
 from tune_jobs import compare, head, jobs, mlflow_server, reproduce
@@ -323,7 +323,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     observers, tracker = _observers(cfg, args, resume)
     with stop_on_signals():
         if cfg.engine.kind == "ray":
-            from actors.engine import run_ray  # Ray only for the Ray engine: `lcfed run` in-process never loads it
+            from actors.ray_engine import run_ray  # Ray only for the Ray engine: `lcfed run` in-process never loads it
 
             result = run_ray(cfg, observers, resume)
         else:

@@ -35,8 +35,8 @@ from lcfed.config import (
     require,
     resolve,
 )
-from lcfed.engine import load_resume
 from lcfed.federation import check_against_data, load
+from lcfed.loop import load_resume
 from lcfed.progress import ProgressBar
 from lcfed.stats import mean_ci
 from lcfed.stop import stop_on_signals
@@ -255,7 +255,7 @@ def _cell_result(cell: Cell, cfg: ExperimentConfig, out: Path, parent: ParentRun
                  counter: str) -> dict[str, Any]:
     """A cell's summary: ``<out>/cells/<cell>.json`` if it was finished before (with this config), else a run
     on Ray (resumed from its checkpoint; an MLflow child run of ``parent``'s run, if any), written there."""
-    from actors.engine import RayFederation  # Ray when a cell runs: `lcfed` imports this module to build its parser
+    from actors.ray_engine import RayFederation  # Ray when a cell runs: `lcfed` imports this module to build its parser
 
     done = out / "cells" / f"{cell.key}.json"
     label = (f"{counter} {cell.dataset} {partition_label(cell.partition)} {cell.method}"

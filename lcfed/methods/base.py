@@ -1,7 +1,7 @@
 """The Strategy interface every method implements, and the types that flow through a round.
 
 A round is ``configure -> local (per device, where its data lives) -> aggregate``; evaluation asks
-each device for its personalized model. The round loop exists once (:mod:`lcfed.engine`) and only
+each device for its personalized model. The round loop exists once (:mod:`lcfed.loop`) and only
 calls these hooks, in-process or on Ray.
 """
 
@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from lcfed.errors import require
-from lcfed.local import DeviceData, LocalResult, LocalWork, Proximal, batch_rng, local_update
+from lcfed.local_update import DeviceData, LocalResult, LocalWork, Proximal, batch_rng, local_update
 from lcfed.models import Model, ParamSpec
 
 if TYPE_CHECKING:  # annotations only: lcfed.config finds the methods through the registry
@@ -63,7 +63,7 @@ class DeviceContext:
     seed: int
 
     def local_update(self, start: torch.Tensor, proximal: Sequence[Proximal] = ()) -> LocalResult:
-        """The shared local SGD (:func:`lcfed.local.local_update`) of this device in this round, from
+        """The shared local SGD (:func:`lcfed.local_update.local_update`) of this device in this round, from
         ``start`` (not modified), on its data and budget, with its round's batches (stream 0)."""
         return local_update(self.net, start.to(self.data.x_train.device), self.data, self.work,
                             batch_rng(self.seed, self.device, self.rnd), proximal)

@@ -30,7 +30,7 @@ import torch
 
 from lcfed.clustering import cluster_means
 from lcfed.errors import require
-from lcfed.local import DeviceData, evaluate
+from lcfed.local_update import DeviceData, evaluate
 from lcfed.methods.base import DeviceContext, Message, RoundPlan, RoundStats, Strategy
 from lcfed.models import Model, ParamSpec
 

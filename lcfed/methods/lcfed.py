@@ -24,7 +24,7 @@ import torch
 
 from lcfed.clustering import assign_by_cosine, cluster_means, kmeans_labels, weighted_mean
 from lcfed.errors import require
-from lcfed.local import Proximal
+from lcfed.local_update import Proximal
 from lcfed.methods.base import (
     ClusteredStrategy,
     DeviceContext,

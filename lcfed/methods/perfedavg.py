@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 
 from lcfed.errors import require
-from lcfed.local import LocalWork, batch_rng, loss_and_grad, minibatches
+from lcfed.local_update import LocalWork, batch_rng, loss_and_grad, minibatches
 from lcfed.methods.base import DeviceContext, ModelMessage, RoundPlan, RoundStats, Strategy
 from lcfed.models import Model
 

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from lcfed.config import ExperimentConfig
-from lcfed.engine import RunResult
+from lcfed.loop import RunResult
 
 #: metrics drawn in the accuracy-vs-round plot
 PLOTTED = ("acc_mean", "acc_weighted", "acc_p10", "acc_p90")

@@ -19,8 +19,8 @@ import torch
 from torch.func import functional_call
 
 from lcfed.config import ExperimentConfig
-from lcfed.engine import SERVER_MODELS, RunResult
 from lcfed.logs import quiet_logger
+from lcfed.loop import SERVER_MODELS, RunResult
 from lcfed.methods.base import Federation
 from lcfed.models import ParamSpec, build_network
 

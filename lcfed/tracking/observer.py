@@ -21,7 +21,7 @@ import numpy as np
 
 from lcfed import numerics
 from lcfed.config import ExperimentConfig
-from lcfed.engine import RunResult
+from lcfed.loop import RunResult
 from lcfed.methods.base import Federation, RoundStats
 from lcfed.tracking.artifacts import log_artifacts
 from lcfed.tracking.guard import RunGuard

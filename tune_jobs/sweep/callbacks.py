@@ -22,7 +22,7 @@ import numpy as np
 from ray.tune import Callback
 
 from lcfed.config import ExperimentConfig
-from lcfed.engine import RunResult
+from lcfed.loop import RunResult
 from lcfed.progress import is_tty
 from lcfed.tracking import MLflowObserver
 from tune_jobs.sweep.errors import error_line

@@ -12,7 +12,7 @@ from lcfed.config import require
 
 METRIC = "acc_mean"  # the default --metric
 
-#: the per-round metrics a trial reports (``lcfed.engine`` and ``lcfed.metrics``) -> the better direction
+#: the per-round metrics a trial reports (``lcfed.loop`` and ``lcfed.metrics``) -> the better direction
 #: (None: no natural one, --mode must be given). Accuracies exist on evaluation rounds (``train.eval_every``,
 #: carried forward to the rounds between); num_clusters / label_homogeneity only for clustered methods, ari
 #: only where the clusters can express the true groups, val_* only with a validation split

@@ -24,7 +24,7 @@ from typing import Any
 import yaml
 from ray import tune
 
-from actors.engine import alive_nodes
+from actors.ray_engine import alive_nodes
 from lcfed.config import ConfigError, ExperimentConfig, require, to_dict
 from lcfed.tracking import resolve_tracking_uri, share_view, view_url
 from tune_jobs.parent_run import ParentRun

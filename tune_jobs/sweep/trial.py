@@ -17,11 +17,11 @@ from typing import Any
 import ray
 from ray import tune
 
-from actors.engine import RayFederation
+from actors.ray_engine import RayFederation
 from lcfed import checkpoint, numerics
 from lcfed.config import ConfigError, ExperimentConfig, apply_overrides, from_dict
+from lcfed.engines.local import LocalFederation
 from lcfed.federation import load, load_source, source_key
-from lcfed.runner import LocalFederation
 from lcfed.tracking import federation_facts
 from tune_jobs.sweep.objective import METRIC
 from tune_jobs.sweep.placement import local_trial_cpus, trial_layout

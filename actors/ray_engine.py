@@ -1,7 +1,7 @@
 """The Ray engine: a pool of DeviceActors hosting virtual devices, and a ServerActor.
 
-No algorithm lives here: actors wrap :class:`lcfed.runner.HostedDevices` and
-:class:`lcfed.runner.LocalServer`, and the round loop is :func:`lcfed.engine.run_rounds`. What moves:
+No algorithm lives here: actors wrap :class:`lcfed.engines.local.HostedDevices` and
+:class:`lcfed.engines.local.LocalServer`, and the round loop is :func:`lcfed.loop.run_rounds`. What moves:
 the server ``ray.put``\\ s each round's broadcast once and actors resolve that one object; device
 messages go from the actors straight to the ServerActor as object refs, never through the driver.
 """
@@ -25,11 +25,11 @@ from lcfed import numerics
 from lcfed.checkpoint import Snapshot
 from lcfed.config import ExperimentConfig
 from lcfed.data import Dataset, Partition
-from lcfed.engine import HostFailure, Newcomer, Observer, RunResult, run_rounds
+from lcfed.engines.local import DeviceHost, HostedDevices, LocalServer, auto_workers
 from lcfed.federation import Setup, load, make_strategy, prepare, resolve_device, shard
-from lcfed.local import EvalResult
+from lcfed.local_update import EvalResult
+from lcfed.loop import HostFailure, Newcomer, Observer, RunResult, run_rounds
 from lcfed.methods.base import Message, RoundPlan, RoundStats
-from lcfed.runner import DeviceHost, HostedDevices, LocalServer, auto_workers
 
 _NUMPY_DTYPES = frozenset(
     {torch.float32, torch.float64, torch.float16, torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool}
@@ -60,7 +60,7 @@ def fast_tensor_transfer() -> None:
 class DeviceActor(DeviceHost):
     """Hosts a block of virtual devices: their data (sent once by the process that loaded the
     dataset, placed on the GPU if one is assigned) and their personal states, which never leave the actor.
-    Answers the pool's calls as :class:`lcfed.runner.DeviceHost` does in-process."""
+    Answers the pool's calls as :class:`lcfed.engines.local.DeviceHost` does in-process."""
 
     def __init__(
         self, cfg: ExperimentConfig, setup: Setup, devices: Sequence[int], shard: tuple[Dataset, Partition],
@@ -208,7 +208,7 @@ class Hosts:
 
 
 class RayServer:
-    """Driver-side handle on the ServerActor (implements :class:`lcfed.engine.Server`)."""
+    """Driver-side handle on the ServerActor (implements :class:`lcfed.loop.Server`)."""
 
     def __init__(self, hosts: Hosts) -> None:
         self.hosts = hosts
@@ -236,7 +236,7 @@ class RayServer:
 
 
 class RayPool:
-    """Driver-side handle on the DeviceActors (implements :class:`lcfed.engine.DevicePool`)."""
+    """Driver-side handle on the DeviceActors (implements :class:`lcfed.loop.DevicePool`)."""
 
     def __init__(self, hosts: Hosts) -> None:
         self.hosts = hosts

@@ -1,7 +1,7 @@
 """The round loop, written once. It drives a server and a device pool, in-process or on Ray.
 
-``Server`` and ``DevicePool`` are the two seams: :mod:`lcfed.runner` implements them in-process,
-:mod:`actors.engine` with Ray actors. Observers (progress bar, MLflow, Tune) receive each round's
+``Server`` and ``DevicePool`` are the two seams: :mod:`lcfed.engines.local` implements them in-process,
+:mod:`actors.ray_engine` with Ray actors. Observers (progress bar, MLflow, Tune) receive each round's
 metrics; the loop itself never knows about them. Everything the loop calls on these objects is in
 the Protocols below; an observer's optional hooks are Protocols of their own, with the default the
 loop applies when an observer has not got one.
@@ -21,7 +21,7 @@ import torch
 
 from lcfed import checkpoint
 from lcfed.config import ExperimentConfig
-from lcfed.local import EvalResult
+from lcfed.local_update import EvalResult
 from lcfed.methods.base import Federation, RoundStats
 from lcfed.metrics import accuracy_metrics, label_homogeneity
 from lcfed.models import ParamSpec

@@ -16,9 +16,9 @@ import torch
 from lcfed import numerics
 from lcfed.checkpoint import Snapshot
 from lcfed.config import ExperimentConfig
-from lcfed.engine import DivergenceError, Newcomer, Observer, RunResult, run_rounds
 from lcfed.federation import Setup, device_data, load, local_work, make_network, make_strategy, prepare, resolve_device
-from lcfed.local import EvalResult, batch_rng, evaluate, local_update
+from lcfed.local_update import EvalResult, batch_rng, evaluate, local_update
+from lcfed.loop import DivergenceError, Newcomer, Observer, RunResult, run_rounds
 from lcfed.methods.base import (
     DeviceContext,
     Message,
@@ -246,7 +246,7 @@ class HostedDevices:
 
 
 class DeviceHost:
-    """The device-pool calls (:class:`lcfed.engine.DevicePool`) a process answers from the devices it
+    """The device-pool calls (:class:`lcfed.loop.DevicePool`) a process answers from the devices it
     hosts (``self.hosted``): written once for :class:`LocalPool` and the Ray engine's ``DeviceActor``.
 
     ``train`` is each one's own: the in-process pool takes the round's plan, an actor its parts (Ray
