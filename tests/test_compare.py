@@ -160,7 +160,7 @@ def test_phase_one_decides_the_same_when_the_test_split_is_poisoned(compared):
 def test_the_report_by_hand_with_newcomers(tmp_path):
     """write_report on fixed numbers: mean ± t-interval per method, paired differences, the target, and a
     newcomers' column when devices were held out of training."""
-    from tune_jobs.compare import write_report
+    from tune_jobs.compare_report import write_report
 
     def seed(acc, new, devices=None):
         curve = [[0, acc / 2, 1e6, 1.0], [1, acc, 2e6, 2.0]]
@@ -186,7 +186,7 @@ def test_the_report_by_hand_with_newcomers(tmp_path):
 
 
 def test_the_report_says_when_its_runs_ran_under_different_numerics(tmp_path):
-    from tune_jobs.compare import write_report
+    from tune_jobs.compare_report import write_report
 
     def seed(acc, profile, kernels):
         return {"acc_mean": acc, "bytes_up_total": 1e6, "bytes_down_total": 1e6, "curve": [[0, acc, 2e6, 1.0]],
@@ -199,3 +199,31 @@ def test_the_report_says_when_its_runs_ran_under_different_numerics(tmp_path):
     mixed = {"lcfed": {0: seed(0.9, "native", "AVX512")}, "fedavg": {0: seed(0.8, "portable", "AVX2")}}
     md = write_report(tmp_path, ["lcfed", "fedavg"], [0], phase1, mixed, None, tiny_config())["md"]
     assert "different numerics" in md and "numerics: native, portable" in md and "kernels: AVX2, AVX512" in md
+
+
+def test_the_report_scores_cluster_recovery_on_a_testbed(tmp_path):
+    """On a testbed (known groups) a second table gives each clustered method's final ARI and NMI over seeds
+    and the clusters it ended with against the true number; a method that never clustered gets dashes;
+    compare.png gets an ARI-vs-round panel; compare.csv the three columns."""
+    from tune_jobs.compare_report import write_report
+
+    def seed(acc, recovery):
+        return {"acc_mean": acc, "bytes_up_total": 1e6, "bytes_down_total": 1e6, "curve": [[0, acc, 2e6, 1.0]],
+                "devices": {}, "recovery": recovery}
+
+    phase2 = {"fedac": {0: seed(0.9, [[0, 0.5, 0.6, 3.0], [1, 1.0, 1.0, 4.0]]), 1: seed(0.9, [[1, 0.8, 0.9, 5.0]])},
+              "fedavg": {0: seed(0.8, []), 1: seed(0.8, [])}}
+    phase1 = {m: {"best_config": {}, "val_acc_mean": 0.8, "trials": 1} for m in phase2}
+    base = tiny_config().replace(**{"data.testbed": "rotated", "data.testbed_groups": 4, "data.partition": "iid"})
+    report = write_report(tmp_path, ["fedac", "fedavg"], [0, 1], phase1, phase2, None, base)
+    # ARI 1.0 and 0.8: mean 0.9, s = 0.1414, half = 12.706 * 0.1414 / sqrt 2 = 1.271
+    assert "| method | ARI | NMI | clusters found (true: 4) |" in report["md"]
+    assert "| fedac | 0.900 ± 1.271 | 0.950 ± 0.635 | 4, 5 |" in report["md"]
+    assert "| fedavg | – | – | – (no clusters) |" in report["md"]
+    head, fedac = report["csv"].splitlines()[:2]
+    assert head.endswith("ari_final,nmi_final,clusters_found") and fedac.endswith(",0.9,0.95,4;5")
+    import matplotlib.image
+
+    assert matplotlib.image.imread(report["plots"][0]).shape[1] > 1.4 * 11 * 110  # three panels, not two
+    without = write_report(tmp_path, ["fedac", "fedavg"], [0, 1], phase1, phase2, None, tiny_config())
+    assert "Cluster recovery" not in without["md"] and "ari_final" not in without["csv"]

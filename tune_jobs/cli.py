@@ -378,7 +378,7 @@ def _run_summary(cfg: ExperimentConfig, result: Any, stats: dict[str, float], av
 
 #: what the summary reports, per evaluation and averaged over the last ``tracking.summary_evals``
 SUMMARY_METRICS = ("acc_mean", "acc_weighted", "acc_std", "acc_p10", "acc_p90", "test_loss", "train_loss",
-                   "label_homogeneity", "ari", "coverage")
+                   "label_homogeneity", "ari", "nmi", "num_clusters", "coverage")
 
 
 def last_evals(history: Sequence[dict[str, float]], n: int) -> dict[str, Any]:

@@ -17,8 +17,6 @@ sweep resumes from Tune's state: rerun the same command to continue.
 from __future__ import annotations
 
 import argparse
-import csv
-import io
 import json
 import math
 import sys
@@ -27,9 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from lcfed import numerics, registry
+from lcfed import registry
 from lcfed.config import (
     ExperimentConfig,
     check_output_dir,
@@ -38,20 +34,17 @@ from lcfed.config import (
     resolve,
     safe_name,
 )
-from lcfed.stats import mean_ci, paired_test
 from lcfed.tracking import check_tracking_store, resolve_tracking_uri
 from tune_jobs import sweep  # a lazy package: Tune loads when a comparison first uses it, not with lcfed's parser
+from tune_jobs.compare_report import METRIC, write_report
 from tune_jobs.options import config_options, examples
 from tune_jobs.outdir import open_recorded, read_state, write_json
 from tune_jobs.parent_run import ParentRun
-from tune_jobs.reproduce import last_evaluations, parse_seeds, summarize
+from tune_jobs.reproduce import parse_seeds, summarize
 
 COMPARE_SPACES = Path(__file__).resolve().parent / "spaces" / "compare"
 #: the validation share of each device's training samples when the base config has none
 DEFAULT_VAL_FRACTION = 0.2
-METRIC = "val_acc_mean"
-#: the report's reference method (local training only)
-REFERENCE = "standalone"
 
 
 def method_space(method: str, space_dir: str | Path | None) -> Path:
@@ -87,9 +80,12 @@ def _seed_rows(grid: Any) -> dict[int, dict[str, Any]]:
         history = [h for h in history if "round" in h]
         curve = [[h["round"], h["acc_mean"], h.get("bytes_up_total", 0.0) + h.get("bytes_down_total", 0.0),
                   h.get("sim_seconds_total", math.nan)] for h in history if "acc_mean" in h]
+        # the assignment against a testbed's true groups, each round a method clustered
+        recovery = [[h["round"], h.get("ari", math.nan), h.get("nmi", math.nan), h["num_clusters"]]
+                    for h in history if "num_clusters" in h]
         last = (r.metrics or {}).get("lcfed") or {}
         devices = json.loads(last.get("devices") or "{}")
-        rows[int(r.config["seed"])] = {**summarize(history), "curve": curve, "devices": devices,
+        rows[int(r.config["seed"])] = {**summarize(history), "curve": curve, "recovery": recovery, "devices": devices,
                                        "provenance": last.get("provenance") or {},
                                        "val_acc_mean": float(history[-1].get("val_acc_mean", math.nan)),
                                        "acc_new_mean": float(history[-1].get("acc_new_mean", math.nan))}
@@ -192,170 +188,6 @@ def _run_phases(parent: ParentRun, base: ExperimentConfig, methods: Sequence[str
         client.log_artifact(parent_id, png, "plots")
     return {"table": report["md"], "out": str(out), "parent_run_id": parent_id, "tracking_uri": parent.uri,
             "wall_seconds": time.perf_counter() - t0, "results": report["rows"]}
-
-
-def _first_reaching(curve: list[list[float]], target: float) -> tuple[float, float] | None:
-    """(bytes, simulated seconds) at the first evaluation with accuracy >= target."""
-    for _, acc, nbytes, secs in curve:
-        if acc >= target:
-            return nbytes, secs
-    return None
-
-
-def write_report(out: Path, methods: Sequence[str], seeds: list[int], phase1: dict[str, Any],
-                 phase2: dict[str, dict[int, dict[str, Any]]], target: float | None,
-                 base: ExperimentConfig) -> dict[str, Any]:
-    """``compare.md``, ``compare.csv`` and the plots; returns them and the rows. With held-out devices
-    (``data.holdout_fraction``) the newcomers' test accuracy gets its own column."""
-    rows, target = _report_rows(methods, seeds, phase1, phase2, target)
-    # devices held out of training (data.holdout_fraction): their accuracy after joining, a column of its own
-    newcomers = any(not math.isnan(v) for r in rows for v in r["acc_new"])
-    averaged = last_evaluations({f"{m}/{seed}": row for m in methods for seed, row in phase2[m].items()})
-
-    def diff(t: Any) -> str:
-        if t is None:
-            return "–"
-        return f"{100 * t.diff.mean:+.2f} ± {100 * t.diff.half:.2f} (p = {t.t_p:.3g}, W p = {t.wilcoxon_p:.3g})" \
-            if not math.isnan(t.diff.half) else f"{100 * t.diff.mean:+.2f}"
-
-    lines = [
-        f"# Comparison: {base.data.dataset}, {base.data.num_devices} devices, {base.train.rounds} rounds", "",
-        f"Phase 1: each method tuned by {phase1[methods[0]]['trials']} trials on validation accuracy "
-        f"(`{METRIC}`). Phase 2: its chosen config on seeds {seeds}. Test accuracy (%) = mean over devices, "
-        f"averaged over the {averaged}; mean ± 95 % CI over seeds. Differences are paired by "
-        "seed: mean ± 95 % CI, paired t-test p and Wilcoxon signed-rank p (W p). "
-        f"Target for bytes / simulated time: {100 * target:.1f} % test accuracy.", "",
-        "| method | test acc (%) | vs standalone | vs best other | val acc (phase 1) | MB to target | "
-        "sim. s to target |" + (" newcomers' acc (%) |" if newcomers else "") + " chosen config |",
-        "|---|---:|---|---|---:|---:|---:|" + ("---:|" if newcomers else "") + "---|",
-    ]
-    for r in sorted(rows, key=lambda r: -r["test_acc_mean"]):
-        cfg = ", ".join(f"{k.split('.')[-1]}={v:.3g}" if isinstance(v, float) else f"{k.split('.')[-1]}={v}"
-                        for k, v in r["config"].items())
-        mb = f"{r['bytes_to_target'] / 1e6:.1f}" if r["reached"] else "–"
-        secs = f"{r['sim_seconds_to_target']:.0f}" if r["reached"] else "–"
-        reached = "" if r["reached"] == len(seeds) else f" ({r['reached']}/{len(seeds)} seeds)"
-        lines.append(f"| {r['method']} | {mean_ci(r['per_seed']).format(100)} | {diff(r['vs_standalone'])} | "
-                     f"{diff(r['vs_best_other'])} vs {r['best_other']} | {100 * r['val_acc_mean']:.2f} | "
-                     f"{mb}{reached} | {secs}{reached} | "
-                     + (f"{mean_ci(r['acc_new']).format(100)} | " if newcomers else "") + f"{cfg} |")
-    lines += _device_pairs(methods, seeds, phase2, {r["method"]: r["best_other"] for r in rows})
-    differ = numerics.differences([phase2[m][s].get("provenance") or {} for m in methods for s in seeds])
-    if differ:
-        lines += ["", "**Note:** the runs compared were produced under different numerics (torch's kernels, "
-                  "profile or versions), so part of a difference may come from there: " + "; ".join(differ) + "."]
-    md = "\n".join(lines) + "\n"
-    table_csv = _report_csv(rows, seeds, newcomers)
-    (out / "compare.md").write_text(md)
-    (out / "compare.csv").write_text(table_csv)
-    plots = _plots(out, methods, seeds, phase2)
-    return {"md": md, "csv": table_csv, "plots": plots, "rows": rows}
-
-
-def _report_rows(methods: Sequence[str], seeds: list[int], phase1: dict[str, Any],
-                 phase2: dict[str, dict[int, dict[str, Any]]], target: float | None) -> tuple[list[dict[str, Any]], float]:
-    """A row per method: its test accuracy over seeds, the paired tests against Standalone and the best other
-    method, what it took to reach ``target``; and the target (default: 90 % of the weakest method's mean)."""
-    acc = {m: [phase2[m][s]["acc_mean"] for s in seeds] for m in methods}
-    cis = {m: mean_ci(acc[m]) for m in methods}
-    if target is None:  # reached by every method on average: 90 % of the weakest method's accuracy
-        target = 0.9 * min(ci.mean for ci in cis.values())
-    rows = []
-    for m in methods:
-        others = [o for o in methods if o != m]
-        best_other = max(others, key=lambda o: cis[o].mean)
-        vs_ref = paired_test(acc[m], acc[REFERENCE]) if REFERENCE in methods and m != REFERENCE else None
-        vs_best = paired_test(acc[m], acc[best_other])
-        reached = [r for r in (_first_reaching(phase2[m][s]["curve"], target) for s in seeds) if r is not None]
-        nbytes = phase2[m][seeds[0]]["bytes_up_total"] + phase2[m][seeds[0]]["bytes_down_total"]
-        rows.append({
-            "method": m, "config": phase1[m]["best_config"], "val_acc_mean": phase1[m][METRIC],
-            "test_acc_mean": cis[m].mean, "ci95": cis[m].half, "per_seed": acc[m],
-            "vs_standalone": vs_ref, "best_other": best_other, "vs_best_other": vs_best,
-            "reached": len(reached), "bytes_to_target": float(np.mean([r[0] for r in reached])) if reached else math.nan,
-            "sim_seconds_to_target": float(np.mean([r[1] for r in reached])) if reached else math.nan,
-            "bytes_total": nbytes,
-            "acc_new": [phase2[m][s].get("acc_new_mean", math.nan) for s in seeds],
-        })
-    return rows, target
-
-
-def _report_csv(rows: list[dict[str, Any]], seeds: list[int], newcomers: bool) -> str:
-    """``compare.csv``: a line per method, every number of its row."""
-    buf = io.StringIO()
-    w = csv.writer(buf)
-    w.writerow(["method", "test_acc_mean", "ci95", *[f"seed_{s}" for s in seeds], "diff_vs_standalone",
-                "p_t_vs_standalone", "p_wilcoxon_vs_standalone", "best_other", "diff_vs_best_other",
-                "p_t_vs_best_other", "p_wilcoxon_vs_best_other", "val_acc_mean", "bytes_to_target",
-                "sim_seconds_to_target", "seeds_reaching_target", "acc_new_mean", "config"])
-    for r in rows:
-        ref, best = r["vs_standalone"], r["vs_best_other"]
-        w.writerow([r["method"], r["test_acc_mean"], r["ci95"], *r["per_seed"],
-                    ref.diff.mean if ref else "", ref.t_p if ref else "", ref.wilcoxon_p if ref else "",
-                    r["best_other"], best.diff.mean, best.t_p, best.wilcoxon_p, r["val_acc_mean"],
-                    r["bytes_to_target"], r["sim_seconds_to_target"], r["reached"],
-                    float(np.mean(r["acc_new"])) if newcomers else "", json.dumps(r["config"])])
-    return buf.getvalue()
-
-
-def _device_pairs(methods: Sequence[str], seeds: list[int], phase2: dict[str, Any],
-                  best_other: dict[str, str]) -> list[str]:
-    """Within each seed the methods saw the same devices: each method against Standalone (or, without it,
-    the best other method) device by device, per seed (the last evaluation's accuracy)."""
-    ref = REFERENCE if REFERENCE in methods else None
-    head = [f"seed {s}" for s in seeds]
-    lines = ["", f"Paired over devices within each seed (last evaluation, the devices both counted): difference (%) "
-             f"against {ref or 'the best other method'}, paired t-test p.", "",
-             "| method | " + " | ".join(head) + " |", "|---|" + "---:|" * len(head)]
-    rows = 0
-    for m in methods:
-        other = ref or best_other[m]
-        if m == other:
-            continue
-        cells = []
-        for s in seeds:
-            a, b = phase2[m][s].get("devices") or {}, phase2[other][s].get("devices") or {}
-            common = sorted(set(a) & set(b), key=int)
-            if len(common) < 2:
-                cells.append("–")
-                continue
-            t = paired_test([a[d] for d in common], [b[d] for d in common])
-            cells.append(f"{100 * t.diff.mean:+.2f} (p = {t.t_p:.2g}, n = {t.n})")
-        rows += 1
-        lines.append(f"| {m} vs {other} | " + " | ".join(cells) + " |")
-    return lines if rows else []
-
-
-def _plots(out: Path, methods: Sequence[str], seeds: list[int], phase2: dict[str, Any]) -> list[Path]:
-    """Test accuracy vs round (mean over seeds, min–max band) and vs cumulative bytes."""
-    import matplotlib  # when the report is drawn: `lcfed` imports this module to build its parser
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # (the same)
-
-    paths = []
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
-    for m in methods:
-        curves = [np.asarray(phase2[m][s]["curve"], dtype=np.float64) for s in seeds]
-        n = min(len(c) for c in curves)
-        if n == 0:
-            continue
-        stack = np.stack([c[:n] for c in curves])
-        rounds, accs, nbytes = stack[0, :, 0], 100 * stack[:, :, 1], stack[:, :, 2].mean(axis=0) / 1e6
-        (line,) = ax1.plot(rounds, accs.mean(axis=0), label=m)
-        ax1.fill_between(rounds, accs.min(axis=0), accs.max(axis=0), color=line.get_color(), alpha=0.2)
-        ax2.plot(nbytes, accs.mean(axis=0), label=m, color=line.get_color())
-    ax1.set(xlabel="round (MLflow step)", ylabel="test accuracy (%)", title=f"mean over seeds {seeds}, min–max band")
-    ax2.set(xlabel="bytes up + down (MB)", ylabel="test accuracy (%)", title="accuracy vs communication")
-    for ax in (ax1, ax2):
-        ax.grid(alpha=0.3)
-    ax2.legend(loc="lower right", fontsize=8)
-    fig.tight_layout()
-    path = out / "compare.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    paths.append(path)
-    return paths
 
 
 def add_parser(sub: Any) -> None:
