@@ -22,6 +22,8 @@ from lcfed.methods.dcpfl import (
     DeviceModel,
     Instruction,
     TrialPayload,
+)
+from lcfed.methods.dcpfl_steps import (
     average_linkage,
     discrepancy_matrix,
     due_layers,
