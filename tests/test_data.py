@@ -429,7 +429,7 @@ def test_import_debian_fashion_mnist(tmp_path: Path, monkeypatch: pytest.MonkeyP
 
 
 def test_primary_secondary_split_has_the_papers_shape():
-    from lcfed.data.partition import primary_secondary
+    from lcfed.data.schemes import primary_secondary
 
     labels = np.repeat(np.arange(10), 7000)
     devices, groups = primary_secondary(labels, 100, (0.4, 0.6), (0.2, 0.4), seed=3)
@@ -448,7 +448,7 @@ def test_primary_secondary_split_has_the_papers_shape():
 
 
 def test_quantity_skew_draws_sizes_in_range_and_keeps_small_devices():
-    from lcfed.data.partition import quantity_skew
+    from lcfed.data.schemes import quantity_skew
 
     devices = [np.arange(i * 1000, (i + 1) * 1000) for i in range(50)] + [np.arange(60_000, 60_030)]
     cut = quantity_skew(devices, 50, 350, seed=0)

@@ -23,7 +23,7 @@ from lcfed.data import (
     partition_stats,
     split_train_test,
 )
-from lcfed.data.partition import _niid_bench_counts
+from lcfed.data.schemes import _niid_bench_counts
 from tune_jobs.cli import last_evals, main, summary_table
 
 ROOT = Path(__file__).resolve().parents[1]

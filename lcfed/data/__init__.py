@@ -8,28 +8,28 @@ from lcfed.data.formats import FILE_FORMATS, FileSource, load_file
 from lcfed.data.importer import DEFAULT_IDX_DIRS, IDX_DIRS_ENV, import_idx
 from lcfed.data.leaf import import_leaf
 from lcfed.data.partition import (
-    DIRICHLET_CONVENTIONS,
     PARTITIONERS,
-    USER_SELECTIONS,
     Partition,
-    PartitionError,
     PartitionParams,
+    make_partition,
+    partition_schemes,
+    split_validation,
+)
+from lcfed.data.partition_stats import format_groups, format_stats, partition_stats
+from lcfed.data.schemes import (
+    DIRICHLET_CONVENTIONS,
+    USER_SELECTIONS,
+    PartitionError,
     dirichlet,
     dirichlet_niid_bench,
     dominant_label,
-    format_groups,
-    format_stats,
     group_layout,
     iid,
-    make_partition,
     natural,
-    partition_schemes,
-    partition_stats,
     pathological,
-    split_train_test,
-    split_validation,
 )
 from lcfed.data.sources import SOURCES, DataError, Dataset, Scaling, load_dataset, to_float
+from lcfed.data.split import split_train_test
 from lcfed.data.testbeds import TESTBEDS, apply_testbed
 
 __all__ = [

@@ -9,7 +9,7 @@ sees the data through its own transformation, so a clustered method has a right 
 - ``feature_shift``: group g's images pass through :data:`FEATURE_SHIFTS` [g]: unchanged, colour
   inversion, halved contrast, additive Gaussian noise; k <= 4.
 
-Which devices and samples form each group is :func:`lcfed.data.partition.group_layout` (seeded, a
+Which devices and samples form each group is :func:`lcfed.data.schemes.group_layout` (seeded, a
 function of the sizes alone); the partition scheme then splits each group's samples over its devices,
 and the partition carries each device's group as its ground truth. The transformation is applied to
 the dataset once, before the partition and the input standardization, so both see what devices see.
@@ -22,7 +22,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from lcfed.data.partition import PartitionError, group_layout
+from lcfed.data.schemes import PartitionError, group_layout
 from lcfed.data.sources import Dataset
 
 __all__ = ["FEATURE_SHIFTS", "MAX_GROUPS", "TESTBEDS", "apply_testbed", "label_permutations", "rotate", "shift"]
@@ -83,7 +83,7 @@ def label_permutations(num_classes: int, groups: int, seed: int) -> np.ndarray:
 
 def apply_testbed(ds: Dataset, kind: str, groups: int, num_devices: int, seed: int) -> Dataset:
     """``ds`` as the devices of testbed ``kind`` see it: each sample transformed by its group's
-    transformation (:func:`lcfed.data.partition.group_layout` says which group each sample is in).
+    transformation (:func:`lcfed.data.schemes.group_layout` says which group each sample is in).
     ``none`` returns ``ds`` itself. A dataset the testbed cannot transform is a :class:`PartitionError`
     naming ``testbed`` or ``testbed_groups``."""
     if kind == "none":
