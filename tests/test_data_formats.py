@@ -318,3 +318,20 @@ def test_data_stats_of_a_file_dataset(tmp_path, capsys):
     out = capsys.readouterr().out
     assert f"file {tmp_path / 'blobs.csv'} natural (largest users with >= 10 samples)" in out
     assert "8 devices, 400 samples" in out
+
+
+def test_a_file_dataset_is_logged_as_its_file(tmp_path):
+    """The MLflow dataset input of a file dataset is named and sourced by the file (relative paths under
+    data.data_dir), not by the word 'file' and the data directory."""
+    import json
+
+    from lcfed.tracking.inputs import dataset_input
+
+    digits = load_dataset("digits", tmp_path)
+    np.savez_compressed(tmp_path / "digits.npz", x=digits.x, y=digits.y)
+    cfg = tiny_config("data.dataset=file", "data.path=digits.npz", f"data.data_dir={tmp_path}")
+    entity = dataset_input(cfg, prepare(cfg).federation).dataset
+    assert entity.name == "file:digits.npz"
+    assert json.loads(entity.source) == {"uri": str((tmp_path / "digits.npz").resolve())}
+    built_in = dataset_input(tiny_config(f"data.data_dir={tmp_path}"), prepare(tiny_config()).federation).dataset
+    assert built_in.name == "digits" and json.loads(built_in.source) == {"uri": str(tmp_path.resolve())}

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from lcfed.config import ExperimentConfig, drop_later_defaults, flatten
+from lcfed.federation import file_source
 from lcfed.methods.base import Federation
 
 
@@ -65,17 +66,22 @@ def partition_digest(cfg: ExperimentConfig) -> str:
 
 
 def dataset_input(cfg: ExperimentConfig, fed: Federation) -> Any:
-    """The run's dataset as an MLflow dataset input (no data uploaded): name = the dataset, digest =
-    :func:`partition_digest`, source = the data directory (MLflow's ``local`` source), profile = the partition's config and
+    """The run's dataset as an MLflow dataset input (no data uploaded): name = the dataset (``file:NAME`` for
+    ``data.dataset: file``), digest = :func:`partition_digest`, source = the data directory or the file (MLflow's
+    ``local`` source), profile = the partition's config and
     statistics; context ``training`` (each device's train and test split come from it)."""
     from mlflow.entities import Dataset, DatasetInput, InputTag  # MLflow only when a run is logged
 
-    where = str(Path(cfg.data.data_dir).expanduser().resolve())
+    # a file dataset is its file (named by it); a built-in one its name, read from the data directory
+    data_dir = Path(cfg.data.data_dir).expanduser()
+    source = file_source(cfg)
+    where = str((source.resolve(data_dir) if source is not None else data_dir).resolve())
+    name = f"file:{Path(where).name}" if source is not None else cfg.data.dataset
     profile = {"partition": _partition_config(cfg),
                "seed": cfg.seed, "num_devices": fed.num_devices, "train_samples": int(fed.train_sizes.sum()),
                "num_classes": fed.num_classes, "input_shape": list(fed.input_shape),
                "stats": {k: float(v) for k, v in fed.partition_stats.items()}}
-    entity = Dataset(name=cfg.data.dataset, digest=partition_digest(cfg), source_type="local",
+    entity = Dataset(name=name, digest=partition_digest(cfg), source_type="local",
                      source=json.dumps({"uri": where}), profile=json.dumps(profile, default=str))
     return DatasetInput(entity, tags=[InputTag("mlflow.data.context", "training")])
 

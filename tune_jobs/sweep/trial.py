@@ -123,7 +123,8 @@ def trial_resources(cfg: ExperimentConfig, gpus_per_trial: float, engine: str = 
 
 def load_sources(base: ExperimentConfig, space: dict[str, Any]) -> dict[Any, Any]:
     """Every dataset the sweep's trials may use, loaded once here (the driver) for all of them."""
-    keys = ("data.dataset", "data.data_dir", "data.download")
+    keys = ("data.dataset", "data.data_dir", "data.download", "data.path", "data.format", "data.label_column",
+            "data.device_column")  # every field of federation.source_key: each choice may read other files
     choices: list[dict[str, Any]] = [{}]
     for key in keys:
         if key not in space:
