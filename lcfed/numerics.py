@@ -180,7 +180,7 @@ def _set_env(env: dict[str, str | None], profile: str) -> None:
 
 def kernel_level() -> str:
     """ATen's kernel level in force (``AVX2``, ``AVX512``, ``DEFAULT``, ...); asking fixes it."""
-    import torch
+    import torch  # torch after the profile's settings are in the environment
 
     try:
         return str(torch.backends.cpu.get_cpu_capability())
@@ -200,7 +200,7 @@ def deterministic_gpu() -> None:
     algorithms, no autotuning, and torch's deterministic implementations (a warning where an op
     has none). GPU numbers are then repeatable on one GPU model and software stack, and close,
     not identical, to the CPU's."""
-    import torch
+    import torch  # torch after the profile's settings are in the environment
 
     if _state.get("profile", env_profile()) != "portable":
         return
@@ -212,7 +212,7 @@ def deterministic_gpu() -> None:
 @cache
 def _build_info() -> str:
     """``torch.__config__.show()``: how this torch was built (BLAS, oneDNN)."""
-    import torch
+    import torch  # torch after the profile's settings are in the environment
 
     return str(torch.__config__.show())
 
@@ -234,7 +234,7 @@ def _onednn() -> str:
 def provenance(device: Any = None) -> dict[str, str]:
     """What produced a run's numbers: software, CPU and the kernels in force, threads, and the GPU and
     CUDA version when ``device`` is a CUDA device. Flat strings: MLflow tags and ``--json``."""
-    import torch
+    import torch  # torch after the profile's settings are in the environment
 
     s = state()
     out = {

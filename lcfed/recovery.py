@@ -29,7 +29,7 @@ def _pair(assignment: np.ndarray, truth: np.ndarray) -> tuple[np.ndarray, np.nda
 def adjusted_rand_index(assignment: np.ndarray, truth: np.ndarray) -> float:
     """Adjusted Rand index (Hubert & Arabie, 1985) of ``assignment`` against ``truth``, one label per device:
     the Rand index (share of device pairs both put together or both apart) corrected for chance."""
-    from sklearn.metrics import adjusted_rand_score
+    from sklearn.metrics import adjusted_rand_score  # scikit-learn only where recovery is scored
 
     a, t = _pair(assignment, truth)
     return float(adjusted_rand_score(t, a))
@@ -38,7 +38,7 @@ def adjusted_rand_index(assignment: np.ndarray, truth: np.ndarray) -> float:
 def normalized_mutual_info(assignment: np.ndarray, truth: np.ndarray) -> float:
     """Mutual information of ``assignment`` and ``truth`` over the arithmetic mean of their entropies
     (scikit-learn's default normalization); 1 when either determines the other, 0 when independent."""
-    from sklearn.metrics import normalized_mutual_info_score
+    from sklearn.metrics import normalized_mutual_info_score  # (the same)
 
     a, t = _pair(assignment, truth)
     return float(normalized_mutual_info_score(t, a))

@@ -52,14 +52,14 @@ def _builtins(kind: str) -> dict[str, Any]:
     # imported here, not at the top: lcfed.models and lcfed.data.sources look plugin names up through this
     # module (and every built-in method imports lcfed.models), so this module must load before them
     if kind == "method":
-        from lcfed.methods import METHODS
+        from lcfed.methods import METHODS  # (the circle above)
 
         return dict(METHODS)
     if kind == "model":
-        from lcfed.models import MODELS
+        from lcfed.models import MODELS  # (the same)
 
         return dict(MODELS)
-    from lcfed.data.sources import SOURCES
+    from lcfed.data.sources import SOURCES  # (the same)
 
     return dict(SOURCES)
 

@@ -56,7 +56,7 @@ def state_file() -> Path:
 
 def address_file() -> Path:
     """Ray's address file, which ``ray start --head`` writes and ``address="auto"`` follows."""
-    from ray._common.utils import get_ray_address_file
+    from ray._common.utils import get_ray_address_file  # Ray when a head command runs, not with the parser
 
     return Path(get_ray_address_file(None))
 

@@ -162,7 +162,7 @@ def _npz_inputs(path: Path, x: np.ndarray) -> np.ndarray:
 def _resize(x: np.ndarray, size: tuple[int, ...]) -> np.ndarray:
     """uint8 images (N, C, H, W) resized to ``size`` = (H', W') as an ImageFolder's are (PIL, bilinear),
     each channel on its own."""
-    from PIL import Image
+    from PIL import Image  # PIL only for images that need it
 
     h, w = size
     if x.shape[2:] == (h, w):
@@ -187,7 +187,7 @@ def _features(path: Path, what: str, x: np.ndarray) -> np.ndarray:
 
 
 def _imagefolder(root: Path, source: FileSource) -> Dataset:
-    from PIL import Image, UnidentifiedImageError
+    from PIL import Image, UnidentifiedImageError  # PIL only for ImageFolders
 
     classes = sorted(d.name for d in root.iterdir() if d.is_dir() and not d.name.startswith("."))
     if not classes:
@@ -236,7 +236,7 @@ def _imagefolder(root: Path, source: FileSource) -> Dataset:
 
 
 def _csv(path: Path, source: FileSource) -> Dataset:
-    import pandas as pd
+    import pandas as pd  # pandas (0.4 s) only for tables
 
     try:
         df = pd.read_csv(path)
@@ -249,7 +249,7 @@ def _parquet(path: Path, source: FileSource) -> Dataset:
     if importlib.util.find_spec("pyarrow") is None:
         raise DataError(f"{path}: reading parquet needs pyarrow, which is not installed: `pip install pyarrow` "
                         "(or save the table as .csv)")
-    import pandas as pd
+    import pandas as pd  # pandas (0.4 s) only for tables
 
     try:
         df = pd.read_parquet(path, engine="pyarrow")
@@ -260,7 +260,7 @@ def _parquet(path: Path, source: FileSource) -> Dataset:
 
 def _table(path: Path, df: Any, source: FileSource) -> Dataset:
     """A data frame -> features (every column but the label and device ones), labels, device ids."""
-    from pandas.api.types import is_bool_dtype, is_numeric_dtype
+    from pandas.api.types import is_bool_dtype, is_numeric_dtype  # (the same)
 
     columns = [str(c) for c in df.columns]
     if len(set(columns)) != len(columns):

@@ -123,7 +123,7 @@ class Scaling:
 @lru_cache(maxsize=1)
 def _digits_arrays() -> tuple[np.ndarray, np.ndarray]:
     """scikit-learn's embedded 8x8 digits, upsampled to 1x28x28 so MNIST models fit unchanged."""
-    from sklearn.datasets import load_digits
+    from sklearn.datasets import load_digits  # scikit-learn's datasets only for digits
 
     bunch = load_digits()
     small = torch.from_numpy(np.asarray(bunch.images, dtype=np.float32) * (255.0 / 16.0))

@@ -57,7 +57,7 @@ def average_linkage(disc: torch.Tensor | np.ndarray) -> np.ndarray:
     mean pairwise distance (scipy's linkage matrix, (n-1, 4))."""
     # imported here: scipy.cluster costs 0.4 s, paid by every host process that imports the methods
     from scipy.cluster.hierarchy import linkage
-    from scipy.spatial.distance import squareform
+    from scipy.spatial.distance import squareform  # (the same)
 
     d = np.asarray(disc, dtype=np.float64)
     if d.shape[0] < 2:

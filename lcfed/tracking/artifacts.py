@@ -88,7 +88,7 @@ def accuracy_figure(history: Sequence[dict[str, float]], cfg: ExperimentConfig) 
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # after choosing the Agg backend
-    from matplotlib.ticker import MaxNLocator
+    from matplotlib.ticker import MaxNLocator  # (the same)
 
     rows = [r for r in history if "acc_mean" in r]
     fig, ax = plt.subplots(figsize=(6, 4.4), dpi=100, layout="constrained")

@@ -55,7 +55,7 @@ def replay(path: str | Path, finish: bool = True) -> tuple[str, int]:
     """Send a file of unlogged metrics (written when the store was gone at the end of a run) to its
     run; mark the run FINISHED unless told not to. Returns (run id, points sent)."""
     import mlflow  # MLflow only for the replay command
-    from mlflow.entities import Metric
+    from mlflow.entities import Metric  # (the same)
 
     data = read_unlogged(path)
     client = mlflow.MlflowClient(tracking_uri=data["tracking_uri"])

@@ -129,8 +129,8 @@ def make_client(address: str | None = None, allow_insecure_token: bool = False) 
     url = resolve_address(address)
     check_token_transport(url, allow_insecure_token)
     check_reachable(url)
-    from ray.exceptions import AuthenticationError
-    from ray.job_submission import JobSubmissionClient
+    from ray.exceptions import AuthenticationError  # Ray when a job command runs, not with the parser
+    from ray.job_submission import JobSubmissionClient  # (the same)
 
     try:
         with _explicit_address():

@@ -89,8 +89,8 @@ def plan_upload(runtime_env: dict[str, Any]) -> UploadPlan:
     """Walk the working directory with Ray's own packaging walk and matcher (``_dir_travel``,
     ``_get_excludes``, .gitignore/.rayignore as the job client honours them), collecting what its
     zip would hold (files and empty directories) instead of zipping it."""
-    from ray._private.ray_constants import RAY_RUNTIME_ENV_IGNORE_GITIGNORE
-    from ray._private.runtime_env.packaging import _dir_travel, _get_excludes
+    from ray._private.ray_constants import RAY_RUNTIME_ENV_IGNORE_GITIGNORE  # Ray when a job ships, not with the parser
+    from ray._private.runtime_env.packaging import _dir_travel, _get_excludes  # (the same)
 
     root = Path(runtime_env["working_dir"]).absolute()
     real_root = root.resolve()
