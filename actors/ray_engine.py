@@ -261,8 +261,19 @@ class RayPool:
 
         return self.hosts.call(run)
 
-    def evaluate(self, payload_ref: Any) -> dict[int, EvalResult]:
-        return self._gather("evaluate", payload_ref)
+    def evaluate(self, payload_ref: Any, devices: Sequence[int] | None = None) -> dict[int, EvalResult]:
+        if devices is None:
+            return self._gather("evaluate", payload_ref)
+        wanted = set(devices)
+
+        def run() -> dict[int, EvalResult]:  # only the actors hosting a sampled device
+            parts = [(a, tuple(sorted(b & wanted))) for a, b in zip(self.hosts.devices, self.blocks, strict=True)]
+            out: dict[int, EvalResult] = {}
+            for part in ray.get([a.evaluate.remote(payload_ref, mine) for a, mine in parts if mine]):
+                out.update(part)
+            return out
+
+        return self.hosts.call(run)
 
     def personalized(self, payload_ref: Any) -> dict[int, torch.Tensor]:
         return self._gather("personalized", payload_ref)

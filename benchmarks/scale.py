@@ -15,6 +15,9 @@ once per process, an upper bound) and the sum of PSS (shared pages split between
 Target: peak < 6 GB.
 
     python benchmarks/scale.py --data-dir ~/.cache/lcfed [--rounds 3] [--quick]
+
+``--sweep``: cost against m = 10^3..10^5 at 100 participants per round, in-process, on synthetic data
+(``benchmarks/scale_devices.py``, whose flags it takes).
 """
 
 from __future__ import annotations
@@ -147,6 +150,11 @@ def config(args: argparse.Namespace, dataset: str) -> Any:
 
 
 def main() -> None:
+    if "--sweep" in sys.argv[1:]:  # cost against m, in-process: benchmarks/scale_devices.py
+        import scale_devices
+
+        scale_devices.main(sys.argv[1:])
+        return
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data-dir", default="~/.cache/lcfed")
     ap.add_argument("--dataset", default=None, help="default: mnist if present, else fashion_mnist")

@@ -101,6 +101,7 @@ class DataConfig:
     user_selection: str = "largest"
     testbed: str = "none"
     testbed_groups: int = 4
+    synthetic_samples: int = 0
 
     @property
     def training_devices(self) -> int:
@@ -126,6 +127,9 @@ class DataConfig:
             0 < self.test_fraction < 1, f"{prefix}.test_fraction", self.test_fraction, "must be in (0, 1)"
         )
         require(self.subset >= 0, f"{prefix}.subset", self.subset, "must be >= 0 (0 = every sample)")
+        require(self.synthetic_samples >= 0 and (self.synthetic_samples == 0 or self.dataset == "synthetic"),
+                f"{prefix}.synthetic_samples", self.synthetic_samples,
+                "must be >= 0, and 0 unless data.dataset is synthetic (samples to generate; 0 = the 60,000)")
         q = self.samples_per_device
         require(
             q == () or (len(q) == 2 and all(isinstance(v, int) and not isinstance(v, bool) for v in q)
@@ -240,6 +244,7 @@ class TrainConfig:
     local_epochs: int | None = None
     participation: float = 1.0
     eval_every: int = 1
+    eval_devices: int = 0
 
     def validate(self, prefix: str = "train") -> None:
         require(self.rounds >= 1, f"{prefix}.rounds", self.rounds, "must be >= 1")
@@ -259,6 +264,8 @@ class TrainConfig:
             0 < self.participation <= 1, f"{prefix}.participation", self.participation, "must be in (0, 1]"
         )
         require(self.eval_every >= 1, f"{prefix}.eval_every", self.eval_every, "must be >= 1")
+        require(self.eval_devices >= 0, f"{prefix}.eval_devices", self.eval_devices,
+                "must be >= 0 (trained devices scored by an evaluation before the last round; 0 = every device)")
 
 
 @dataclass(frozen=True)
@@ -283,6 +290,8 @@ class EngineConfig:
     object_store_mb: int = 256
     max_failures: int = 3
     numerics: str = "portable"
+    state_memory_mb: float = 0.0
+    spill_dir: str = ""
 
     def validate(self, prefix: str = "engine") -> None:
         require(self.kind in ("local", "ray"), f"{prefix}.kind", self.kind, "one of ['local', 'ray']")
@@ -340,6 +349,8 @@ class EngineConfig:
         require(self.object_store_mb <= memory_mb, f"{prefix}.object_store_mb", self.object_store_mb,
                 f"must be <= {memory_mb} (this machine's memory in MB; Ray refuses more)")
         require(self.max_failures >= 0, f"{prefix}.max_failures", self.max_failures, "must be >= 0 (lost hosts tolerated per run)")
+        require(0 <= self.state_memory_mb < math.inf, f"{prefix}.state_memory_mb", self.state_memory_mb,
+                "must be >= 0 (MB of device states a host keeps in memory before spilling to disk; 0 = no limit)")
         require(self.numerics in PROFILES, f"{prefix}.numerics", self.numerics,
                 f"one of {list(PROFILES)} (portable: CPU kernels pinned at AVX2, the same numbers on any x86-64; "
                 "native: the CPU's own kernels, numbers tied to the CPU)")
@@ -464,7 +475,7 @@ class ExperimentConfig:
         d = to_dict(self)
         for section in ("engine", "tracking", "checkpoint"):
             d.pop(section, None)
-        d["train"] = {k: v for k, v in d["train"].items() if k not in ("rounds", "eval_every")}
+        d["train"] = {k: v for k, v in d["train"].items() if k not in ("rounds", "eval_every", "eval_devices")}
         d.pop("name", None)
         drop_later_defaults(d)
         return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
@@ -615,6 +626,7 @@ def from_dict(raw: Mapping[str, Any]) -> ExperimentConfig:
 LATER_DEFAULTS: dict[str, dict[str, Any]] = {"data": {
     "val_fraction": 0.0, "holdout_fraction": 0.0, "path": "", "format": "auto", "label_column": "label",
     "device_column": "device", "image_size": (), "user_selection": "largest", "testbed": "none", "testbed_groups": 4,
+    "synthetic_samples": 0,
 }}
 
 

@@ -6,7 +6,7 @@ each host loads only its own devices' samples; raw samples never pass through th
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,6 +27,7 @@ from lcfed.data import (
     partition_stats,
     split_validation,
 )
+from lcfed.data.sources import synthetic_dataset
 from lcfed.data.testbeds import apply_testbed
 from lcfed.local_update import DeviceData, LocalWork
 from lcfed.methods import Strategy
@@ -56,14 +57,17 @@ def file_source(cfg: ExperimentConfig) -> FileSource | None:
     return FileSource(d.path, d.format, d.label_column, d.device_column, tuple(d.image_size))
 
 
-def source_key(cfg: ExperimentConfig) -> tuple[str, str, bool, FileSource | None]:
+def source_key(cfg: ExperimentConfig) -> tuple[str, str, bool, FileSource | None, int]:
     """What decides which files are read: configs with equal keys share one loaded dataset. The
     directory as written (``~`` unexpanded): the key must match on nodes whose home differs."""
-    return cfg.data.dataset, cfg.data.data_dir, cfg.data.download, file_source(cfg)
+    return cfg.data.dataset, cfg.data.data_dir, cfg.data.download, file_source(cfg), cfg.data.synthetic_samples
 
 
 def load_source(cfg: ExperimentConfig) -> Dataset:
-    """The configured dataset's every sample, read from ``data.data_dir`` (or embedded)."""
+    """The configured dataset's every sample, read from ``data.data_dir`` (or embedded, or generated:
+    ``data.synthetic_samples``)."""
+    if cfg.data.dataset == "synthetic" and cfg.data.synthetic_samples:
+        return synthetic_dataset(cfg.data.synthetic_samples)
     return load_dataset(cfg.data.dataset, data_dir(cfg), cfg.data.download, file_source(cfg))
 
 
@@ -254,23 +258,46 @@ def resolve_device(kind: str) -> torch.device:
 
 def device_data(
     ds: Dataset, part: Partition, devices: Iterable[int], where: torch.device, scaling: Scaling
-) -> dict[int, DeviceData]:
-    """The local train/test (and validation, if split) tensors of the given devices, scaled and
-    placed once on ``where``."""
-    y = torch.from_numpy(np.asarray(ds.y, dtype=np.int64))
-    out = {}
-    for dev in devices:
+) -> Mapping[int, DeviceData]:
+    """The local train/test (and validation, if split) tensors of the given devices, scaled and on
+    ``where``: on a GPU placed there once; on the CPU made when a device is read (from the dataset's
+    uint8 rows, the same tensors every time), so a host holds its devices' samples once, compactly."""
+    lazy = LazyDeviceData(ds, part, devices, where, scaling)
+    return lazy if where.type == "cpu" else {dev: lazy[dev] for dev in lazy}
+
+
+class LazyDeviceData(Mapping[int, DeviceData]):
+    """Device id -> :class:`DeviceData`, each built from the dataset when read."""
+
+    def __init__(self, ds: Dataset, part: Partition, devices: Iterable[int], where: torch.device, scaling: Scaling) -> None:
+        self.ds, self.part, self.where, self.scaling = ds, part, where, scaling
+        self.devices = tuple(devices)
+        self._hosted = frozenset(self.devices)
+        self._y = torch.from_numpy(np.asarray(ds.y, dtype=np.int64))
+
+    def __len__(self) -> int:
+        return len(self.devices)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.devices)
+
+    def __contains__(self, dev: object) -> bool:
+        return dev in self._hosted
+
+    def __getitem__(self, dev: int) -> DeviceData:
+        if dev not in self._hosted:
+            raise KeyError(dev)
+        part, ds, scaling, where = self.part, self.ds, self.scaling, self.where
         tr, te = part.train[dev], part.test[dev]
         val = part.val[dev] if part.val else None
-        out[dev] = DeviceData(
+        return DeviceData(
             scaling.apply(ds.x[tr]).to(where),
-            y[tr].to(where),
+            self._y[tr].to(where),
             scaling.apply(ds.x[te]).to(where),
-            y[te].to(where),
+            self._y[te].to(where),
             None if val is None else scaling.apply(ds.x[val]).to(where),
-            None if val is None else y[val].to(where),
+            None if val is None else self._y[val].to(where),
         )
-    return out
 
 
 def local_work(cfg: ExperimentConfig) -> LocalWork:

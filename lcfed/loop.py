@@ -57,7 +57,7 @@ class DevicePool(Protocol[PlanIn]):
     server's ``aggregate``), evaluates, and gives their states and personalized models."""
 
     def train(self, plan: PlanIn) -> Any: ...
-    def evaluate(self, payload: Any) -> dict[int, EvalResult]: ...
+    def evaluate(self, payload: Any, devices: Sequence[int] | None = None) -> dict[int, EvalResult]: ...
     def personalized(self, payload: Any) -> dict[int, torch.Tensor]: ...
     def get_states(self) -> dict[int, Any]: ...
     def set_states(self, states: dict[int, Any]) -> None: ...
@@ -213,6 +213,33 @@ def final_models(server: Server[Any], pool: DevicePool[Any]) -> FinalModels:
 def should_evaluate(cfg: ExperimentConfig, rnd: int) -> bool:
     last = rnd == cfg.train.rounds - 1
     return last or (rnd + 1) % cfg.train.eval_every == 0
+
+
+#: the stream (with the seed and round) of ``train.eval_devices``' samples: no other draw uses it
+_EVAL_STREAM = 0xE7A1
+
+
+def eval_sample(cfg: ExperimentConfig, rnd: int, trained: np.ndarray) -> tuple[int, ...] | None:
+    """The devices an evaluation in round ``rnd`` scores: None (every device) in the last round or
+    without ``train.eval_devices``; else that many of the devices that have trained (those the accuracy
+    metrics count), sorted, drawn with the seed and round (all of them when fewer have trained)."""
+    n = cfg.train.eval_devices
+    if n == 0 or rnd == cfg.train.rounds - 1:
+        return None
+    candidates = np.flatnonzero(trained)
+    if len(candidates) <= n:
+        return tuple(int(d) for d in candidates)
+    rng = np.random.default_rng([cfg.seed, rnd, _EVAL_STREAM])
+    return tuple(sorted(int(d) for d in rng.choice(candidates, size=n, replace=False)))
+
+
+def evaluate_round(
+    cfg: ExperimentConfig, rnd: int, server: Server[Any], pool: DevicePool[Any], trained: np.ndarray
+) -> dict[int, EvalResult]:
+    """The round's evaluation: every device, or :func:`eval_sample`'s."""
+    sample = eval_sample(cfg, rnd, trained)
+    payload = server.eval_payload()
+    return pool.evaluate(payload) if sample is None else pool.evaluate(payload, sample)
 
 
 def checkpoint_path(cfg: ExperimentConfig) -> Path | None:
@@ -398,7 +425,7 @@ def _loop(
             stats = server.aggregate(plan, pool.train(plan))
             now_trained = trained.copy()
             now_trained[list(plan.devices)] = True
-            evaluation = pool.evaluate(server.eval_payload()) if should_evaluate(cfg, rnd) else None
+            evaluation = evaluate_round(cfg, rnd, server, pool, now_trained) if should_evaluate(cfg, rnd) else None
             if not np.isfinite(stats.train_loss):
                 raise DivergenceError(f"round {rnd}: training loss is {stats.train_loss}; lower train.lr or check the data")
             metrics = _metrics(cfg, rnd, stats, evaluation, fed, totals, now_trained)

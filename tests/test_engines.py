@@ -96,6 +96,8 @@ def test_seed_changes_results():
         ("ifca", ["engine.num_actors=1", "engine.cpus_per_actor=2"]),  # one actor training on 2 threads
         ("lcfed", ["engine.vectorize=always"]),  # vmapped steps: the batches differ from in-process (4 vs 8 devices)
         ("ifca", ["data.holdout_fraction=0.25", "engine.devices_per_actor=3"]),  # newcomers join on their actors
+        # states of the devices that trained only, spilled past a tiny budget; evaluations of a sample
+        ("lcfed", ["train.participation=0.5", "train.eval_devices=2", "engine.state_memory_mb=0.0001"]),
     ],
 )
 def test_ray_engine_matches_in_process(ray_cluster, method, extra):

@@ -160,6 +160,29 @@ def _load_synthetic(data_dir: Path, download: bool) -> Dataset:
     return Dataset("synthetic", x.copy(), y.copy(), 10)
 
 
+#: samples of the ``synthetic`` dataset unless ``data.synthetic_samples`` says otherwise
+SYNTHETIC_SAMPLES = 60_000
+
+
+def synthetic_dataset(samples: int = SYNTHETIC_SAMPLES) -> Dataset:
+    """``samples`` generated samples of 1x28x28 in 10 classes, with the class templates of the 60,000
+    ``synthetic`` samples (which this is at that size): enough data for any number of devices. Other
+    sizes draw their labels from a stream of their own and their noise in blocks of 65,536 samples,
+    each from its own stream, so memory peaks at the samples themselves (784 bytes each)."""
+    if samples == SYNTHETIC_SAMPLES:
+        return _load_synthetic(Path(), False)
+    coarse = np.random.default_rng(0x5E7).integers(0, 156, (10, 1, 7, 7), dtype=np.uint8)
+    templates = coarse.repeat(4, axis=2).repeat(4, axis=3)
+    y = np.random.default_rng([0x5E7, samples]).integers(0, 10, samples).astype(np.int64)
+    x = np.empty((samples, 1, 28, 28), dtype=np.uint8)
+    block = 65_536
+    for i, start in enumerate(range(0, samples, block)):
+        stop = min(start + block, samples)
+        x[start:stop] = np.random.default_rng([0x5E7, samples, i]).integers(0, 100, (stop - start, 1, 28, 28), dtype=np.uint8)
+        x[start:stop] += templates[y[start:stop]]
+    return Dataset("synthetic", x, y, 10)
+
+
 def _from_mnist(ds: Any) -> tuple[np.ndarray, np.ndarray]:
     """A torchvision MNIST-style dataset (``data`` (N, H, W) uint8 tensor) -> (N, 1, H, W), labels."""
     x = np.ascontiguousarray(ds.data.numpy(), dtype=np.uint8)[:, None]

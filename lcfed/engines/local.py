@@ -16,6 +16,7 @@ import torch
 from lcfed import numerics
 from lcfed.checkpoint import Snapshot
 from lcfed.config import ExperimentConfig
+from lcfed.device_states import DeviceStates
 from lcfed.federation import Setup, device_data, load, local_work, make_network, make_strategy, prepare, resolve_device
 from lcfed.local_update import EvalResult, batch_rng, evaluate, local_update
 from lcfed.loop import DivergenceError, Newcomer, Observer, RunResult, run_rounds
@@ -72,6 +73,9 @@ class LocalServer:
         self.state = self.strategy.init() if state is None else state
 
 
+#: devices a host evaluates per batch of work handed to its threads
+EVAL_CHUNK = 1024
+
 T = TypeVar("T")
 R = TypeVar("R")
 
@@ -102,20 +106,23 @@ class HostedDevices:
         self.setup = setup
         self.where = resolve_device(cfg.engine.device)
         ds = dataset if dataset is not None else load(cfg)
-        self.data = device_data(ds, setup.partition, devices, self.where, setup.scaling)
+        self.devices = tuple(devices)
+        self.data = device_data(ds, setup.partition, self.devices, self.where, setup.scaling)
         self.net = self._new_net()
         self.strategy = make_strategy(cfg, setup.federation)
         self.init = setup.federation.init
-        self.states = {d: self.strategy.init_device(d, self.init) for d in devices}
+        # a device's state is stored from its first training; before, it is the strategy's initial state
+        self.states = DeviceStates(lambda d: self.strategy.init_device(d, self.init),
+                                   int(cfg.engine.state_memory_mb * 2**20), cfg.engine.spill_dir)
         self.work = local_work(cfg)
-        self.workers = max(1, min(workers, len(self.states)))
+        self.workers = max(1, min(workers, len(self.devices)))
         self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="lcfed-device") if self.workers > 1 else None
         self._local = threading.local()
         self._local.net = self.net
         self._build = threading.Lock()  # building a skeleton forks torch's global RNG
         vec = cfg.engine.vectorize
         self.vectorize = vec == "always" or (vec == "auto" and self.where.type == "cuda")
-        self.vectorize_max = max(1, min(cfg.engine.vectorize_max, len(self.states)))
+        self.vectorize_max = max(1, min(cfg.engine.vectorize_max, len(self.devices)))
         self._vpool: ThreadPoolExecutor | None = None
         self._batch_net = self._new_net() if self.vectorize else None
 
@@ -141,18 +148,18 @@ class HostedDevices:
         return DeviceContext(device, rnd, self.data[device], self._net() if net is None else net, self.work, self.cfg.seed)
 
     def train(self, rnd: int, devices: Sequence[int], payload: Any, instructions: dict[int, Any]) -> list[Message]:
-        todo = [d for d in devices if d in self.states]
+        todo = [d for d in devices if d in self.data]
         if self.vectorize:
             results = self._train_vectorized(rnd, todo, payload, instructions)
         else:
 
             def one(dev: int) -> tuple[Any, Message]:
-                return self.strategy.local(self.context(dev, rnd), self.states[dev], payload, instructions.get(dev))
+                return self.strategy.local(self.context(dev, rnd), self.states.get(dev), payload, instructions.get(dev))
 
             results = self._map(one, todo)
         msgs = []
         for dev, (state, msg) in zip(todo, results, strict=True):
-            self.states[dev] = state
+            self.states.put(dev, state)
             msgs.append(msg)
         return msgs
 
@@ -174,7 +181,7 @@ class HostedDevices:
                 try:
                     # a thread builds its own skeleton only if the strategy calls the model directly
                     ctx = self.context(dev, rnd, BatchedNet(self._net, batcher, dev))
-                    return self.strategy.local(ctx, self.states[dev], payload, instructions.get(dev))
+                    return self.strategy.local(ctx, self.states.get(dev), payload, instructions.get(dev))
                 finally:
                     batcher.leave(dev)
 
@@ -182,14 +189,15 @@ class HostedDevices:
         return out
 
     def get_states(self) -> dict[int, Any]:
-        return dict(self.states)
+        """The states of the hosted devices that have trained (the others hold their initial state)."""
+        return self.states.stored()
 
     def set_states(self, states: dict[int, Any]) -> None:
-        self.states.update({d: s for d, s in states.items() if d in self.states})
+        self.states.update({d: s for d, s in states.items() if d in self.data})
 
     def reset(self) -> None:
         """Every hosted device back to its state before round 0."""
-        self.states = {d: self.strategy.init_device(d, self.init) for d in self.states}
+        self.states.clear()
 
     def recover(self, states: dict[int, Any] | None) -> None:
         """After a lost host: every hosted device back to its state before round 0, then to ``states``
@@ -198,18 +206,25 @@ class HostedDevices:
         if states is not None:
             self.set_states(states)
 
-    def evaluate(self, payload: Any) -> dict[int, EvalResult]:
+    def evaluate(self, payload: Any, devices: Sequence[int] | None = None) -> dict[int, EvalResult]:
+        """Each of ``devices`` hosted here (all if None) on its test (and validation) set with its
+        personalized model, in chunks of :data:`EVAL_CHUNK` devices so that a host's models are never
+        all built at once."""
         def one(dev: int) -> EvalResult:
             ctx = self.context(dev, -1)
-            w = self.strategy.personalized(ctx, self.states[dev], payload).to(self.where)
-            data = self.data[dev]
+            w = self.strategy.personalized(ctx, self.states.get(dev), payload).to(self.where)
+            data = ctx.data
             test = evaluate(ctx.net, w, data.x_test, data.y_test)
             if data.x_val is None or data.y_val is None:
                 return test
             return replace(test, val=evaluate(ctx.net, w, data.x_val, data.y_val))
 
-        devices = list(self.data)
-        return dict(zip(devices, self._map(one, devices), strict=True))
+        todo = list(self.devices) if devices is None else [d for d in devices if d in self.data]
+        out: dict[int, EvalResult] = {}
+        for start in range(0, len(todo), EVAL_CHUNK):
+            chunk = todo[start : start + EVAL_CHUNK]
+            out.update(zip(chunk, self._map(one, chunk), strict=True))
+        return out
 
     def join(self, devices: Sequence[int], newcomer: Newcomer) -> dict[int, EvalResult]:
         """The hosted ``devices`` (held out of training) join after the last round, each evaluated on
@@ -219,7 +234,7 @@ class HostedDevices:
         one) trained for one round's local work."""
         def one(dev: int) -> EvalResult:
             ctx = self.context(dev, -1)
-            data = self.data[dev]
+            data = ctx.data
             if newcomer.models is not None:
                 models = newcomer.models.to(self.where)
                 losses = [evaluate(ctx.net, w, data.x_train, data.y_train).loss_sum for w in models]
@@ -237,12 +252,14 @@ class HostedDevices:
 
     def personalized(self, payload: Any) -> dict[int, torch.Tensor]:
         """Each device's personalized weights (on the CPU): the model :meth:`evaluate` evaluates."""
-        return {dev: self.strategy.personalized(self.context(dev, -1), self.states[dev], payload).cpu() for dev in self.data}
+        return {dev: self.strategy.personalized(self.context(dev, -1), self.states.get(dev), payload).cpu()
+                for dev in self.devices}
 
     def close(self) -> None:
         for pool in (self._pool, self._vpool):
             if pool is not None:
                 pool.shutdown()
+        self.states.close()
 
 
 class DeviceHost:
@@ -255,8 +272,8 @@ class DeviceHost:
 
     hosted: HostedDevices
 
-    def evaluate(self, payload: Any) -> dict[int, EvalResult]:
-        return self.hosted.evaluate(payload)
+    def evaluate(self, payload: Any, devices: Sequence[int] | None = None) -> dict[int, EvalResult]:
+        return self.hosted.evaluate(payload, devices)
 
     def personalized(self, payload: Any) -> dict[int, torch.Tensor]:
         return self.hosted.personalized(payload)

@@ -1,0 +1,175 @@
+"""Cross-device scale: device state only for devices that trained (spilling to disk past a budget),
+sampled evaluation rounds, and synthetic data of any size. Every case here is tiny; the figures at
+m = 10^3..10^5 come from ``benchmarks/scale.py --sweep``."""
+
+from __future__ import annotations
+
+import math
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from lcfed.checkpoint import load
+from lcfed.config import ConfigError
+from lcfed.data.sources import synthetic_dataset
+from lcfed.device_states import DeviceStates
+from lcfed.engines.local import HostedDevices, LocalPool, LocalServer, run_local
+from lcfed.federation import make_strategy, prepare
+from lcfed.loop import eval_sample, run_rounds
+from lcfed.methods.base import PersonalModel
+from tests.conftest import tiny_config
+
+
+def _same(a: list[dict], b: list[dict]) -> None:
+    assert len(a) == len(b)
+    for ra, rb in zip(a, b, strict=True):
+        assert ra.keys() == rb.keys()
+        for key in ra:
+            if key != "round_seconds":
+                assert ra[key] == rb[key] or (math.isnan(ra[key]) and math.isnan(rb[key])), (key, ra[key], rb[key])
+
+
+def test_never_trained_device_reads_the_initial_state_and_a_trained_one_its_own():
+    init = torch.tensor([1.0, 2.0, 3.0])
+    states = DeviceStates(lambda d: PersonalModel(init.clone()))
+    assert len(states) == 0 and 5 not in states
+    assert torch.equal(states.get(5).weights, init) and not states.get(5).trained
+    states.put(5, PersonalModel(torch.tensor([4.0, 5.0, 6.0]), True))
+    assert torch.equal(states.get(5).weights, torch.tensor([4.0, 5.0, 6.0])) and states.get(5).trained
+    assert torch.equal(states.get(6).weights, init)  # the others still read the initial model
+    assert list(states.stored()) == [5] and states.memory_bytes == 12
+
+
+def test_states_past_the_budget_spill_to_disk_and_read_back_bit_for_bit():
+    rng = np.random.default_rng(0)
+    budget = 2 * 4 * 7  # two states of 7 float32 in memory
+    states = DeviceStates(lambda d: PersonalModel(torch.zeros(7)), budget_bytes=budget)
+    written = {}
+    for _ in range(3):  # replaced states free their slots for the next ones
+        for d in range(6):
+            w = torch.from_numpy(rng.standard_normal(7).astype(np.float32))
+            states.put(d, PersonalModel(w, True))
+            written[d] = w.clone()
+    assert states.memory_bytes <= budget and states.spilled == 4 and len(states) == 6
+    for d, w in written.items():
+        got = states.get(d)
+        assert got.trained and got.weights.dtype == torch.float32 and torch.equal(got.weights, w)
+    # four spilled devices over three rounds use five slots: a replaced state's slot is reused
+    assert {ref.weights.slot for ref in states._disk.values()} <= set(range(5))
+    got = states.get(3).weights
+    got += 1  # a copy: writing into what was read changes nothing stored
+    assert torch.equal(states.get(3).weights, written[3])
+    assert not [f for f in os.listdir(states.spill_dir or "/tmp") if f.startswith("lcfed-states-")]
+    states.clear()
+    assert len(states) == 0 and torch.equal(states.get(3).weights, torch.zeros(7))
+
+
+def test_hosted_devices_store_only_the_participants_states():
+    cfg = tiny_config("train.participation=0.25", "method.num_clusters=2", "method.rank=2", "train.rounds=1")
+    setup = prepare(cfg)
+    hosted = HostedDevices(cfg, setup, range(8))
+    try:
+        server = LocalServer(make_strategy(cfg, setup.federation))
+        plan = server.configure(0)
+        server.aggregate(plan, LocalPool(hosted).train(plan))
+        states = hosted.get_states()
+        assert sorted(states) == list(plan.devices) and len(plan.devices) == 2
+        assert all(s.trained and not torch.equal(s.weights, setup.federation.init) for s in states.values())
+        idle = next(d for d in range(8) if d not in plan.devices)
+        assert torch.equal(hosted.states.get(idle).weights, setup.federation.init)
+    finally:
+        hosted.close()
+
+
+def test_checkpoint_holds_the_devices_that_trained(tmp_path):
+    cfg = tiny_config("train.participation=0.25", "method.num_clusters=2", "method.rank=2", "train.rounds=2", f"checkpoint.dir={tmp_path}")
+    res = run_local(cfg)
+    snap = load(tmp_path / "latest.pt")
+    assert sorted(snap.device_states) == list(snap.trained) == list(np.flatnonzero(res.trained))
+    assert 2 <= len(snap.device_states) <= 4 < cfg.data.num_devices
+
+
+@pytest.mark.parametrize("method", ["lcfed", "fedper", "dcpfl"])
+def test_spilling_on_a_tiny_budget_gives_the_same_numbers(method, tmp_path):
+    # dcpfl trains every device every round (its discrepancy matrix needs them all)
+    extra = ["train.rounds=5", "method.t_start=2"] if method == "dcpfl" else ["train.participation=0.5"]
+    base = tiny_config(f"method.name={method}", *extra)
+    spill = base.replace(**{"engine.state_memory_mb": 0.0001, "engine.spill_dir": str(tmp_path)})
+    _same(run_local(base).history, run_local(spill).history)
+    assert not os.listdir(tmp_path)  # the spill files were unlinked once mapped
+
+
+def test_spilled_states_survive_a_checkpoint_and_resume(tmp_path):
+    cfg = tiny_config("train.participation=0.5", "train.rounds=4", "engine.state_memory_mb=0.0001",
+                      f"checkpoint.dir={tmp_path}")
+    whole = run_local(cfg.replace(**{"checkpoint.dir": None}))
+    run_local(cfg.replace(**{"train.rounds": 2}))
+    resumed = run_local(cfg, resume=load(tmp_path / "latest.pt"))
+    _same(whole.history, resumed.history)
+
+
+def test_eval_sample_is_seeded_among_trained_devices_and_every_device_last():
+    cfg = tiny_config("train.eval_devices=3", "train.rounds=5")
+    trained = np.zeros(8, dtype=bool)
+    trained[[1, 2, 4, 6, 7]] = True
+    a = eval_sample(cfg, 1, trained)
+    assert a == eval_sample(cfg, 1, trained) and len(a) == 3 and set(a) <= {1, 2, 4, 6, 7} and list(a) == sorted(a)
+    assert eval_sample(cfg, 4, trained) is None  # the last round scores every device
+    assert eval_sample(cfg.replace(**{"train.eval_devices": 0}), 1, trained) is None
+    assert eval_sample(cfg.replace(**{"train.eval_devices": 9}), 1, trained) == (1, 2, 4, 6, 7)
+
+
+def test_sampled_evaluation_scores_the_sample_and_leaves_training_alone():
+    cfg = tiny_config("train.participation=0.5", "train.rounds=4")
+    full = run_local(cfg)
+    sampled_cfg = cfg.replace(**{"train.eval_devices": 2})
+    seen: list[int] = []
+
+    class Counting(LocalPool):
+        def evaluate(self, payload, devices=None):
+            out = super().evaluate(payload, devices)
+            seen.append(len(out))
+            return out
+
+    setup = prepare(sampled_cfg)
+    hosted = HostedDevices(sampled_cfg, setup, range(8))
+    try:
+        sampled = run_rounds(sampled_cfg, setup.federation, LocalServer(make_strategy(sampled_cfg, setup.federation)),
+                             Counting(hosted))
+    finally:
+        hosted.close()
+    assert seen == [2, 2, 2, 8]  # a sample of two trained devices, then every device in the last round
+    for a, b in zip(full.history, sampled.history, strict=True):
+        assert a["train_loss"] == b["train_loss"] and a["bytes_up"] == b["bytes_up"]
+    assert full.final["acc_mean"] == sampled.final["acc_mean"]  # the last evaluation is the full one
+    assert sampled_cfg.digest() == cfg.digest()  # it changes no trained number: checkpoints resume across it
+
+
+def test_synthetic_data_of_any_size():
+    small = synthetic_dataset(1000)
+    again = synthetic_dataset(1000)
+    assert small.x.shape == (1000, 1, 28, 28) and small.x.dtype == np.uint8 and len(np.unique(small.y)) == 10
+    assert np.array_equal(small.x, again.x) and np.array_equal(small.y, again.y)
+    default = synthetic_dataset()
+    assert len(default.y) == 60_000
+    # the same class templates: the per-class mean images of both sizes agree closely
+    for c in range(3):
+        diff = small.x[small.y == c].mean(0) - default.x[default.y == c].mean(0)
+        assert np.abs(diff).mean() < 6
+    cfg = tiny_config("data.dataset=synthetic", "data.synthetic_samples=4000", "data.num_devices=200",
+                      "data.min_samples=4", "train.participation=0.1", "train.rounds=1",
+                      "method.num_clusters=2", "method.rank=2")
+    res = run_local(cfg)
+    assert res.history[0]["coverage"] == 0.1 and np.isfinite(res.final["acc_mean"])
+
+
+@pytest.mark.parametrize("override,field", [
+    ("train.eval_devices=-1", "train.eval_devices"),
+    ("data.synthetic_samples=5000", "data.synthetic_samples"),  # the dataset is digits
+    ("engine.state_memory_mb=-1", "engine.state_memory_mb"),
+])
+def test_bad_scale_fields_name_the_field(override, field):
+    with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
+        tiny_config(override)
