@@ -50,6 +50,7 @@ from lcfed.tracking.store import (
     HTTP_RETRY_BUDGET,
     STORE_LOCK_TIMEOUT_S,
     TrackingError,
+    check_registry,
     check_tracking_store,
     get_or_create_experiment,
     open_client,
@@ -62,6 +63,7 @@ from lcfed.tracking.ui import SHARED_VIEW_TAG, share_view, ui_hint, view_url
 from lcfed.tracking.unlogged import read_unlogged, replay
 
 __all__ = [
+    "check_registry",
     "check_tracking_store",
     "EXPERIMENT_KIND",
     "HTTP_RETRY_BUDGET",

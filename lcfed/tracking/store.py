@@ -88,6 +88,19 @@ def check_tracking_store(uri: str | None, flag: str = "tracking.uri") -> None:
     check_holds_files(path.parent, flag, resolved, "the store's directory ")
 
 
+def check_registry(uri: str | None, name: str | None) -> None:
+    """``--register NAME``: a registered model's name (no ``/`` or ``:``), and a store with a Model Registry:
+    a database (``sqlite:///``, ``postgresql://``, ...) or a tracking server; a ``file:`` store has none.
+    Checked before any work."""
+    if name is None:
+        return
+    require(bool(name.strip()) and "/" not in name and ":" not in name, "--register", name,
+            "a registered model name without '/' or ':'")
+    resolved = resolve_tracking_uri(uri)
+    require(not resolved.startswith("file:"), "--register", name,
+            f"needs a tracking store with a Model Registry (sqlite:///..., a server); tracking.uri is {resolved}")
+
+
 @contextmanager
 def store_lock(uri: str) -> Iterator[None]:
     """Hold ``<db>.lock`` (an inter-process file lock) for a local sqlite store; no-op for other stores.
@@ -129,7 +142,8 @@ def open_client(uri: str) -> Any:
         # import the store's modules (a second of CPU) before the lock: waiting runs would queue behind it
         import mlflow.store.tracking.sqlalchemy_store  # noqa: F401
     with store_lock(uri):
-        return mlflow.MlflowClient(tracking_uri=uri)
+        # the registry in the same store (MLflow's default is the process-wide URI, e.g. ./mlflow.db)
+        return mlflow.MlflowClient(tracking_uri=uri, registry_uri=uri)
 
 
 def _artifact_root(uri: str) -> str | None:
