@@ -77,3 +77,13 @@ def _new_version(client: Any, name: str, source: str, run_id: str, which: str) -
             raise
     return client.create_model_version(name, source, run_id=run_id, tags={"lcfed.model": which},
                                        model_id=source.removeprefix("models:/"))
+
+
+def register_sweep_best(client: Any, uri: str, exp_id: str, sweep_name: str, name: str) -> dict[str, Any]:
+    """:func:`register_run` of the best trial of sweep ``sweep_name`` (its parent run's ``best_run_id``)."""
+    query = f"tags.sweep_name = '{sweep_name}' and tags.sweep_parent = 'true'"
+    parents = client.search_runs([exp_id], query)
+    best_id = parents[0].data.tags.get("best_run_id") if parents else None
+    if best_id is None:
+        raise TrackingError(f"--register {name}: sweep {sweep_name} has no best trial in the store")
+    return register_run(client, uri, name, client.get_run(best_id))

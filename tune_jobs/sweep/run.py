@@ -95,6 +95,7 @@ def run_sweep(
     parent_run_id: str | None = None,
     keep_checkpoints: int = DEFAULT_KEEP_CHECKPOINTS,
     register: str | None = None,
+    log_models: bool = True,
 ) -> dict[str, Any]:
     """Run (or resume) a sweep; return the best trial's config, metric and the MLflow parent run.
 
@@ -102,9 +103,9 @@ def run_sweep(
     ``scheduler``, ``grace_period``, ``max_t``: :func:`resolve_objective` (one metric and mode for the
     scheduler, the best trial and the parent run). ``search``: :func:`check_search`. A resumed sweep keeps
     the objective and search it started with. ``parent_run_id``: the sweep's run nests under it (``lcfed
-    compare``). ``keep_checkpoints``: each trial keeps its latest N checkpoints in the storage. The best
-    trial's final models are logged on its child run; ``register``: and registered under that name in the
-    Model Registry (:mod:`tune_jobs.sweep.models`).
+    compare``). ``keep_checkpoints``: each trial keeps its latest N checkpoints in the storage. With
+    ``log_models`` the best trial's final models are logged on its child run; ``register``: and registered
+    under that name in the Model Registry (:mod:`tune_jobs.sweep.models`).
     """
     obj = resolve_objective(base.train.rounds, metric, mode, scheduler, grace_period, max_t)
     tune_space = check_search(search, space)
@@ -135,7 +136,8 @@ def run_sweep(
         summary = _summary(plan, results, best, engine, parent)
         log_parent(parent.client, parent.run_id, parent.experiment_id, results, best, summary["best_config"], space,
                    obj.metric, obj.mode)
-        summary.update(_best_models(parent, uri, best, register))
+        summary.update(_best_models(parent, uri, best, register) if log_models or register else
+                       {"best_models": {}, "registered": None})
         return summary
 
 
