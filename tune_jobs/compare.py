@@ -128,7 +128,7 @@ def run_compare(
     require(len(seeds) >= 1, "--seeds", list(seeds), ">= 1 seed")
     require(target is None or 0 < target <= 1, "--target", target, "an accuracy in (0, 1]")
     sweep.check_keep(keep_checkpoints)
-    check_registry(base.tracking.uri, register)
+    check_registry(register)
     val_fraction = base.data.val_fraction or DEFAULT_VAL_FRACTION
     configs = {m: method_config(base, m, val_fraction) for m in methods}
     spaces = {m: sweep.load_space(method_space(m, space_dir), configs[m]) for m in methods}  # validated before work
@@ -410,7 +410,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     require(args.max_concurrent >= 0, "--max-concurrent", args.max_concurrent, "must be >= 0")
     require(args.gpus_per_trial >= 0, "--gpus-per-trial", args.gpus_per_trial, "must be >= 0")
     sweep.check_keep(args.keep_checkpoints)
-    check_registry(base.tracking.uri, args.register)
+    check_registry(args.register)
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     result = run_compare(base, methods, args.out, budget=args.budget, seeds=parse_seeds(args.seeds),
                          space_dir=args.space_dir, search=args.search, scheduler=args.scheduler,

@@ -88,17 +88,13 @@ def check_tracking_store(uri: str | None, flag: str = "tracking.uri") -> None:
     check_holds_files(path.parent, flag, resolved, "the store's directory ")
 
 
-def check_registry(uri: str | None, name: str | None) -> None:
-    """``--register NAME``: a registered model's name (no ``/`` or ``:``), and a store with a Model Registry:
-    a database (``sqlite:///``, ``postgresql://``, ...) or a tracking server; a ``file:`` store has none.
-    Checked before any work."""
+def check_registry(name: str | None) -> None:
+    """``--register NAME``: a registered model's name (no ``/`` or ``:``, which model URIs use). The store is
+    one with a Model Registry already: a database or a server (a ``file:`` store is refused by the config)."""
     if name is None:
         return
     require(bool(name.strip()) and "/" not in name and ":" not in name, "--register", name,
             "a registered model name without '/' or ':'")
-    resolved = resolve_tracking_uri(uri)
-    require(not resolved.startswith("file:"), "--register", name,
-            f"needs a tracking store with a Model Registry (sqlite:///..., a server); tracking.uri is {resolved}")
 
 
 @contextmanager

@@ -22,7 +22,7 @@ from lcfed.config import (
 )
 from lcfed.tracking import check_registry, check_tracking_store, ui_hint
 from tune_jobs.options import config_options, examples
-from tune_jobs.sweep.objective import METRIC, METRICS, SCHEDULERS, SEARCHES, resolve_objective
+from tune_jobs.sweep.objective import METRIC, METRICS, SCHEDULERS, SEARCHES, check_finishes, resolve_objective
 from tune_jobs.sweep.placement import TRIAL_ENGINES
 from tune_jobs.sweep.storage import DEFAULT_KEEP_CHECKPOINTS, DEFAULT_STORAGE, check_keep
 
@@ -90,8 +90,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     require(args.max_concurrent >= 0, "--max-concurrent", args.max_concurrent, "must be >= 0")
     require(args.gpus_per_trial >= 0, "--gpus-per-trial", args.gpus_per_trial, "must be >= 0")
     check_keep(args.keep_checkpoints)
-    check_registry(base.tracking.uri, args.register)
-    resolve_objective(base.train.rounds, args.metric, args.mode, args.scheduler, args.grace_period, args.max_t)
+    check_registry(args.register)
+    obj = resolve_objective(base.train.rounds, args.metric, args.mode, args.scheduler, args.grace_period, args.max_t)
+    check_finishes(obj, base.train.rounds, args.register)
     from tune_jobs.sweep.space import load_space  # Tune when a sweep runs, not with lcfed's parser
 
     space = load_space(args.space, base)

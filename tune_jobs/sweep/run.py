@@ -33,7 +33,7 @@ from tune_jobs.sweep.best import best_result, child_run, log_parent, trial_order
 from tune_jobs.sweep.callbacks import SweepProgress, TrialTracker
 from tune_jobs.sweep.errors import SweepInterrupted, error_line
 from tune_jobs.sweep.models import log_best_models, register_run
-from tune_jobs.sweep.objective import METRIC, Objective, resolve_objective
+from tune_jobs.sweep.objective import METRIC, Objective, check_finishes, resolve_objective
 from tune_jobs.sweep.placement import TRIAL_ENGINES, resolve_trial_engine
 from tune_jobs.sweep.search import check_search, make_scheduler, make_search
 from tune_jobs.sweep.space import describe_domain, space_spec, swept_keys
@@ -112,10 +112,8 @@ def run_sweep(
     uri = resolve_tracking_uri(base.tracking.uri)
     base = base.replace(**{"tracking.uri": uri, "tracking.enabled": True})
     check_keep(keep_checkpoints)
-    check_registry(uri, register)
-    require(register is None or obj.max_t in (None, base.train.rounds), "--max-t", obj.max_t,
-            f"must be train.rounds ({base.train.rounds}) with --register: only a trial that ran every round has "
-            "final models")
+    check_registry(register)
+    check_finishes(obj, base.train.rounds, register)
     plan = SweepPlan(base=base, space=space, tune_space=tune_space, objective=obj, search=search,
                      name=name or f"{base.name}-sweep", storage_uri=storage_location(storage), num_samples=num_samples,
                      max_concurrent=max_concurrent, gpus_per_trial=gpus_per_trial, resume=resume,
