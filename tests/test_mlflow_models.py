@@ -24,7 +24,7 @@ def _monitors() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name == "SystemMetricsMonitor"]
 
 
-def test_logged_models_reproduce_each_devices_accuracy(tracking_uri, monkeypatch):
+def test_logged_models_on_raw_images_reproduce_each_devices_accuracy(tracking_uri, monkeypatch):
     monkeypatch.setenv("MLFLOW_TRACKING_URI", tracking_uri)  # models:/ URIs resolve against it
     cfg = tiny_config("tracking.enabled=true", f"tracking.uri={tracking_uri}")
     obs = MLflowObserver(tracking_uri)
@@ -67,17 +67,13 @@ def test_logged_models_reproduce_each_devices_accuracy(tracking_uri, monkeypatch
     embedding = mlflow.pytorch.load_model(run.data.tags["model.embedding"])
     assert embedding(raw[0]).shape == (data[0].num_test, 84)  # φ's features, no decision layer
     assert result.tracking["model_personal"] == run.data.tags["model.personal"]
+    _pyfunc_on_raw_test_images_reproduces_the_runs_accuracy(cfg, run)  # the same run: no second one
 
 
-def test_pyfunc_on_raw_test_images_reproduces_the_runs_accuracy(tracking_uri, monkeypatch):
+def _pyfunc_on_raw_test_images_reproduces_the_runs_accuracy(cfg, run):
     """Each device's raw uint8 test images through ``mlflow.pyfunc`` (its personal model picked by the
     ``device_id`` param) give exactly the run's per-device counts and its acc_mean; the signature says
     what goes in and out."""
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", tracking_uri)
-    cfg = tiny_config("train.rounds=2", "tracking.enabled=true", f"tracking.uri={tracking_uri}")
-    obs = MLflowObserver(tracking_uri, system_metrics=False)
-    run_local(cfg, [obs])
-    run = mlflow.MlflowClient(tracking_uri).get_run(obs.run_id)
     uri = run.data.tags["model.personal"]
     sig = mlflow.models.get_model_info(uri).signature
     assert sig.inputs.to_dict() == [{"type": "tensor", "tensor-spec": {"dtype": "uint8", "shape": (-1, 1, 28, 28)}}]
@@ -88,7 +84,7 @@ def test_pyfunc_on_raw_test_images_reproduces_the_runs_accuracy(tracking_uri, mo
 
     setup, ds = prepare(cfg), load(cfg)
     model = mlflow.pyfunc.load_model(uri)
-    rows = list(csv.DictReader(io.StringIO(mlflow.artifacts.load_text(f"runs:/{obs.run_id}/metrics/devices.csv"))))
+    rows = list(csv.DictReader(io.StringIO(mlflow.artifacts.load_text(f"runs:/{run.info.run_id}/metrics/devices.csv"))))
     accuracies = []
     for row in rows:
         d = int(row["device"])

@@ -94,15 +94,18 @@ def test_sweep_of_four_trials_logs_children_and_parent(tmp_path, tracking_uri, m
 
 
 def _kept_checkpoints_and_the_registered_model(tmp_path, uri, base, summary, best_child):
-    """Each trial kept its latest 2 of 3 checkpoints (the default), the last one with the final models; the
-    best trial's models are logged on its run, and its personalized models registered, linked to the run;
+    """Each trial kept its latest 2 of 3 checkpoints (the default), the best trial's last one with its final
+    models; they are logged on its run, and its personalized models registered, linked to the run;
     through mlflow.pyfunc, each device's raw uint8 test images give the trial's acc_mean exactly."""
     trials = [d for d in (tmp_path / "tune" / "t4").iterdir() if d.is_dir() and d.name.startswith("run_trial")]
     assert len(trials) == 4
     for trial in trials:
         kept = sorted(c.name for c in trial.glob("checkpoint_*"))
         assert kept == ["checkpoint_000001", "checkpoint_000002"]
-        assert (trial / kept[-1] / MODELS_FILE).is_file() and not (trial / kept[0] / MODELS_FILE).exists()
+        assert (trial / kept[-1] / "latest.pt").is_file() and not (trial / kept[0] / MODELS_FILE).exists()
+    # the last checkpoint of every trial held its final models; only the best trial's stay
+    assert [t.name.split("_")[3] for t in trials if (t / "checkpoint_000002" / MODELS_FILE).is_file()] == [
+        summary["best_trial_id"].split("_")[1]]
     reg = summary["registered"]
     assert (reg["name"], reg["version"], reg["model"], reg["run_id"]) == ("t4-best", 1, "personal",
                                                                           best_child.info.run_id)

@@ -80,11 +80,15 @@ class RawInputModel(torch.nn.Module):
         which = picked[self.select]
         if which is None or set(given) != {self.select}:
             raise ValueError(f"this model holds {len(self.rows)} models: pass {self.select}=<id> "
-                             f"(pyfunc: params={{'{self.select}': <id>}}), one of {sorted(self.rows)}")
+                             f"(pyfunc: params={{'{self.select}': <id>}}), one of {self._ids()}")
         row = self.rows.get(int(which))
         if row is None:
-            raise ValueError(f"{self.select} {which} is not one of the model's {sorted(self.rows)}")
+            raise ValueError(f"{self.select} {which} is not one of the model's {self._ids()}")
         return self.net(self.preprocess(x), row)
+
+    def _ids(self) -> str:
+        ids = sorted(self.rows)
+        return f"{ids[0]}..{ids[-1]}" if ids == list(range(ids[0], ids[-1] + 1)) else str(ids)
 
     def example(self) -> tuple[np.ndarray, dict[str, int]]:
         """A blank sample of the stored shape and dtype, and the params that pick the first model: the

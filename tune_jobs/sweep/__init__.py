@@ -28,7 +28,7 @@ _HOMES = {
     "trial": ("REPORT_KEY", "MODELS_FILE", "TuneReporter", "device_accuracies", "trial_config", "trial_resources", "load_sources",
               "run_trial"),
     "storage": ("DEFAULT_STORAGE", "DEFAULT_KEEP_CHECKPOINTS", "check_keep", "storage_location", "check_storage"),
-    "models": ("REGISTERED", "log_best_models", "register_run", "register_sweep_best", "model_uris"),
+    "models": ("REGISTERED", "log_best_models", "register_run", "register_sweep_best", "model_uris", "prune_models"),
     "callbacks": ("TrialTracker", "SweepProgress", "child_name", "short_names", "trial_index"),
     "best": ("best_result", "trial_order"),
     "figures": ("comparable_values", "mu_lambda_figure", "assignment_figure"),

@@ -87,3 +87,22 @@ def register_sweep_best(client: Any, uri: str, exp_id: str, sweep_name: str, nam
     if best_id is None:
         raise TrackingError(f"--register {name}: sweep {sweep_name} has no best trial in the store")
     return register_run(client, uri, name, client.get_run(best_id))
+
+
+def prune_models(results: Any, keep: Any | None) -> None:
+    """Delete :data:`MODELS_FILE` from every trial's last checkpoint but ``keep``'s (the best trial, when its
+    models are wanted): only one set of final models stays in the storage. Through the checkpoint's own
+    filesystem, so a local path and ``s3://`` alike."""
+    from pyarrow.fs import FileType  # Tune's filesystem layer (pyarrow comes with Ray Tune)
+
+    kept = keep.metrics.get("trial_id") if keep is not None and keep.metrics else None
+    for r in results:
+        ck = r.checkpoint
+        if ck is None or (kept is not None and r.metrics and r.metrics.get("trial_id") == kept):
+            continue
+        path = f"{ck.path.rstrip('/')}/{MODELS_FILE}"
+        try:
+            if ck.filesystem.get_file_info(path).type != FileType.NotFound:
+                ck.filesystem.delete_file(path)
+        except OSError:  # a storage that went read-only: the files stay, nothing else depends on them
+            continue

@@ -32,7 +32,7 @@ from tune_jobs.parent_run import ParentRun
 from tune_jobs.sweep.best import best_result, child_run, log_parent, trial_order
 from tune_jobs.sweep.callbacks import SweepProgress, TrialTracker
 from tune_jobs.sweep.errors import SweepInterrupted, error_line
-from tune_jobs.sweep.models import log_best_models, register_run
+from tune_jobs.sweep.models import log_best_models, prune_models, register_run
 from tune_jobs.sweep.objective import METRIC, Objective, check_finishes, resolve_objective
 from tune_jobs.sweep.placement import TRIAL_ENGINES, resolve_trial_engine
 from tune_jobs.sweep.search import check_search, make_scheduler, make_search
@@ -134,8 +134,9 @@ def run_sweep(
         summary = _summary(plan, results, best, engine, parent)
         log_parent(parent.client, parent.run_id, parent.experiment_id, results, best, summary["best_config"], space,
                    obj.metric, obj.mode)
-        summary.update(_best_models(parent, uri, best, register) if log_models or register else
-                       {"best_models": {}, "registered": None})
+        wanted = log_models or register is not None
+        summary.update(_best_models(parent, uri, best, register) if wanted else {"best_models": {}, "registered": None})
+        prune_models(results, best if wanted else None)
         return summary
 
 
