@@ -13,10 +13,11 @@ import numpy as np
 import pytest
 import torch
 
+from lcfed.data import Scaling
 from lcfed.engines.local import run_local
 from lcfed.federation import device_data, load, prepare
 from lcfed.loop import DivergenceError
-from lcfed.tracking import MLflowObserver
+from lcfed.tracking import MLflowObserver, RawInputModel
 from tests.conftest import tiny_config
 
 
@@ -133,3 +134,21 @@ def test_store_gone_at_the_end_skips_the_models_with_a_warning(tracking_uri, tmp
     assert result.models is not None and obs.monitor is None and not _monitors()
     tags = mlflow.MlflowClient(tracking_uri).get_run(obs.run_id).data.tags
     assert not any(k.startswith("model.") for k in tags)
+
+
+@pytest.mark.parametrize("kind", ["images", "features", "unit"])
+def test_a_logged_model_scales_stored_samples_exactly_as_the_run_did(kind):
+    """RawInputModel's preprocessing is Scaling.apply bit for bit: uint8 images (N, C, H, W), float32
+    feature vectors (N, F), and plain [0, 1] images (data.normalize: unit); other dtypes are refused."""
+    rng = np.random.default_rng(0)
+    if kind == "features":
+        x = rng.normal(3.0, 2.0, (50, 7)).astype(np.float32)
+    else:
+        x = rng.integers(0, 256, (50, 3, 4, 4), dtype=np.uint8)
+    scaling = Scaling.unit(3) if kind == "unit" else Scaling.fit(x, np.arange(40))
+    model = RawInputModel(torch.nn.Identity(), scaling, x.shape[1:])
+    assert torch.equal(model(torch.from_numpy(x)), scaling.apply(x))
+    with pytest.raises(TypeError, match="as the dataset stores them"):
+        model(torch.from_numpy(x).double())
+    example, params = model.example()
+    assert (example.shape, example.dtype, params) == ((1, *x.shape[1:]), x.dtype, {})
