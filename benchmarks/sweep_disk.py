@@ -6,7 +6,7 @@ round) with MLflow tracking to a fresh sqlite store in a temp dir. Prints, per s
 sweep's Tune directory (as ``du -sb``; ``du -sh`` too), the checkpoints each trial kept and the wall time.
 
     .venv/bin/python benchmarks/sweep_disk.py            # 4 trials x 4 rounds of configs/digits_dirichlet.yaml
-    .venv/bin/python benchmarks/sweep_disk.py --quick    # 2 trials x 2 rounds of configs/demo.yaml
+    .venv/bin/python benchmarks/sweep_disk.py --quick    # 2 trials x 3 rounds of configs/demo.yaml
 """
 
 from __future__ import annotations
@@ -52,10 +52,10 @@ def main() -> None:
     p.add_argument("--trials", type=int, default=4)
     p.add_argument("--rounds", type=int, default=4)
     p.add_argument("--keep", type=int, default=2, help="the setting to compare with keeping every checkpoint")
-    p.add_argument("--quick", action="store_true", help="2 trials x 2 rounds of configs/demo.yaml")
+    p.add_argument("--quick", action="store_true", help="2 trials x 3 rounds of configs/demo.yaml")
     args = p.parse_args()
     if args.quick:
-        args.config, args.trials, args.rounds = "configs/demo.yaml", 2, 2
+        args.config, args.trials, args.rounds = "configs/demo.yaml", 2, 3
     print(f"{args.trials} trials x {args.rounds} rounds of {args.config}, --scheduler fifo", flush=True)
     with tempfile.TemporaryDirectory(prefix="lcfed-disk-") as tmp:
         work = Path(tmp)
