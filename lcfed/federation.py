@@ -7,7 +7,7 @@ each host loads only its own devices' samples; raw samples never pass through th
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -184,7 +184,8 @@ def prepare(cfg: ExperimentConfig, dataset: Dataset | None = None) -> Setup:
         input_shape=ds.input_shape,
         held_out=held_out_devices(cfg),
     )
-    return Setup(part, fed, ds.input_shape, input_scaling(cfg, ds, part, fed.held_out))
+    scaling = input_scaling(cfg, ds, part, fed.held_out)
+    return Setup(part, replace(fed, scaling=scaling), ds.input_shape, scaling)
 
 
 def label_distributions(part: Partition, labels: np.ndarray, num_classes: int) -> np.ndarray:

@@ -63,7 +63,8 @@ def compared(tmp_path_factory):
     for m, text in SPACES.items():
         (spaces / f"{m}.yaml").write_text(text)
     args = ["compare", "-c", str(tmp / "base.yaml"), "--methods", "lcfed,fedavg,standalone", "--budget", "2",
-            "--seeds", "2", "--space-dir", str(spaces), "--out", str(tmp / "out"), "--scheduler", "fifo"]
+            "--seeds", "2", "--space-dir", str(spaces), "--out", str(tmp / "out"), "--register", "cmp-best",
+            "--scheduler", "fifo"]
     assert main(args) == 0
     return tmp, uri, args
 
@@ -115,6 +116,14 @@ def test_mlflow_holds_one_parent_with_a_sweep_per_method_and_phase(compared):
         if name.endswith("-seeds"):
             assert sorted(t.data.params["seed"] for t in trials) == ["0", "1"]
     assert {a.path for a in client.list_artifacts(pid)} >= {"compare.md", "compare.csv", "plots"}
+    # --register: the best method's (the report's first row) best phase-2 trial, linked to its run; only the
+    # phase-2 sweeps log their best trial's models
+    top = max(csv.DictReader((tmp / "out" / "compare.csv").open()), key=lambda r: float(r["test_acc_mean"]))
+    seeds = sweeps[f"out-{top['method']}-seeds"]
+    (version,) = mlflow.MlflowClient(tracking_uri=uri, registry_uri=uri).search_model_versions("name = 'cmp-best'")
+    assert version.run_id == seeds.data.tags["best_run_id"] and version.tags["lcfed.model"] == "personal"
+    assert version.source == client.get_run(version.run_id).data.tags["model.personal"]
+    assert all(("best_models" in r.data.tags) == r.info.run_name.endswith("-seeds") for r in sweeps.values())
 
 
 def test_a_rerun_continues_without_redoing_a_phase(compared, capsys):
@@ -126,6 +135,8 @@ def test_a_rerun_continues_without_redoing_a_phase(compared, capsys):
     assert main(args) == 0
     assert (tmp / "out" / "compare.csv").read_text() == before
     assert len(client.search_runs([exp.experiment_id], max_results=1000)) == count  # no new run
+    registry = mlflow.MlflowClient(tracking_uri=uri, registry_uri=uri)
+    assert len(registry.search_model_versions("name = 'cmp-best'")) == 1  # the same model, not registered again
     capsys.readouterr()
     assert main([*args[:-2], "--scheduler", "asha"]) == 2  # other settings need another --out
     assert "--out" in capsys.readouterr().err

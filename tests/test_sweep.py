@@ -11,10 +11,12 @@ import pytest
 import yaml
 
 from lcfed.config import ConfigError, to_dict
+from lcfed.federation import load, prepare
 from tests.conftest import tiny_config
 from tune_jobs.cli import main
 from tune_jobs.sweep.run import restore_results, run_sweep
 from tune_jobs.sweep.space import load_space
+from tune_jobs.sweep.trial import MODELS_FILE
 
 
 def test_space_files_are_validated_against_the_base_config(tmp_path):
@@ -33,12 +35,13 @@ def test_space_files_are_validated_against_the_base_config(tmp_path):
         load_space(bad, base)
 
 
-def test_sweep_of_four_trials_logs_children_and_parent(tmp_path, tracking_uri):
+def test_sweep_of_four_trials_logs_children_and_parent(tmp_path, tracking_uri, monkeypatch):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", tracking_uri)  # models:/ URIs (registered ones too) resolve against it
     base = tiny_config("train.rounds=3", "engine.num_cpus=2", "tracking.enabled=true", f"tracking.uri={tracking_uri}",
                        "tracking.experiment=sweep-test")
     space = load_space("mu_lambda.yaml", base)
     summary = run_sweep(base, space, num_samples=4, scheduler="fifo", max_concurrent=2, name="t4",
-                        storage=tmp_path / "tune")
+                        storage=tmp_path / "tune", register="t4-best")
     assert summary["trials"] == 4 and summary["errors"] == 0
     assert set(summary["best_config"]) == {"method.mu", "method.lam"}
     client = mlflow.MlflowClient(tracking_uri=tracking_uri)
@@ -87,6 +90,36 @@ def test_sweep_of_four_trials_logs_children_and_parent(tmp_path, tracking_uri):
     tied = {r.metrics["trial_id"]: {k: r.config[k] for k in ("method.mu", "method.lam")} for r in grid
             if r.metrics["acc_mean"] == best.metrics["acc_mean"]}
     assert summary["best_trial_id"] == min(tied) and tied[summary["best_trial_id"]] == summary["best_config"]
+    _kept_checkpoints_and_the_registered_model(tmp_path, tracking_uri, base, summary, best_child)
+
+
+def _kept_checkpoints_and_the_registered_model(tmp_path, uri, base, summary, best_child):
+    """Each trial kept its latest 2 of 3 checkpoints (the default), the best trial's last one with its final
+    models; they are logged on its run, and its personalized models registered, linked to the run;
+    through mlflow.pyfunc, each device's raw uint8 test images give the trial's acc_mean exactly."""
+    trials = [d for d in (tmp_path / "tune" / "t4").iterdir() if d.is_dir() and d.name.startswith("run_trial")]
+    assert len(trials) == 4
+    for trial in trials:
+        kept = sorted(c.name for c in trial.glob("checkpoint_*"))
+        assert kept == ["checkpoint_000001", "checkpoint_000002"]
+        assert (trial / kept[-1] / "latest.pt").is_file() and not (trial / kept[0] / MODELS_FILE).exists()
+    # the last checkpoint of every trial held its final models; only the best trial's stay
+    assert [t.name.split("_")[3] for t in trials if (t / "checkpoint_000002" / MODELS_FILE).is_file()] == [
+        summary["best_trial_id"].split("_")[1]]
+    reg = summary["registered"]
+    assert (reg["name"], reg["version"], reg["model"], reg["run_id"]) == ("t4-best", 1, "personal",
+                                                                          best_child.info.run_id)
+    assert set(summary["best_models"]) == {"personal", "clusters", "embedding"}
+    client = mlflow.MlflowClient(tracking_uri=uri, registry_uri=uri)
+    version = client.get_model_version("t4-best", "1")
+    assert version.run_id == best_child.info.run_id and version.source == summary["best_models"]["personal"]
+    assert client.get_run(best_child.info.run_id).data.tags["model.personal"] == version.source
+    cfg = base.replace(**summary["best_config"])
+    setup, ds = prepare(cfg), load(cfg)
+    model = mlflow.pyfunc.load_model(reg["uri"])
+    accs = [float((model.predict(ds.x[t], params={"device_id": d}).argmax(1) == ds.y[t]).mean())
+            for d, t in enumerate(setup.partition.test)]
+    assert sum(accs) / len(accs) == pytest.approx(best_child.data.metrics["acc_mean"], abs=1e-12)
 
 
 def test_a_diverging_trial_fails_alone_and_the_sweep_exits_1(tmp_path, tracking_uri, capsys):

@@ -34,7 +34,7 @@ from lcfed.config import (
     resolve,
     safe_name,
 )
-from lcfed.tracking import check_tracking_store, resolve_tracking_uri
+from lcfed.tracking import check_registry, check_tracking_store, resolve_tracking_uri
 from tune_jobs import sweep  # a lazy package: Tune loads when a comparison first uses it, not with lcfed's parser
 from tune_jobs.compare_report import METRIC, write_report
 from tune_jobs.options import config_options, examples
@@ -107,8 +107,12 @@ def run_compare(
     storage: str | Path | None = None,
     target: float | None = None,
     name: str | None = None,
+    keep_checkpoints: int = sweep.DEFAULT_KEEP_CHECKPOINTS,
+    register: str | None = None,
 ) -> dict[str, Any]:
-    """Both phases for every method (what is on disk already is kept), then the report."""
+    """Both phases for every method (what is on disk already is kept), then the report. ``keep_checkpoints``:
+    per trial, as ``lcfed sweep``; ``register``: the best method's best phase-2 trial's model is registered
+    under that name (as ``lcfed sweep --register``)."""
     out = Path(out)
     name = name or (out.name or "compare")
     require(safe_name(name), "--name", name, "letters, digits, '-', '_' and '.'")
@@ -119,6 +123,8 @@ def run_compare(
     require(budget >= 1, "--budget", budget, "trials per method, >= 1")
     require(len(seeds) >= 1, "--seeds", list(seeds), ">= 1 seed")
     require(target is None or 0 < target <= 1, "--target", target, "an accuracy in (0, 1]")
+    sweep.check_keep(keep_checkpoints)
+    check_registry(register)
     val_fraction = base.data.val_fraction or DEFAULT_VAL_FRACTION
     configs = {m: method_config(base, m, val_fraction) for m in methods}
     spaces = {m: sweep.load_space(method_space(m, space_dir), configs[m]) for m in methods}  # validated before work
@@ -133,13 +139,14 @@ def run_compare(
         sweep.check_storage(sweep.storage_location(storage))  # a multi-node cluster needs a storage every node reaches
         return _run_phases(parent, base, methods, out, configs, spaces, budget=budget, seeds=seeds, search=search,
                            scheduler=scheduler, max_concurrent=max_concurrent, gpus_per_trial=gpus_per_trial,
-                           storage=storage, target=target, name=name, val_fraction=val_fraction)
+                           storage=storage, target=target, name=name, val_fraction=val_fraction,
+                           keep=keep_checkpoints, register=register)
 
 
 def _run_phases(parent: ParentRun, base: ExperimentConfig, methods: Sequence[str], out: Path,
                 configs: dict[str, ExperimentConfig], spaces: dict[str, Any], *, budget: int, seeds: Sequence[int],
                 search: str, scheduler: str, max_concurrent: int, gpus_per_trial: float, storage: str,
-                target: float | None, name: str, val_fraction: float) -> dict[str, Any]:
+                target: float | None, name: str, val_fraction: float, keep: int, register: str | None) -> dict[str, Any]:
     """Under the comparison's parent run (recorded in ``<out>/state.json``), phase 1 then phase 2 for every
     method not finished before, then the report, also on the parent run."""
     from ray import tune  # Tune when a comparison runs: `lcfed` imports this module to build its parser
@@ -164,7 +171,8 @@ def _run_phases(parent: ParentRun, base: ExperimentConfig, methods: Sequence[str
         summary = sweep.run_sweep(configs[m].replace(**tracked), spaces[m], num_samples=budget, scheduler=scheduler,
                                   max_concurrent=max_concurrent, gpus_per_trial=gpus_per_trial,
                                   name=f"{name}-{m}-tune", storage=storage, resume=True, metric=METRIC,
-                                  search=search, parent_run_id=parent_id)
+                                  search=search, parent_run_id=parent_id, keep_checkpoints=keep,
+                                  log_models=False)  # tuning trials: the models that matter are phase 2's
         phase1[m] = {"best_config": summary["best_config"], METRIC: summary[f"best_{METRIC}"],
                      "trials": summary["trials"], "errors": summary["errors"], "run_id": summary["parent_run_id"]}
         write_json(done, phase1[m])
@@ -178,7 +186,7 @@ def _run_phases(parent: ParentRun, base: ExperimentConfig, methods: Sequence[str
         summary = sweep.run_sweep(chosen, {"seed": tune.grid_search(list(seeds))}, num_samples=1, scheduler="fifo",
                                   max_concurrent=max_concurrent, gpus_per_trial=gpus_per_trial,
                                   name=f"{name}-{m}-seeds", storage=storage, resume=True, metric=METRIC,
-                                  parent_run_id=parent_id)
+                                  parent_run_id=parent_id, keep_checkpoints=keep)
         phase2[m] = _seed_rows(sweep.restore_results(summary["storage"]))
         write_json(done, phase2[m])
     report = write_report(out, methods, list(seeds), phase1, phase2, target, base)
@@ -186,8 +194,11 @@ def _run_phases(parent: ParentRun, base: ExperimentConfig, methods: Sequence[str
     client.log_text(parent_id, report["csv"], "compare.csv")
     for png in report["plots"]:
         client.log_artifact(parent_id, png, "plots")
+    top = max(report["rows"], key=lambda r: r["test_acc_mean"])["method"]  # the report's first row
+    registered = sweep.register_sweep_best(client, parent.uri, parent.experiment_id, f"{name}-{top}-seeds",
+                                           register) if register else None
     return {"table": report["md"], "out": str(out), "parent_run_id": parent_id, "tracking_uri": parent.uri,
-            "wall_seconds": time.perf_counter() - t0, "results": report["rows"]}
+            "wall_seconds": time.perf_counter() - t0, "results": report["rows"], "registered": registered}
 
 
 def add_parser(sub: Any) -> None:
@@ -215,6 +226,10 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--out", default="outputs/compare", help="output directory; rerun with the same one to resume")
     p.add_argument("--storage", help="Tune storage (default <out>/tune; a URI every node reaches on a cluster)")
     p.add_argument("--name", help="MLflow parent run and sweep names (default: the --out directory's name)")
+    p.add_argument("--keep-checkpoints", type=int, default=sweep.DEFAULT_KEEP_CHECKPOINTS, metavar="N",
+                   help="checkpoints each trial keeps in the storage, the latest (default %(default)s)")
+    p.add_argument("--register", metavar="NAME", help="register the model of the best method's best phase-2 trial "
+                   "in the MLflow Model Registry as a new version of NAME, linked to its run")
     p.set_defaults(func=cmd_compare)
 
 
@@ -226,12 +241,18 @@ def cmd_compare(args: argparse.Namespace) -> int:
         check_output_dir(args.storage, "--storage")
     require(args.max_concurrent >= 0, "--max-concurrent", args.max_concurrent, "must be >= 0")
     require(args.gpus_per_trial >= 0, "--gpus-per-trial", args.gpus_per_trial, "must be >= 0")
+    sweep.check_keep(args.keep_checkpoints)
+    check_registry(args.register)
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     result = run_compare(base, methods, args.out, budget=args.budget, seeds=parse_seeds(args.seeds),
                          space_dir=args.space_dir, search=args.search, scheduler=args.scheduler,
                          max_concurrent=args.max_concurrent, gpus_per_trial=args.gpus_per_trial,
-                         storage=args.storage, target=args.target, name=args.name)
+                         storage=args.storage, target=args.target, name=args.name,
+                         keep_checkpoints=args.keep_checkpoints, register=args.register)
     print(result["table"])
     print(f"lcfed compare: {result['out']}/compare.md, compare.csv, compare.png; MLflow parent run "
           f"{result['parent_run_id']} ({result['wall_seconds']:.0f} s)")
+    if result["registered"]:
+        reg = result["registered"]
+        print(f"lcfed compare: registered {reg['uri']} ({reg['model']} models of run {reg['run_id']})")
     return 0

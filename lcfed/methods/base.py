@@ -21,6 +21,7 @@ from lcfed.models import Model, ParamSpec
 
 if TYPE_CHECKING:  # annotations only: lcfed.config finds the methods through the registry
     from lcfed.config import ExperimentConfig
+    from lcfed.data.sources import Scaling
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,9 @@ class Federation:
     held_out: tuple[int, ...] = ()
     # the testbed whose true clusters ``groups`` are (data.testbed); "": a label-skew proxy
     group_kind: str = ""
+    # how stored samples become model inputs (the training pool's per-channel mean/std: statistics, no
+    # samples); the logged models apply it, so they take samples as the dataset stores them
+    scaling: Scaling | None = None
 
     def training_devices(self) -> tuple[int, ...]:
         """The devices rounds may select: all but the held-out ones."""

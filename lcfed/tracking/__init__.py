@@ -12,6 +12,8 @@ One idea per module; this package re-exports the names code imports from ``lcfed
 - ``system``: the system-metrics sampler;
 - ``artifacts``: the CSVs, the accuracy figure and the call that logs them;
 - ``models``: the final models as MLflow PyTorch models (:class:`StackedModels`);
+- ``raw_input``: the model a user loads (:class:`RawInputModel`: stored samples in, the run's scaling
+  inside), its signature, and the :class:`ModelBundle` a sweep's trial hands its driver;
 - ``guard``: :class:`RunGuard`, which closes a run whose process died;
 - ``unlogged``: the unlogged-metrics file and ``lcfed tracking replay``;
 - ``ui``: the MLflow UI hint and the shared runs-table views;
@@ -32,13 +34,23 @@ from lcfed.tracking.artifacts import (
 )
 from lcfed.tracking.guard import RunGuard
 from lcfed.tracking.inputs import dataset_input, federation_facts, log_dataset, partition_digest
-from lcfed.tracking.models import MAX_PERSONAL_BYTES, StackedModels, final_modules
+from lcfed.tracking.models import (
+    MAX_PERSONAL_BYTES,
+    StackedModels,
+    bundle_models,
+    final_modules,
+    log_model,
+    logging_models_to,
+    model_bundle,
+)
 from lcfed.tracking.observer import MLflowObserver
+from lcfed.tracking.raw_input import SELECTORS, ModelBundle, RawInputModel, load_bundle, save_bundle
 from lcfed.tracking.store import (
     EXPERIMENT_KIND,
     HTTP_RETRY_BUDGET,
     STORE_LOCK_TIMEOUT_S,
     TrackingError,
+    check_registry,
     check_tracking_store,
     get_or_create_experiment,
     open_client,
@@ -51,6 +63,7 @@ from lcfed.tracking.ui import SHARED_VIEW_TAG, share_view, ui_hint, view_url
 from lcfed.tracking.unlogged import read_unlogged, replay
 
 __all__ = [
+    "check_registry",
     "check_tracking_store",
     "EXPERIMENT_KIND",
     "HTTP_RETRY_BUDGET",
@@ -61,6 +74,9 @@ __all__ = [
     "STORE_LOCK_TIMEOUT_S",
     "SYSTEM_METRICS_INTERVAL_S",
     "MLflowObserver",
+    "ModelBundle",
+    "RawInputModel",
+    "SELECTORS",
     "RunGuard",
     "StackedModels",
     "TrackingError",
@@ -69,7 +85,13 @@ __all__ = [
     "dataset_input",
     "devices_csv",
     "federation_facts",
+    "bundle_models",
     "final_modules",
+    "load_bundle",
+    "log_model",
+    "logging_models_to",
+    "model_bundle",
+    "save_bundle",
     "get_or_create_experiment",
     "git_commit",
     "history_csv",

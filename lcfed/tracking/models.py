@@ -1,5 +1,6 @@
 """The final models as MLflow PyTorch models: the server state's vectors turned back into modules
-(:class:`StackedModels` for several of one architecture) and each one handed to ``mlflow.pytorch``.
+(:class:`StackedModels` for several of one architecture), each wrapped to take stored samples
+(:class:`lcfed.tracking.raw_input.RawInputModel`) and handed to ``mlflow.pytorch`` with its signature.
 
 Separate from the observer because turning flat weight vectors into loadable modules is its own idea
 (the class also has to load back wherever ``mlflow.pytorch.load_model`` runs), and because the observer
@@ -12,6 +13,7 @@ import copy
 import os
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -20,9 +22,10 @@ from torch.func import functional_call
 
 from lcfed.config import ExperimentConfig
 from lcfed.logs import quiet_logger
-from lcfed.loop import SERVER_MODELS, RunResult
+from lcfed.loop import SERVER_MODELS, FinalModels, RunResult
 from lcfed.methods.base import Federation
 from lcfed.models import ParamSpec, build_network
+from lcfed.tracking.raw_input import SELECTORS, ModelBundle, RawInputModel, signature
 
 #: the personalized models are logged only up to this size (devices x parameters x 4 bytes)
 MAX_PERSONAL_BYTES = 512 * 2**20
@@ -86,18 +89,43 @@ def final_modules(skeleton: Any, spec: ParamSpec, state: Any) -> dict[str, Any]:
     return out
 
 
-def run_models(fed: Federation, cfg: ExperimentConfig, result: RunResult) -> dict[str, Any]:
-    """Name -> module of everything a finished run logs: :func:`final_modules` of its server state and,
-    up to :data:`MAX_PERSONAL_BYTES`, the personalized models as ``personal`` (row ``d`` = device ``d``)."""
+def server_models(state: Any) -> dict[str, torch.Tensor]:
+    """The server state's :data:`SERVER_MODELS` fields that hold tensors (on the CPU)."""
+    out = {}
+    for field_name in SERVER_MODELS:
+        value = getattr(state, field_name, None)
+        if isinstance(value, torch.Tensor):
+            out[field_name] = value.detach().cpu()
+    return out
+
+
+def model_bundle(fed: Federation, final: FinalModels) -> ModelBundle:
+    """What :func:`bundle_models` rebuilds a run's logged models from; ``personal`` only up to
+    :data:`MAX_PERSONAL_BYTES`, as logged."""
+    if not fed.input_shape or fed.scaling is None:
+        raise ValueError("the federation does not say its samples' shape and scaling: no models to log")
+    personal = final.personal if len(final.personal) * fed.spec.size * 4 <= MAX_PERSONAL_BYTES else {}
+    return ModelBundle(server_models(final.server_state), {int(d): w.detach().cpu() for d, w in personal.items()},
+                       tuple(fed.input_shape), fed.num_classes, fed.scaling)
+
+
+def bundle_models(cfg: ExperimentConfig, b: ModelBundle) -> dict[str, RawInputModel]:
+    """Name -> the model a user loads (:class:`RawInputModel`: stored samples in, the run's scaling inside):
+    :func:`final_modules` of the server's models and the personalized models as ``personal``, a stack
+    addressed by device id."""
+    net, _ = build_network(cfg.model.name, tuple(b.input_shape), b.num_classes, cfg.seed)
+    modules = final_modules(net.module, net.spec, SimpleNamespace(**b.server))
+    if b.personal:
+        devices = sorted(b.personal)
+        modules["personal"] = StackedModels(net.module, net.spec, torch.stack([b.personal[d] for d in devices]),
+                                            [f"device_{d}" for d in devices])
+    return {name: RawInputModel(m, b.scaling, b.input_shape, SELECTORS.get(name)).eval() for name, m in modules.items()}
+
+
+def run_models(fed: Federation, cfg: ExperimentConfig, result: RunResult) -> dict[str, RawInputModel]:
+    """Name -> model of everything a finished run logs (:func:`bundle_models`)."""
     assert result.models is not None
-    net, _ = build_network(cfg.model.name, tuple(fed.input_shape), fed.num_classes, cfg.seed)
-    models = final_modules(net.module, net.spec, result.models.server_state)
-    personal = result.models.personal
-    if personal and len(personal) * fed.spec.size * 4 <= MAX_PERSONAL_BYTES:
-        devices = sorted(personal)
-        models["personal"] = StackedModels(net.module, net.spec, torch.stack([personal[d] for d in devices]),
-                                           [f"device_{d}" for d in devices])
-    return models
+    return bundle_models(cfg, model_bundle(fed, result.models))
 
 
 @contextmanager
@@ -126,14 +154,17 @@ def logging_models_to(uri: str) -> Iterator[None]:
         yield
 
 
-def log_model(run_id: str, name: str, module: Any, step: int, method: str) -> str:
+def log_model(run_id: str, name: str, module: RawInputModel, step: int, method: str) -> str:
     """Log ``module`` as MLflow PyTorch model ``name`` of the run (pickled with the versions of torch and
-    numpy as its requirements, tagged with its name and the method); its ``models:/`` URI. Call it inside
-    :func:`logging_models_to`."""
+    numpy as its requirements, its :func:`signature` and a blank input example, tagged with its name and the
+    method); its ``models:/`` URI. Loads with ``mlflow.pytorch.load_model`` and ``mlflow.pyfunc.load_model``.
+    Call it inside :func:`logging_models_to`."""
     import mlflow.pytorch  # MLflow only when models are logged (never on Tune workers)
 
     requirements = [f"torch=={torch.__version__.split('+')[0]}", f"numpy=={np.__version__}"]
+    x, params = module.example()
     info = mlflow.pytorch.log_model(module, name=name, run_id=run_id, pip_requirements=requirements,
-                                    serialization_format="pickle", step=step,
+                                    serialization_format="pickle", step=step, signature=signature(module),
+                                    input_example=(x, params) if params else x,
                                     tags={"lcfed.model": name, "method": method})
     return str(info.model_uri)

@@ -257,11 +257,12 @@ class MLflowObserver:
         log_artifacts(self.client, self.run_id, result, self.cfg, self.assignments, self.assignment_rounds)
 
     def log_models(self, result: RunResult) -> None:
-        """The final models as MLflow PyTorch models of this run (``mlflow.pytorch.load_model``):
-        ``global`` (one model), ``clusters`` and ``personal`` (a :class:`StackedModels`: model ``i``
-        is ``m(x, i)``, device ``d``'s personalized model is ``personal``'s row ``d``), ``embedding``
-        (the shared layers φ, the decision layer replaced by an identity). Their URIs are tags
-        ``model.<name>``. A failure here warns and leaves the run's metrics and artifacts as they are."""
+        """The final models as MLflow PyTorch models of this run (``mlflow.pytorch.load_model``,
+        ``mlflow.pyfunc.load_model``), each a :class:`lcfed.tracking.RawInputModel` with a signature: stored samples in,
+        the run's scaling inside, logits out. ``global`` (one model), ``clusters`` and ``personal`` (device
+        ``d``'s personalized model is ``m(x, device_id=d)``), ``embedding`` (the shared layers φ, the
+        decision layer replaced by an identity). Their URIs are tags ``model.<name>``. A failure here
+        warns and leaves the run's metrics and artifacts as they are."""
         if result.models is None or self.fed is None or not self.fed.input_shape:
             return
         t0 = time.perf_counter()

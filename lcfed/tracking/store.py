@@ -88,6 +88,15 @@ def check_tracking_store(uri: str | None, flag: str = "tracking.uri") -> None:
     check_holds_files(path.parent, flag, resolved, "the store's directory ")
 
 
+def check_registry(name: str | None) -> None:
+    """``--register NAME``: a registered model's name (no ``/`` or ``:``, which model URIs use). The store is
+    one with a Model Registry already: a database or a server (a ``file:`` store is refused by the config)."""
+    if name is None:
+        return
+    require(bool(name.strip()) and "/" not in name and ":" not in name, "--register", name,
+            "a registered model name without '/' or ':'")
+
+
 @contextmanager
 def store_lock(uri: str) -> Iterator[None]:
     """Hold ``<db>.lock`` (an inter-process file lock) for a local sqlite store; no-op for other stores.
@@ -129,7 +138,8 @@ def open_client(uri: str) -> Any:
         # import the store's modules (a second of CPU) before the lock: waiting runs would queue behind it
         import mlflow.store.tracking.sqlalchemy_store  # noqa: F401
     with store_lock(uri):
-        return mlflow.MlflowClient(tracking_uri=uri)
+        # the registry in the same store (MLflow's default is the process-wide URI, e.g. ./mlflow.db)
+        return mlflow.MlflowClient(tracking_uri=uri, registry_uri=uri)
 
 
 def _artifact_root(uri: str) -> str | None:

@@ -2,7 +2,7 @@
 
 One idea a module: ``objective`` (the metric and how the sweep searches, no Ray), ``placement`` (the trial
 engine and its layout, no Ray), ``space`` (the search-space file), ``search`` (Tune's searcher and
-scheduler), ``trial`` (the trainable, in Tune's workers: no MLflow), ``storage``, ``callbacks`` (MLflow
+scheduler), ``trial`` (the trainable, in Tune's workers: no MLflow), ``storage``, ``models`` (the best trial's models, logged and registered), ``callbacks`` (MLflow
 child runs and the console, in the driver), ``best`` (the best trial and the parent run's summary),
 ``figures``, ``errors``, ``run`` (:func:`run_sweep`) and ``command`` (``lcfed sweep``).
 
@@ -25,9 +25,10 @@ _HOMES = {
     "space": ("SPACES_DIR", "DOMAINS", "FLOAT_DOMAINS", "INTEGER_DOMAINS", "load_space", "domain_extremes",
               "check_draw_type", "space_spec", "describe_domain", "swept_keys"),
     "search": ("check_search", "make_search", "make_scheduler"),
-    "trial": ("REPORT_KEY", "TuneReporter", "device_accuracies", "trial_config", "trial_resources", "load_sources",
+    "trial": ("REPORT_KEY", "MODELS_FILE", "TuneReporter", "device_accuracies", "trial_config", "trial_resources", "load_sources",
               "run_trial"),
-    "storage": ("storage_location", "check_storage"),
+    "storage": ("DEFAULT_STORAGE", "DEFAULT_KEEP_CHECKPOINTS", "check_keep", "storage_location", "check_storage"),
+    "models": ("REGISTERED", "log_best_models", "register_run", "register_sweep_best", "model_uris", "prune_models"),
     "callbacks": ("TrialTracker", "SweepProgress", "child_name", "short_names", "trial_index"),
     "best": ("best_result", "trial_order"),
     "figures": ("comparable_values", "mu_lambda_figure", "assignment_figure"),

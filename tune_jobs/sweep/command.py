@@ -20,10 +20,11 @@ from lcfed.config import (
     require,
     safe_name,
 )
-from lcfed.tracking import check_tracking_store, ui_hint
+from lcfed.tracking import check_registry, check_tracking_store, ui_hint
 from tune_jobs.options import config_options, examples
-from tune_jobs.sweep.objective import METRIC, METRICS, SCHEDULERS, SEARCHES, resolve_objective
+from tune_jobs.sweep.objective import METRIC, METRICS, SCHEDULERS, SEARCHES, check_finishes, resolve_objective
 from tune_jobs.sweep.placement import TRIAL_ENGINES
+from tune_jobs.sweep.storage import DEFAULT_KEEP_CHECKPOINTS, DEFAULT_STORAGE, check_keep
 
 
 def add_parser(sub: Any) -> None:
@@ -36,7 +37,8 @@ def add_parser(sub: Any) -> None:
             "lcfed sweep --config configs/digits_dirichlet.yaml --space mu_lambda.yaml --num-samples 16",
             "lcfed sweep --space mu_lambda.yaml --search optuna --num-samples 20 --metric val_acc_mean "
             "--set data.val_fraction=0.2",
-            "lcfed sweep --space mu_lambda.yaml --name my-sweep --resume   # continue an interrupted sweep"))
+            "lcfed sweep --space mu_lambda.yaml --name my-sweep --resume   # continue an interrupted sweep",
+            "lcfed sweep --space mu_lambda.yaml --keep-checkpoints 1 --register lcfed-digits"))
     config_options(p, "base experiment config", "override a base field")
     p.add_argument("--space", required=True, metavar="FILE",
                    help="search space YAML (a path, or a bundled name under tune_jobs/spaces/, e.g. mu_lambda.yaml)")
@@ -65,9 +67,14 @@ def add_parser(sub: Any) -> None:
                    "CPUs, its GPU share); ray: device actors in the trial's placement group; auto (default): local on "
                    "a single-node Ray with --gpus-per-trial <= 1, else ray")
     p.add_argument("--name", help="sweep name (Tune experiment and MLflow parent run); default <config name>-sweep")
-    p.add_argument("--storage", default="~/lcfed-sweeps",
+    p.add_argument("--storage", default=DEFAULT_STORAGE,
                    help="Tune storage: a path, or a URI every node reaches (s3://bucket/prefix, gs://..., file://...) "
-                   "as a multi-node cluster needs (default %(default)s)")
+                   "as a multi-node cluster needs (default %(default)s, under the working directory)")
+    p.add_argument("--keep-checkpoints", type=int, default=DEFAULT_KEEP_CHECKPOINTS, metavar="N",
+                   help="checkpoints each trial keeps in the storage, the latest (default %(default)s)")
+    p.add_argument("--register", metavar="NAME",
+                   help="register the best trial's model (its personalized models) as a new version of NAME in the "
+                   "MLflow Model Registry, linked to its run (needs a database store or a server)")
     p.add_argument("--resume", action="store_true", help="continue an interrupted sweep of the same --name")
     p.add_argument("--json", metavar="FILE", help="also write the summary (best config, metric, runs, storage) as JSON")
     p.set_defaults(func=cmd_sweep)
@@ -82,7 +89,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     require(args.num_samples >= 1, "--num-samples", args.num_samples, "must be >= 1")
     require(args.max_concurrent >= 0, "--max-concurrent", args.max_concurrent, "must be >= 0")
     require(args.gpus_per_trial >= 0, "--gpus-per-trial", args.gpus_per_trial, "must be >= 0")
-    resolve_objective(base.train.rounds, args.metric, args.mode, args.scheduler, args.grace_period, args.max_t)
+    check_keep(args.keep_checkpoints)
+    check_registry(args.register)
+    obj = resolve_objective(base.train.rounds, args.metric, args.mode, args.scheduler, args.grace_period, args.max_t)
+    check_finishes(obj, base.train.rounds, args.register)
     from tune_jobs.sweep.space import load_space  # Tune when a sweep runs, not with lcfed's parser
 
     space = load_space(args.space, base)
@@ -92,12 +102,15 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                         max_concurrent=args.max_concurrent, gpus_per_trial=args.gpus_per_trial, name=args.name,
                         storage=args.storage, resume=args.resume, trial_engine=args.trial_engine,
                         metric=args.metric, mode=args.mode, grace_period=args.grace_period, max_t=args.max_t,
-                        search=args.search)
+                        search=args.search, keep_checkpoints=args.keep_checkpoints, register=args.register)
     print(json.dumps(summary, indent=2, default=str))
     if args.json:
         Path(args.json).write_text(json.dumps(summary, indent=2, default=str) + "\n")
     print(f"MLflow parent run {summary['parent_run_id']}: {ui_hint(summary['tracking_uri'])}")
     print(f"the trials side by side (metric, swept values): {summary['view']}")
+    if summary.get("registered"):
+        reg = summary["registered"]
+        print(f"registered {reg['uri']} (the best trial's {reg['model']} models, run {reg['run_id']})")
     if summary["errors"]:
         print(f"lcfed: {summary['errors']} of {summary['trials']} trials failed; first: {summary['first_error']}",
               file=sys.stderr)

@@ -77,3 +77,9 @@ def resolve_objective(rounds: int, metric: str = METRIC, mode: str | None = None
     require(isinstance(grace, int) and 1 <= grace <= max_t, "--grace-period", grace_period,
             f"must be between 1 and --max-t ({max_t}) rounds")
     return Objective(metric, str(mode), scheduler, grace, max_t)
+
+
+def check_finishes(obj: Objective, rounds: int, register: str | None) -> None:
+    """``--register`` needs the best trial to run every round: only then does it hand over its final models."""
+    require(register is None or obj.max_t in (None, rounds), "--max-t", obj.max_t,
+            f"must be train.rounds ({rounds}) with --register: only a trial that ran every round has final models")

@@ -14,6 +14,7 @@ and summary plots.
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import sys
 from collections.abc import Iterator
@@ -26,16 +27,24 @@ from ray import tune
 
 from actors.ray_engine import alive_nodes
 from lcfed.config import ConfigError, ExperimentConfig, require, to_dict
-from lcfed.tracking import resolve_tracking_uri, share_view, view_url
+from lcfed.tracking import check_registry, resolve_tracking_uri, share_view, view_url
 from tune_jobs.parent_run import ParentRun
-from tune_jobs.sweep.best import best_result, log_parent, trial_order
+from tune_jobs.sweep.best import best_result, child_run, log_parent, trial_order
 from tune_jobs.sweep.callbacks import SweepProgress, TrialTracker
 from tune_jobs.sweep.errors import SweepInterrupted, error_line
-from tune_jobs.sweep.objective import METRIC, Objective, resolve_objective
+from tune_jobs.sweep.models import log_best_models, prune_models, register_run
+from tune_jobs.sweep.objective import METRIC, Objective, check_finishes, resolve_objective
 from tune_jobs.sweep.placement import TRIAL_ENGINES, resolve_trial_engine
 from tune_jobs.sweep.search import check_search, make_scheduler, make_search
 from tune_jobs.sweep.space import describe_domain, space_spec, swept_keys
-from tune_jobs.sweep.storage import check_storage, experiment_path, storage_location
+from tune_jobs.sweep.storage import (
+    DEFAULT_KEEP_CHECKPOINTS,
+    DEFAULT_STORAGE,
+    check_keep,
+    check_storage,
+    experiment_path,
+    storage_location,
+)
 from tune_jobs.sweep.trial import load_sources, run_trial, trial_resources
 
 
@@ -54,6 +63,7 @@ class SweepPlan:
     max_concurrent: int = 0
     gpus_per_trial: float = 0.0
     resume: bool = False
+    keep_checkpoints: int = DEFAULT_KEEP_CHECKPOINTS
 
     @property
     def swept(self) -> list[str]:
@@ -74,7 +84,7 @@ def run_sweep(
     max_concurrent: int = 0,
     gpus_per_trial: float = 0.0,
     name: str | None = None,
-    storage: str | Path = "~/lcfed-sweeps",
+    storage: str | Path = DEFAULT_STORAGE,
     resume: bool = False,
     trial_engine: str = "auto",
     metric: str = METRIC,
@@ -83,6 +93,9 @@ def run_sweep(
     max_t: int | None = None,
     search: str = "random",
     parent_run_id: str | None = None,
+    keep_checkpoints: int = DEFAULT_KEEP_CHECKPOINTS,
+    register: str | None = None,
+    log_models: bool = True,
 ) -> dict[str, Any]:
     """Run (or resume) a sweep; return the best trial's config, metric and the MLflow parent run.
 
@@ -90,17 +103,25 @@ def run_sweep(
     ``scheduler``, ``grace_period``, ``max_t``: :func:`resolve_objective` (one metric and mode for the
     scheduler, the best trial and the parent run). ``search``: :func:`check_search`. A resumed sweep keeps
     the objective and search it started with. ``parent_run_id``: the sweep's run nests under it (``lcfed
-    compare``).
+    compare``). ``keep_checkpoints``: each trial keeps its latest N checkpoints in the storage. With
+    ``log_models`` the best trial's final models are logged on its child run; ``register``: and registered
+    under that name in the Model Registry (:mod:`tune_jobs.sweep.models`).
     """
     obj = resolve_objective(base.train.rounds, metric, mode, scheduler, grace_period, max_t)
     tune_space = check_search(search, space)
     uri = resolve_tracking_uri(base.tracking.uri)
     base = base.replace(**{"tracking.uri": uri, "tracking.enabled": True})
+    check_keep(keep_checkpoints)
+    check_registry(register)
+    check_finishes(obj, base.train.rounds, register)
     plan = SweepPlan(base=base, space=space, tune_space=tune_space, objective=obj, search=search,
                      name=name or f"{base.name}-sweep", storage_uri=storage_location(storage), num_samples=num_samples,
-                     max_concurrent=max_concurrent, gpus_per_trial=gpus_per_trial, resume=resume)
+                     max_concurrent=max_concurrent, gpus_per_trial=gpus_per_trial, resume=resume,
+                     keep_checkpoints=keep_checkpoints)
     require(trial_engine in TRIAL_ENGINES, "--trial-engine", trial_engine, f"one of {list(TRIAL_ENGINES)}")
     sources = load_sources(base, space)  # a missing dataset fails here, before any run or trial exists
+    print(f"lcfed sweep {plan.name}: Tune state and each trial's latest {keep_checkpoints} checkpoint(s) go to "
+          f"{plan.exp_path}", file=sys.stderr, flush=True)
     hint = f"; the Tune state is saved: continue with --resume --name {plan.name}"
     with ParentRun(base.engine, uri, hint, stop_reason=_stop_reason) as parent:
         check_storage(plan.storage_uri)
@@ -113,7 +134,24 @@ def run_sweep(
         summary = _summary(plan, results, best, engine, parent)
         log_parent(parent.client, parent.run_id, parent.experiment_id, results, best, summary["best_config"], space,
                    obj.metric, obj.mode)
+        wanted = log_models or register is not None
+        summary.update(_best_models(parent, uri, best, register) if wanted else {"best_models": {}, "registered": None})
+        prune_models(results, best if wanted else None)
         return summary
+
+
+def _best_models(parent: ParentRun, uri: str, best: Any, register: str | None) -> dict[str, Any]:
+    """The best trial's models logged on its child run (``best_models``: name -> URI) and, with ``register``,
+    registered (``registered``: name, version, URI, run)."""
+    child = child_run(parent.client, parent.experiment_id, best)
+    if child is None:
+        return {"best_models": {}, "registered": None}
+    models = log_best_models(parent.client, uri, best, child)
+    if models:
+        parent.client.set_tag(parent.run_id, "best_models", ",".join(sorted(models)))
+    child = parent.client.get_run(child.info.run_id)  # with its model.* tags
+    registered = register_run(parent.client, uri, register, child) if register else None
+    return {"best_models": models, "registered": registered}
 
 
 def _stop_reason(exc: BaseException) -> str:
@@ -161,11 +199,14 @@ def _tuner(plan: SweepPlan, engine: str, parent_id: str, sources: dict[Any, Any]
     param_space = {**plan.tune_space, "__base__": to_dict(plan.base),
                    "__sweep__": {"parent_run_id": parent_id, "name": plan.name, "gpus_per_trial": plan.gpus_per_trial,
                                  "trial_engine": engine, "metric": obj.metric}}
+    # Tune warns whenever keeping only the latest checkpoints forces a snapshot of its (small) state
+    os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
     trainable = tune.with_resources(tune.with_parameters(run_trial, sources=sources),
                                     trial_resources(plan.base, plan.gpus_per_trial, engine))
     progress = SweepProgress(plan.swept, obj.metric, obj.mode, obj.max_t or plan.base.train.rounds)
     # verbose=0: Tune's own status output repeats the whole base config; the progress table replaces it
-    run_config = tune.RunConfig(name=plan.name, storage_path=plan.storage_uri, callbacks=[tracker, progress], verbose=0)
+    run_config = tune.RunConfig(name=plan.name, storage_path=plan.storage_uri, callbacks=[tracker, progress], verbose=0,
+                                checkpoint_config=tune.CheckpointConfig(num_to_keep=plan.keep_checkpoints))
     if plan.resume and tune.Tuner.can_restore(plan.exp_path):
         return tune.Tuner.restore(plan.exp_path, trainable, param_space=param_space, resume_errored=True)
     return tune.Tuner(

@@ -22,12 +22,14 @@ from lcfed import checkpoint, numerics
 from lcfed.config import ConfigError, ExperimentConfig, apply_overrides, from_dict
 from lcfed.engines.local import LocalFederation
 from lcfed.federation import load, load_source, source_key
-from lcfed.tracking import federation_facts
+from lcfed.tracking import federation_facts, model_bundle, save_bundle
 from tune_jobs.sweep.objective import METRIC
 from tune_jobs.sweep.placement import local_trial_cpus, trial_layout
 
 #: the key of a Tune report holding what the driver logs to MLflow (nested: Tune's tables skip it)
 REPORT_KEY = "lcfed"
+#: the final models (:class:`lcfed.tracking.ModelBundle`) in a trial's last checkpoint, for the driver to log
+MODELS_FILE = "final_models.pt"
 
 
 class TuneReporter:
@@ -38,8 +40,11 @@ class TuneReporter:
     metrics, the cluster assignment and (first report) the federation's facts: the driver's
     :class:`TrialTracker` logs them to MLflow, so trial processes never talk to a tracking server.
     The last round is reported from ``on_end``: Tune ends a trial that reached its last iteration
-    from inside ``report`` (``SystemExit``).
+    from inside ``report`` (``SystemExit``). Its checkpoint also holds the final models
+    (:data:`MODELS_FILE`), which the driver logs for the sweep's best trial.
     """
+
+    wants_models = True  # the engine hands the final models to on_end (lcfed.loop.ModelsObserver)
 
     def __init__(self, cfg: ExperimentConfig, placement: dict[str, Any] | None = None, metric: str = METRIC) -> None:
         self.cfg = cfg
@@ -49,8 +54,10 @@ class TuneReporter:
         self.provenance: dict[str, str] | None = None
         self.placement = placement
         self.pending: tuple[dict[str, Any], bool] | None = None
+        self.fed: Any = None
 
     def on_start(self, cfg: ExperimentConfig, fed: Any) -> None:
+        self.fed = fed
         self.facts = federation_facts(fed)
         self.provenance = numerics.provenance()
 
@@ -82,6 +89,8 @@ class TuneReporter:
             report[REPORT_KEY]["devices"] = json.dumps(device_accuracies(result))
             if getattr(result, "provenance", None):  # the engine's record, with its actors' kernels and GPUs
                 report[REPORT_KEY]["provenance"] = result.provenance
+            if saved and getattr(result, "models", None) is not None and self.fed is not None and self.fed.input_shape:
+                save_bundle(Path(self.cfg.checkpoint.dir) / MODELS_FILE, model_bundle(self.fed, result.models))
             self._report(report, saved)
 
     def _report(self, metrics: dict[str, Any], saved: bool) -> None:
