@@ -8,12 +8,14 @@ messages go from the actors straight to the ServerActor as object refs, never th
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import pickle
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+import numpy as np
 import ray
 import torch
 from ray.util.placement_group import placement_group, remove_placement_group
@@ -29,7 +31,7 @@ from lcfed.engines.local import DeviceHost, HostedDevices, LocalServer, auto_wor
 from lcfed.federation import Setup, load, make_strategy, prepare, resolve_device, shard
 from lcfed.local_update import EvalResult
 from lcfed.loop import HostFailure, Newcomer, Observer, RunResult, run_rounds
-from lcfed.methods.base import Message, RoundPlan, RoundStats
+from lcfed.methods.base import Message, RoundPlan, RoundStats, tensor_bytes
 
 _NUMPY_DTYPES = frozenset(
     {torch.float32, torch.float64, torch.float16, torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool}
@@ -88,6 +90,10 @@ class DeviceActor(DeviceHost):
     def train(self, rnd: int, devices: Sequence[int], payload: Any, instructions: dict[int, Any]) -> list[Message]:
         return self.hosted.train(rnd, devices, payload, instructions)
 
+    def holdings(self) -> dict[str, Any]:
+        """Its devices' samples and states (:meth:`HostedDevices.holdings`) and where it runs."""
+        return {**self.hosted.holdings(), "node_id": ray.get_runtime_context().get_node_id(), "pid": os.getpid()}
+
 
 class ServerActor:
     """Holds the strategy's server state; does the clustering and aggregation."""
@@ -112,6 +118,16 @@ class ServerActor:
 
     def node_id(self) -> str:
         return ray.get_runtime_context().get_node_id()
+
+    def holdings(self) -> dict[str, Any]:
+        """Where it runs, the server state's tensor bytes, and the state's fields with one row per device
+        (``per_device``: name -> bytes; e.g. an assignment, never a model per device)."""
+        state, m = self.server.state, self.server.strategy.fed.num_devices
+        fields = {f.name: getattr(state, f.name) for f in dataclasses.fields(state)} if dataclasses.is_dataclass(state) else {}
+        per_device = {k: tensor_bytes(v) for k, v in fields.items()
+                      if isinstance(v, (torch.Tensor, np.ndarray)) and v.ndim and v.shape[0] == m}
+        return {"node_id": self.node_id(), "pid": os.getpid(), "state_bytes": tensor_bytes(state),
+                "per_device": per_device}
 
     def get_state(self) -> Any:
         return self.server.get_state()
@@ -417,6 +433,14 @@ class RayFederation:
         result = run_rounds(self.cfg, self.setup.federation, server, pool, observers, resume, self.provenance())
         result.placement = self.placement()
         return result
+
+    def holdings(self) -> dict[str, Any]:
+        """What each process of the federation holds: ``device_actors`` (one
+        :meth:`DeviceActor.holdings` each) and ``server`` (:meth:`ServerActor.holdings`)."""
+        assert self.hosts is not None
+        hosts = self.hosts
+        return {"device_actors": hosts.call(lambda: ray.get([a.holdings.remote() for a in hosts.devices])),
+                "server": hosts.call(lambda: ray.get(hosts.server.holdings.remote()))}
 
     def provenance(self) -> dict[str, str]:
         """This process's record (:func:`lcfed.numerics.provenance`), with the device actors' kernel levels

@@ -18,6 +18,9 @@ Target: peak < 6 GB.
 
 ``--sweep``: cost against m = 10^3..10^5 at 100 participants per round, in-process, on synthetic data
 (``benchmarks/scale_devices.py``, whose flags it takes).
+
+``--cluster``: the same at m = 10^4, 10^5 on the Ray engine of a simulated multi-node cluster on this
+machine (``benchmarks/scale_cluster.py``, whose flags it takes).
 """
 
 from __future__ import annotations
@@ -150,6 +153,11 @@ def config(args: argparse.Namespace, dataset: str) -> Any:
 
 
 def main() -> None:
+    if "--cluster" in sys.argv[1:]:  # cost against m on a simulated multi-node cluster: benchmarks/scale_cluster.py
+        import scale_cluster
+
+        scale_cluster.main(sys.argv[1:])
+        return
     if "--sweep" in sys.argv[1:]:  # cost against m, in-process: benchmarks/scale_devices.py
         import scale_devices
 

@@ -157,6 +157,10 @@ class DeviceStates:
         for device, state in states.items():
             self.put(device, state)
 
+    def stored_ids(self) -> list[int]:
+        """The devices whose state is stored (in memory or spilled)."""
+        return [*self._mem, *self._disk]
+
     def stored(self) -> dict[int, Any]:
         """Every stored state by device id (spilled ones as fresh copies): what a checkpoint saves."""
         return {d: self.get(d) for d in sorted([*self._mem, *self._disk])}

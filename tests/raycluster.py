@@ -78,18 +78,20 @@ class LocalCluster:
     workers: list[Node] = field(default_factory=list)
     gcs: str = ""
     dashboard: str = ""
+    object_store_mb: int = 100
 
     @classmethod
     def start(cls, head_cpus: float, workers: list[tuple[float, float]], worker_env: Mapping[str, str] | None = None,
-              env: Mapping[str, str] | None = None, timeout: float = 180.0, dashboard: bool = True) -> LocalCluster:
+              env: Mapping[str, str] | None = None, timeout: float = 180.0, dashboard: bool = True,
+              object_store_mb: int = 100) -> LocalCluster:
         """A head (``head_cpus``, no GPU) and one worker per (CPUs, GPUs); ``env`` goes to every node,
-        ``worker_env`` to the workers only. The head's temp dir is ``base/ray``, so with
+        ``worker_env`` to the workers only; each node's object store has ``object_store_mb``. The head's temp dir is ``base/ray``, so with
         ``RAY_TMPDIR=base`` its address file is where Ray looks after a plain ``ray start --head``."""
         base = Path(tempfile.mkdtemp(prefix="rc", dir="/tmp"))  # short: Ray's unix sockets live under it
         token = base / "auth_token"
         token.write_text(secrets.token_hex(32))
         token.chmod(0o600)
-        cluster = cls(base, token)
+        cluster = cls(base, token, object_store_mb=object_store_mb)
         try:
             cluster._start_head(head_cpus, dict(env or {}), timeout, dashboard)
             # one at a time: nodes started together race for log file names and ports
@@ -132,7 +134,7 @@ class LocalCluster:
         chosen = {flag: free_port() for flag in _PORT_FLAGS}
         ports = [x for flag, port in chosen.items() for x in (flag, str(port))]
         cmd = [str(BIN / "ray"), "start", "--block", *args, "--num-cpus", str(cpus), "--num-gpus", str(gpus),
-               "--object-store-memory", str(100 * 1024 * 1024), "--disable-usage-stats", *ports]
+               "--object-store-memory", str(self.object_store_mb * 2**20), "--disable-usage-stats", *ports]
         log = self.base / f"{name}.log"
         with open(log, "wb") as out:
             proc = subprocess.Popen(cmd, env=self.node_env(home, extra), stdout=out, stderr=subprocess.STDOUT,

@@ -123,6 +123,42 @@ def test_run_places_device_actors_on_gpu_workers_and_matches_in_process(env: Env
         assert summary[key] == local.final[key], key
 
 
+def test_each_actor_holds_only_its_own_devices_and_the_server_none(env: Env):
+    """Many devices, a quarter of them per round: each device actor holds the samples of its own block
+    of devices only and the states of those of them that trained, on its worker node; the stored
+    states add up to the devices that trained; the server and the driver hold no model per device."""
+    m = 60
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.holdings_driver", str(env.config), f"data.data_dir={env.home / 'data'}",
+         f"data.num_devices={m}", "data.min_samples=4", "train.participation=0.25", "train.rounds=2",
+         "engine.actors_per_gpu=1"],
+        env=env.cluster.client_env(env.home, RAY_ADDRESS=env.cluster.gcs), cwd=ROOT, capture_output=True,
+        text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    actors, server = out["holdings"]["device_actors"], out["holdings"]["server"]
+    names = env.cluster.node_names()
+    assert {names[a["node_id"]] for a in actors} == {"w0", "w1", "w2"}  # the devices are spread over the workers
+    blocks = [set(a["devices"]) for a in actors]
+    assert sum(map(len, blocks)) == m and set().union(*blocks) == set(range(m))
+    for a, block in zip(actors, blocks, strict=True):
+        assert set(a["data_devices"]) == block and 0 < a["data_rows"] < 500  # its devices' samples, not all 500
+        assert set(a["state_devices"]) <= block
+    trained = set(out["trained"])
+    held = [d for a in actors for d in a["state_devices"]]
+    assert 15 <= len(trained) < m and sorted(held) == sorted(trained)  # one stored state per trained device
+    assert len({a["node_id"] for a in actors if a["state_devices"]}) == 3
+    model = out["model_bytes"]
+    # the server: Φ, K = 2 centers and their codes, the D = 4 rows of the projector (8 models in all, whatever m)
+    # and a device -> cluster assignment (8 bytes a device)
+    assert names[server["node_id"]] == "head" and server["state_bytes"] < 9 * model + 8 * m
+    assert server["per_device"] == {"assignment": 8 * m}
+    # the driver: the initial model, no state of any device (those that trained would be >= 15 models)
+    assert out["driver_tensor_bytes"] < 3 * model, out["driver_tensor_bytes"] / model
+    print(f"\nholdings: {[(names[a['node_id']], len(a['devices']), len(a['state_devices'])) for a in actors]}; "
+          f"server {server['state_bytes'] / model:.1f} models; driver {out['driver_tensor_bytes'] / model:.1f} models")
+
+
 def test_unplaceable_pool_fails_with_the_ask_and_the_cluster(env: Env):
     proc = env.lcfed("run", "--config", str(env.config), "--no-track", "-q", "--set", "engine.num_actors=4",
                      "--set", "engine.gpus_per_actor=1", "--set", "engine.placement_timeout_s=3")

@@ -28,6 +28,7 @@ from lcfed.methods.base import (
     Strategy,
     downlink_traffic,
     layer_traffic,
+    tensor_bytes,
 )
 from lcfed.vectorized import BatchedNet, StepBatcher
 
@@ -254,6 +255,20 @@ class HostedDevices:
         """Each device's personalized weights (on the CPU): the model :meth:`evaluate` evaluates."""
         return {dev: self.strategy.personalized(self.context(dev, -1), self.states.get(dev), payload).cpu()
                 for dev in self.devices}
+
+    def holdings(self) -> dict[str, Any]:
+        """What this host holds, device by device (to check that a host keeps only its own devices):
+        the devices whose samples it has (``data_devices``: those with indices in its partition) and
+        their rows and bytes, and the devices whose state is stored (``state_devices``) with the bytes
+        in memory and how many are spilled."""
+        part = self.setup.partition
+        with_data = sorted({d for idx in (part.train, part.test, part.val) for d, a in enumerate(idx) if len(a)})
+        ds = getattr(self.data, "ds", None)  # the CPU's lazy data keeps its shard's rows
+        rows = len(ds.y) if ds is not None else sum(self.data[d].num_train + len(self.data[d].y_test) for d in self.data)
+        data_bytes = int(ds.x.nbytes + ds.y.nbytes) if ds is not None else tensor_bytes(dict(self.data))
+        return {"devices": list(self.devices), "data_devices": with_data, "data_rows": int(rows), "data_bytes": data_bytes,
+                "state_devices": sorted(self.states.stored_ids()), "state_memory_bytes": self.states.memory_bytes,
+                "states_spilled": self.states.spilled}
 
     def close(self) -> None:
         for pool in (self._pool, self._vpool):
