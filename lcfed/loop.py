@@ -9,6 +9,7 @@ loop applies when an observer has not got one.
 
 from __future__ import annotations
 
+import math
 import time
 import warnings
 from collections.abc import Sequence
@@ -99,6 +100,19 @@ class ModelsObserver(Protocol):
     so ``on_start`` may decide). Default: False."""
 
     wants_models: bool
+
+
+@runtime_checkable
+class PersonalLimit(Protocol):
+    """Optional, beside ``wants_models``: the most bytes of personal models (m models of float32) the
+    observer will use; past it the engine builds none (a model per device of 10^5 devices is GBs).
+    Default: no limit."""
+
+    max_personal_bytes: float
+
+
+#: the personal models' size past which observers with a :class:`PersonalLimit` get none
+MAX_PERSONAL_BYTES = 512 * 2**20
 
 
 class DivergenceError(RuntimeError):
@@ -206,8 +220,20 @@ def newcomer_metrics(results: dict[int, EvalResult]) -> dict[str, float]:
             "acc_new_weighted": sum(r.correct for r in rows) / sum(r.total for r in rows)}
 
 
-def final_models(server: Server[Any], pool: DevicePool[Any]) -> FinalModels:
-    return FinalModels(server.get_state(), pool.personalized(server.eval_payload()))
+def final_models(server: Server[Any], pool: DevicePool[Any], personal: bool = True) -> FinalModels:
+    """The server's state and, if ``personal``, every device's personalized model."""
+    return FinalModels(server.get_state(), pool.personalized(server.eval_payload()) if personal else {})
+
+
+def _final_models_for(observers: Sequence[Observer], fed: Federation, server: Server[Any],
+                      pool: DevicePool[Any]) -> FinalModels | None:
+    """The final models if an observer wants them; the personal ones only within every wanting observer's
+    :class:`PersonalLimit` (the largest), so that none is built that no one would use."""
+    wanting = [obs for obs in observers if isinstance(obs, ModelsObserver) and obs.wants_models]
+    if not wanting:
+        return None
+    limit = max(obs.max_personal_bytes if isinstance(obs, PersonalLimit) else math.inf for obs in wanting)
+    return final_models(server, pool, personal=fed.num_devices * fed.spec.size * 4 <= limit)
 
 
 def should_evaluate(cfg: ExperimentConfig, rnd: int) -> bool:
@@ -468,8 +494,7 @@ def _loop(
             raise Stopped(STOP.reason, rnd, ckpt is not None)
     result.wall_seconds = time.perf_counter() - t_start
     result.round_seconds = float(np.mean(round_times)) if round_times else 0.0
-    if any(isinstance(obs, ModelsObserver) and obs.wants_models for obs in observers):
-        result.models = final_models(server, pool)
+    result.models = _final_models_for(observers, fed, server, pool)
     for obs in observers:
         obs.on_end(result)
     return result

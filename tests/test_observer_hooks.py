@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from lcfed.engines.local import HostedDevices, LocalPool, LocalServer, make_strategy, run_local
 from lcfed.federation import prepare
-from lcfed.loop import ErrorObserver, LocatingObserver, ModelsObserver, run_rounds
+from lcfed.loop import MAX_PERSONAL_BYTES, ErrorObserver, LocatingObserver, ModelsObserver, PersonalLimit, run_rounds
 from lcfed.progress import ProgressBar
 from lcfed.tracking import MLflowObserver
 from tests.conftest import tiny_config
@@ -72,3 +72,23 @@ def test_final_models_only_when_an_observer_wants_them():
     assert run_local(cfg, [Plain()]).models is None
     models = run_local(cfg, [Plain(), Wanting()]).models
     assert models is not None and sorted(models.personal) == list(range(cfg.data.num_devices))
+
+
+class Capped(Wanting):
+    def __init__(self, limit: float) -> None:
+        super().__init__()
+        self.max_personal_bytes = limit
+
+
+def test_no_personal_model_is_built_past_what_every_wanting_observer_would_use(tmp_path):
+    """m personal models of P float32 parameters are m * P * 4 bytes: at or under the largest limit they are
+    built, past it only the server's state is (the MLflow observer's cap, for 10^5 devices)."""
+    cfg = tiny_config("train.rounds=1")
+    size = prepare(cfg).federation.num_devices * prepare(cfg).federation.spec.size * 4
+    assert isinstance(Capped(1.0), PersonalLimit) and not isinstance(Wanting(), PersonalLimit)
+    assert MLflowObserver(f"sqlite:///{tmp_path / 'mlflow.db'}").max_personal_bytes == MAX_PERSONAL_BYTES
+    at = run_local(cfg, [Capped(size)]).models
+    assert at is not None and sorted(at.personal) == list(range(cfg.data.num_devices))
+    past = run_local(cfg, [Capped(size - 1)]).models
+    assert past is not None and past.personal == {} and past.server_state is not None
+    assert len(run_local(cfg, [Capped(size - 1), Wanting()]).models.personal) == cfg.data.num_devices  # one unlimited

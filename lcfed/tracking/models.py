@@ -22,13 +22,10 @@ from torch.func import functional_call
 
 from lcfed.config import ExperimentConfig
 from lcfed.logs import quiet_logger
-from lcfed.loop import SERVER_MODELS, FinalModels, RunResult
+from lcfed.loop import MAX_PERSONAL_BYTES, SERVER_MODELS, FinalModels, RunResult
 from lcfed.methods.base import Federation
 from lcfed.models import ParamSpec, build_network
 from lcfed.tracking.raw_input import SELECTORS, ModelBundle, RawInputModel, signature
-
-#: the personalized models are logged only up to this size (devices x parameters x 4 bytes)
-MAX_PERSONAL_BYTES = 512 * 2**20
 
 
 def _module(skeleton: Any, spec: ParamSpec, flat: Any) -> Any:

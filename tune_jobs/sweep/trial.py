@@ -22,6 +22,7 @@ from lcfed import checkpoint, numerics
 from lcfed.config import ConfigError, ExperimentConfig, apply_overrides, from_dict
 from lcfed.engines.local import LocalFederation
 from lcfed.federation import load, load_source, source_key
+from lcfed.loop import MAX_PERSONAL_BYTES
 from lcfed.tracking import federation_facts, model_bundle, save_bundle
 from tune_jobs.sweep.objective import METRIC
 from tune_jobs.sweep.placement import local_trial_cpus, trial_layout
@@ -45,6 +46,7 @@ class TuneReporter:
     """
 
     wants_models = True  # the engine hands the final models to on_end (lcfed.loop.ModelsObserver)
+    max_personal_bytes = MAX_PERSONAL_BYTES  # (lcfed.loop.PersonalLimit) none past what the best trial would log
 
     def __init__(self, cfg: ExperimentConfig, placement: dict[str, Any] | None = None, metric: str = METRIC) -> None:
         self.cfg = cfg
