@@ -388,8 +388,9 @@ def _metrics(
         assigned = stats.assignment >= 0
         if assigned.any():
             truth, found = fed.groups[assigned], stats.assignment[assigned]
-            # ARI only where K clusters can express the true groups (pathological class sets cannot)
-            if len(np.unique(truth)) <= max(stats.num_clusters, len(np.unique(found))):
+            # against a testbed's true groups always (too few clusters is a score, not an excuse); against a
+            # label-skew proxy only where K clusters can express it (pathological class sets outnumber any K)
+            if fed.group_kind or len(np.unique(truth)) <= max(stats.num_clusters, len(np.unique(found))):
                 metrics["ari"] = adjusted_rand_index(found, truth)
             if fed.group_kind:  # a testbed's true clusters: recovery also as normalized mutual information
                 metrics["nmi"] = normalized_mutual_info(found, truth)

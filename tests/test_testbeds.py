@@ -216,6 +216,8 @@ def test_lcfed_recovers_the_four_rotation_groups_of_digits():
     assert all("nmi" in h for h in result.history if "ari" in h)
     plain = run_local(tiny_config("train.rounds=1"))
     assert "num_clusters" in plain.final and "nmi" not in plain.final  # label-skew groups are a proxy: no nmi
+    two = run_local(cfg.replace(**{"method.num_clusters": 2, "train.rounds": 1}))  # fewer clusters than groups
+    assert two.final["num_clusters"] <= 2 and two.final["ari"] == recovery_scores(two.assignment, truth)["ari"] < 1
 
 
 def test_the_ray_engine_gives_the_in_process_numbers_on_a_testbed_of_a_table(tmp_path):
