@@ -37,6 +37,7 @@ from lcfed.loop import DivergenceError, checkpoint_path, load_resume
 from lcfed.progress import ProgressBar
 from lcfed.stop import Stopped, stop_on_signals
 from lcfed.tracking import MLflowObserver, TrackingError, check_tracking_store, replay, ui_hint
+from lcfed.tracking.resume import check_resume_store
 from tune_jobs import compare, head, jobs, mlflow_server, reproduce
 from tune_jobs.options import add_actions, config_options, examples
 from tune_jobs.sweep import command as sweep
@@ -293,6 +294,9 @@ def _observers(cfg: ExperimentConfig, args: argparse.Namespace, resume: Any) -> 
             tracker.check()
         except Exception as exc:
             raise SystemExit(f"lcfed: cannot reach the MLflow tracking store {tracker.uri}: {exc}") from None
+        note = tracker.new_run_if_gone() if resume else ""
+        if note:
+            print(f"lcfed: note: {note}", file=sys.stderr, flush=True)
         observers.append(tracker)
     return observers, tracker
 
@@ -316,6 +320,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         if ckpt is None:
             raise ConfigError("--resume", True, "needs checkpoint.dir (e.g. --set checkpoint.dir=runs/exp1)")
         resume = load_resume(cfg)
+        if resume is not None and cfg.tracking.enabled and not args.no_track:
+            check_resume_store(resume.tracking, cfg.tracking.uri, str(ckpt))
         if resume is None:
             print(f"lcfed: no checkpoint in {ckpt.parent} yet; starting from round 0", file=sys.stderr)
     elif ckpt is not None and ckpt.exists():

@@ -61,8 +61,9 @@ class MLflowObserver:
         system_metrics: bool | None = None,
     ) -> None:
         """``backfill``: when resuming, the checkpoint's per-round history; rounds the store lacks (e.g.
-        buffered during an outage when the process died) are logged from it. ``guard``: a
-        :class:`RunGuard` closes the run as FAILED if this process dies without closing it.
+        buffered during an outage when the process died) are logged from it, all of them to a new run
+        (:meth:`new_run_if_gone`). ``guard``: a :class:`RunGuard` closes the run as FAILED if this process
+        dies without closing it.
         ``log_models``: log the final models (:meth:`log_models`). ``system_metrics``: sample this
         machine's CPU/memory/GPU while the run trains (default: unless
         ``MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING`` is false)."""
@@ -145,6 +146,8 @@ class MLflowObserver:
         self.run_id = run.info.run_id
         self._guard(cfg)
         log_params(self.client, run.info.run_id, cfg, facts)
+        for row in self.backfill:  # resumed into a new run: the checkpoint's rounds first
+            self.log_round(int(row["round"]), dict(row), None)
 
     def _reopen(self, cfg: ExperimentConfig, provenance: dict[str, str]) -> None:
         """The resumed run RUNNING again, tagged ``resumed``, its provenance replaced, and the rounds of
@@ -159,6 +162,32 @@ class MLflowObserver:
             for row in self.backfill:
                 if int(row["round"]) not in logged:
                     self.log_round(int(row["round"]), dict(row), None)
+
+    def new_run_if_gone(self) -> str:
+        """When resuming (with the checkpoint's history as backfill): reopen the checkpoint's run if the store
+        holds it; else log to a new run, tagged ``resumed_from_run``, that gets the checkpoint's rounds too.
+        Returns a note saying so ("" when the run is reopened)."""
+        rounds = "round 1" if len(self.backfill) == 1 else f"rounds 1-{len(self.backfill)}"
+        if self.run_id is None:
+            return (f"the checkpoint names no MLflow run (its rounds ran untracked): logging to a new run, "
+                    f"{rounds} from the checkpoint")
+        if self.has_run(self.run_id):
+            return ""
+        gone, self.run_id = self.run_id, None
+        self.tags["resumed_from_run"] = gone
+        return (f"MLflow run {gone} of the checkpoint is not in {self.uri} (deleted, or the store was replaced): "
+                f"continuing in a new run, which gets {rounds} from the checkpoint")
+
+    def has_run(self, run_id: str) -> bool:
+        """Whether the store holds run ``run_id`` (not deleted): a resumed run reopens it, else logs anew."""
+        from mlflow.exceptions import MlflowException  # MLflow only where a run is logged
+
+        try:
+            return bool(self.client.get_run(run_id).info.lifecycle_stage == "active")
+        except MlflowException as exc:
+            if exc.error_code == "RESOURCE_DOES_NOT_EXIST":
+                return False
+            raise
 
     def _guard(self, cfg: ExperimentConfig) -> None:
         if self.want_guard and self.guard is None and self.run_id is not None:
