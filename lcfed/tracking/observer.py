@@ -21,6 +21,7 @@ import numpy as np
 
 from lcfed import numerics
 from lcfed.config import ExperimentConfig
+from lcfed.faults import ClusterLost
 from lcfed.loop import RunResult
 from lcfed.methods.base import Federation, RoundStats
 from lcfed.tracking.artifacts import log_artifacts
@@ -59,6 +60,7 @@ class MLflowObserver:
         guard: bool = False,
         log_models: bool = True,
         system_metrics: bool | None = None,
+        resume_command: str = "",
     ) -> None:
         """``backfill``: when resuming, the checkpoint's per-round history; rounds the store lacks (e.g.
         buffered during an outage when the process died) are logged from it, all of them to a new run
@@ -66,7 +68,9 @@ class MLflowObserver:
         dies without closing it.
         ``log_models``: log the final models (:meth:`log_models`). ``system_metrics``: sample this
         machine's CPU/memory/GPU while the run trains (default: unless
-        ``MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING`` is false)."""
+        ``MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING`` is false). ``resume_command``: the command that continues
+        the run, named in the failure reason when its cluster is lost."""
+        self.resume_command = resume_command
         self.log_models_enabled = log_models
         self.system_metrics = wanted_by_env() if system_metrics is None else system_metrics
         self.monitor: Any = None  # mlflow's SystemMetricsMonitor while it runs
@@ -275,7 +279,8 @@ class MLflowObserver:
             self.client.set_tag(self.run_id, "failure_reason", str(exc) or "interrupted")
             self.client.set_terminated(self.run_id, "KILLED")
             return
-        self.client.set_tag(self.run_id, "failure_reason", f"{type(exc).__name__}: {exc}"[:5000])
+        reason = exc.describe(self.resume_command) if isinstance(exc, ClusterLost) else f"{type(exc).__name__}: {exc}"
+        self.client.set_tag(self.run_id, "failure_reason", reason[:5000])
         self.client.set_terminated(self.run_id, "FAILED")
 
     def location(self) -> dict[str, str]:
