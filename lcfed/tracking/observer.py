@@ -22,7 +22,7 @@ import numpy as np
 from lcfed import numerics
 from lcfed.config import ExperimentConfig
 from lcfed.faults import ClusterLost
-from lcfed.loop import RunResult
+from lcfed.loop import STOP, RunResult
 from lcfed.methods.base import Federation, RoundStats
 from lcfed.tracking.artifacts import log_artifacts
 from lcfed.tracking.guard import RunGuard
@@ -242,7 +242,9 @@ class MLflowObserver:
         assert self.run_id is not None
         self.finished = True
         result.tracking.update(self.location())
-        if not self._flush(final=True):  # the run's artifacts and status wait for a replay
+        # a tracking server that is gone gets tracking.end_wait_s to come back (a restart); a signal ends the wait
+        if not self.buffer.flush(self.run_id, True, self.cfg.tracking.end_wait_s, lambda: STOP.reason is not None):
+            # the run's artifacts and status wait for a replay
             self.stop_system_metrics(flush=False)
             result.tracking["unlogged_metrics"] = str(self.unlogged)
             if result.models is not None:
