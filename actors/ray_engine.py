@@ -22,6 +22,7 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
 from actors.connect import ClusterError, ensure_ray
+from actors.liveness import alive, check_cluster, get
 from actors.placement import NodeResources, PoolLayout, cluster_layout, fits, pool_layout
 from lcfed import numerics
 from lcfed.checkpoint import Snapshot
@@ -197,17 +198,15 @@ class Hosts:
 
     @staticmethod
     def _alive(actor: Any) -> bool:
-        try:
-            ray.get(actor.__ray_ready__.remote(), timeout=60)
-            return True
-        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
-            return False
+        return alive(actor, timeout=60)
 
     def call(self, fn: Any) -> Any:
-        """Run ``fn`` (which does ``ray.get``); a lost actor becomes :class:`HostFailure`."""
+        """Run ``fn`` (which does ``ray.get``); a lost actor becomes :class:`HostFailure`, a lost private
+        Ray :class:`~lcfed.faults.ClusterLost`."""
         try:
             return fn()
         except ray.exceptions.RayError as exc:
+            check_cluster()  # an actor on a node without its raylet cannot be restarted: no HostFailure then
             lost = [i for i, a in enumerate(self.devices) if not self._alive(a)]
             server_lost = not self._alive(self.server)
             if not lost and not server_lost:
@@ -230,25 +229,25 @@ class RayServer:
         self.hosts = hosts
 
     def configure(self, rnd: int) -> RayPlan:
-        plan, (ref,) = self.hosts.call(lambda: ray.get(self.hosts.server.configure.remote(rnd)))
+        plan, (ref,) = self.hosts.call(lambda: get(self.hosts.server.configure.remote(rnd)))
         return RayPlan(plan, ref)
 
     def aggregate(self, plan: RayPlan, msgs: list[Any]) -> RoundStats:
-        return self.hosts.call(lambda: ray.get(self.hosts.server.aggregate.remote(plan.plan, *msgs)))
+        return self.hosts.call(lambda: get(self.hosts.server.aggregate.remote(plan.plan, *msgs)))
 
     def eval_payload(self) -> Any:
-        (ref,) = self.hosts.call(lambda: ray.get(self.hosts.server.eval_payload.remote()))
+        (ref,) = self.hosts.call(lambda: get(self.hosts.server.eval_payload.remote()))
         return ref
 
     def get_state(self) -> Any:
-        return self.hosts.call(lambda: ray.get(self.hosts.server.get_state.remote()))
+        return self.hosts.call(lambda: get(self.hosts.server.get_state.remote()))
 
     def set_state(self, state: Any) -> None:
-        self.hosts.call(lambda: ray.get(self.hosts.server.set_state.remote(state)))
+        self.hosts.call(lambda: get(self.hosts.server.set_state.remote(state)))
 
     def recover(self, state: Any | None) -> None:
         self.hosts.restart_lost()
-        ray.get(self.hosts.server.recover.remote(state))
+        get(self.hosts.server.recover.remote(state))
 
 
 class RayPool:
@@ -271,7 +270,7 @@ class RayPool:
     def _gather(self, method: str, *args: Any) -> dict[int, Any]:
         def run() -> dict[int, Any]:
             out: dict[int, Any] = {}
-            for part in ray.get([getattr(a, method).remote(*args) for a in self.hosts.devices]):
+            for part in get([getattr(a, method).remote(*args) for a in self.hosts.devices]):
                 out.update(part)
             return out
 
@@ -305,13 +304,13 @@ class RayPool:
         return None if states is None else {d: s for d, s in states.items() if d in block}
 
     def set_states(self, states: dict[int, Any]) -> None:
-        self.hosts.call(lambda: ray.get([
+        self.hosts.call(lambda: get([
             a.set_states.remote(self._split(states, b)) for a, b in zip(self.hosts.devices, self.blocks, strict=True)
         ]))
 
     def recover(self, states: dict[int, Any] | None) -> None:
         self.hosts.restart_lost()
-        ray.get([a.recover.remote(self._split(states, b)) for a, b in zip(self.hosts.devices, self.blocks, strict=True)])
+        get([a.recover.remote(self._split(states, b)) for a, b in zip(self.hosts.devices, self.blocks, strict=True)])
 
 
 def _alive_nodes_info() -> list[dict[str, Any]]:
@@ -405,7 +404,7 @@ class RayFederation:
                 self.group = place_pool(self.layout, cfg.engine.placement_timeout_s, can_grow=not self.started_ray)
             shards = [ray.put(shard(ds, self.setup.partition, block)) for block in self.layout.blocks]
             self.hosts = Hosts(cfg, ray.put(self.setup), self.layout, shards, self.group)
-            self.actor_info = ray.get([a.info.remote() for a in self.hosts.devices])
+            self.actor_info = get([a.info.remote() for a in self.hosts.devices])
         except BaseException:
             self.close()
             raise
@@ -420,7 +419,7 @@ class RayFederation:
             res = nodes.get(node_id, {}).get("Resources", {})
             return {"node_id": node_id, "node_cpus": res.get("CPU", 0.0), "node_gpus": res.get("GPU", 0.0)}
 
-        server_node = ray.get(self.hosts.server.node_id.remote())
+        server_node = get(self.hosts.server.node_id.remote())
         actors = [{"actor": i, **node(info["node_id"]), "gpu_ids": info["gpu_ids"], "devices": info["devices"],
                    "cpus": self.layout.cpus_per_actor, "gpus": self.layout.gpus_per_actor,
                    "torch_device": info["torch_device"]}

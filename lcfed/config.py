@@ -358,18 +358,23 @@ class EngineConfig:
 
 @dataclass(frozen=True)
 class TrackingConfig:
-    """MLflow tracking: where runs go and what they are called; and how many evaluations the end-of-run
-    summary averages (``summary_evals``; the table reproductions average 3 too)."""
+    """MLflow tracking: where runs go and what they are called; how many evaluations the end-of-run
+    summary averages (``summary_evals``; the table reproductions average 3 too); how long the end of a run
+    waits for a tracking server that is gone (``end_wait_s``: a restart takes seconds)."""
 
     enabled: bool = True
     uri: str | None = None
     experiment: str = "lcfed"
     run_name: str | None = None
     summary_evals: int = 3
+    end_wait_s: float = 30.0
 
     def validate(self, prefix: str = "tracking") -> None:
         require(self.summary_evals >= 1, f"{prefix}.summary_evals", self.summary_evals,
                 "must be >= 1 (the summary averages the last N evaluations)")
+        require(0 <= self.end_wait_s <= 3600, f"{prefix}.end_wait_s", self.end_wait_s,
+                "must be in [0, 3600] seconds (how long the end of a run waits for a tracking server that is gone "
+                "before it saves the unsent metrics for `lcfed tracking replay`)")
         require(bool(self.experiment), f"{prefix}.experiment", self.experiment, "must be a non-empty name")
         parts = self.experiment.split("/")
         require(

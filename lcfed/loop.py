@@ -22,6 +22,7 @@ import torch
 
 from lcfed import checkpoint
 from lcfed.config import ExperimentConfig
+from lcfed.faults import ClusterLost
 from lcfed.local_update import EvalResult
 from lcfed.methods.base import Federation, RoundStats
 from lcfed.metrics import accuracy_metrics, label_homogeneity
@@ -463,6 +464,9 @@ def _loop(
             history = [*result.history, metrics]
             if ckpt is not None and ((rnd + 1) % cfg.checkpoint.every == 0 or rnd == cfg.train.rounds - 1):
                 last_snap = _save(ckpt, cfg, rnd + 1, server, pool, history, observers, now_trained)
+        except ClusterLost as exc:  # nothing to restart hosts on: stop, saying where the run can go on from
+            exc.during(rnd, last_snap.next_round if last_snap is not None else 0, ckpt)
+            raise
         except HostFailure as exc:
             failures += 1
             if failures > cfg.engine.max_failures:

@@ -12,10 +12,13 @@ import gzip
 import shlex
 import struct
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 
+from lcfed import checkpoint
+from lcfed.config import load_config
 from tune_jobs.cli import main
 
 # -- rows: (id, argv, input files {relative path: text or bytes}, text (or texts) the error must contain) --
@@ -280,6 +283,33 @@ def _idx_files(bad: str) -> dict[str, bytes]:
     return files
 
 
+def _checkpoint(run_id: object, uri: object) -> bytes:
+    """A checkpoint of the default config after 2 rounds (states left out: the rows are refused before
+    they are read) whose MLflow run ``run_id`` was logged to ``uri``."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = checkpoint.save(Path(tmp) / "latest.pt", checkpoint.Snapshot(
+            2, None, {}, [{"round": 0.0}, {"round": 1.0}], load_config().digest(),
+            {"tracking_uri": uri, "run_id": run_id, "experiment_id": "1"}))
+        return path.read_bytes()
+
+
+ELSEWHERE = "sqlite:////srv/lcfed/mlflow.db"
+SQLITE_CKPT = {"ck/latest.pt": _checkpoint("3f2a1b9c0d4e", ELSEWHERE)}
+SERVER_CKPT = {"ck/latest.pt": _checkpoint("3f2a1b9c0d4e", "http://127.0.0.1:5000")}
+RESUME = "run --set checkpoint.dir=ck --resume"
+# resuming under another store than the checkpoint's run is in: refused naming the store (MLflow: run not found)
+RESUME_ROWS = [
+    ("resume-into-another-sqlite-store", f"{RESUME} --set tracking.uri=sqlite:///other.db", SQLITE_CKPT,
+     ("tracking.uri", f"is in {ELSEWHERE}: set tracking.uri={ELSEWHERE}", "--no-track")),
+    ("resume-into-the-default-store", RESUME, SQLITE_CKPT, ("tracking.uri", "mlflow.db'", ELSEWHERE)),
+    ("resume-server-run-into-sqlite", f"{RESUME} --set tracking.uri=sqlite:///m.db", SERVER_CKPT,
+     ("tracking.uri", "set tracking.uri=http://127.0.0.1:5000")),
+    ("resume-sqlite-run-into-a-server", f"{RESUME} --set tracking.uri=http://127.0.0.1:9", SQLITE_CKPT,
+     ("tracking.uri", "http://127.0.0.1:9", ELSEWHERE)),
+    ("resume-checkpoint-names-no-run-id", RESUME, {"ck/latest.pt": _checkpoint(["x"], ELSEWHERE)},
+     ("checkpoint ck/latest.pt names its MLflow run as ['x']", "use another checkpoint.dir")),
+]
+
 ROWS: list[tuple[str, str, dict[str, str | bytes], str | tuple[str, ...]]] = []
 ROWS += [(f"run-set-{v}", f"{R} --set {shlex.quote(v)}", {"inputs/afile": "x"}, want) for v, want in CONFIG_VALUES]
 ROWS += [(f"config-set-{v}", f"config --set {shlex.quote(v)}", {"inputs/afile": "x"}, want)
@@ -287,6 +317,7 @@ ROWS += [(f"config-set-{v}", f"config --set {shlex.quote(v)}", {"inputs/afile": 
 ROWS += [(f"{m}-{v}", f"{R} --set method.name={m} --set {shlex.quote(v)}", {}, want) for m, v, want in METHOD_VALUES]
 ROWS += [(f"config-file-{name}", f"{R} --config c.yaml", {"c.yaml": text}, want) for name, text, want in CONFIG_FILES]
 ROWS += [(f"space-{name}", "sweep --space s.yaml", {"s.yaml": text}, want) for name, text, want in SPACES]
+ROWS += RESUME_ROWS
 ROWS += [
     # run flags
     ("run-config-missing", f"{R} --config nope.yaml", {}, "--config"),

@@ -89,7 +89,7 @@ def test_checkpoint_of_another_config_is_refused(tmp_path):
         load_resume(tiny_config("train.rounds=4", "method.mu=0.9", f"checkpoint.dir={tmp_path}"))
 
 
-def test_cli_resume_continues_the_same_mlflow_run(tmp_path, tracking_uri, capsys):
+def test_cli_resume_continues_the_same_mlflow_run_or_a_new_one_when_it_is_gone(tmp_path, tracking_uri, capsys):
     base = ["run", "--quiet", "--set", f"tracking.uri={tracking_uri}", "--set", f"checkpoint.dir={tmp_path / 'ck'}",
             "--set", "data.num_devices=8", "--set", "method.num_clusters=3", "--set", "method.rank=4",
             "--set", "train.local_steps=3"]
@@ -105,6 +105,20 @@ def test_cli_resume_continues_the_same_mlflow_run(tmp_path, tracking_uri, capsys
     assert run.info.status == "FINISHED" and run.data.tags.get("resumed") == "true"
     steps = [m.step for m in client.get_metric_history(run.info.run_id, "train_loss")]
     assert steps == [0, 1, 2, 3]
+
+    # the store no longer holds the checkpoint's run: a new run with a note, every round logged in it once
+    capsys.readouterr()
+    client.delete_run(run.info.run_id)
+    assert main([*base, "--set", "train.rounds=5", "--resume"]) == 0
+    assert (f"lcfed: note: MLflow run {run.info.run_id} of the checkpoint is not in {tracking_uri} (deleted, or the "
+            "store was replaced): continuing in a new run, which gets rounds 1-4 from the checkpoint"
+            in capsys.readouterr().err)
+    (new,) = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    assert new.info.status == "FINISHED" and new.data.tags["resumed_from_run"] == run.info.run_id
+    history = client.get_metric_history(new.info.run_id, "train_loss")
+    assert sorted(m.step for m in history) == [0, 1, 2, 3, 4]
+    old = {m.step: m.value for m in client.get_metric_history(run.info.run_id, "train_loss")}
+    assert all(old[m.step] == m.value for m in history if m.step < 4)  # the checkpoint's rounds, as logged before
 
 
 def test_sigterm_stops_at_a_round_boundary_checkpointed_and_killed_then_resume_completes(tmp_path, tracking_uri):

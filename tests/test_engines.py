@@ -212,6 +212,17 @@ def test_config_error_crosses_ray_intact(ray_cluster):
     assert (info.value.field, info.value.value) == ("method.mu", -1)
 
 
+def test_the_private_ray_processes_a_run_watches_are_there_and_alive(ray_cluster):
+    """What actors/liveness.py watches (the raylet and GCS of a private Ray, by Ray's process types) exists
+    under a private Ray, so a lost one would be seen (the kill itself: tests/test_lifecycle.py, slow)."""
+    from actors.liveness import ESSENTIAL, check_cluster, lost_processes
+
+    live = {kind for kind, _ in ray._private.worker._global_node.live_processes()}
+    assert set(ESSENTIAL) <= live, live
+    assert lost_processes() == []
+    check_cluster()
+
+
 class KillAt:
     """Observer that kills an actor of the running federation after a given round."""
 

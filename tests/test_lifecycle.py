@@ -1,10 +1,11 @@
 """Process lifecycle: ``lcfed mlflow-server`` takes its server down however it ends, many runs
-started at once on one fresh sqlite store are all recorded, and a run whose process dies without
-closing it (``kill -9``, its Ray node lost) does not stay RUNNING."""
+started at once on one fresh sqlite store are all recorded, a run whose process dies without closing it
+(``kill -9``) does not stay RUNNING, and a run whose Ray cluster dies under it says so and how to go on."""
 
 from __future__ import annotations
 
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -213,15 +214,134 @@ def test_kill_9_of_a_run_marks_it_failed_with_the_reason_and_keeps_its_metrics(t
     assert _steps(uri, run.info.run_id) >= 2  # what was logged stays
 
 
+#: a FedAvg whose cluster is lost in round 3 (from 1) while the file ``cluster-dies`` exists (it removes it):
+#: the round loop, the message, the exit code and the failure reason of a lost cluster, in-process
+LOST_PLUGIN = """from pathlib import Path
+
+from lcfed.faults import ClusterLost
+from lcfed.methods.fedavg import FedAvg
+
+
+class LostInRound3(FedAvg):
+    def aggregate(self, state, plan, msgs):
+        if plan.rnd == 2 and Path("cluster-dies").exists():
+            Path("cluster-dies").unlink()
+            raise ClusterLost("the raylet (pid 4242, killed by signal 9) of the private Ray this run started died")
+        return super().aggregate(state, plan, msgs)
+"""
+
+
+def _logged_once(uri: str, run_id: str, rounds: int) -> None:
+    """Every round of the run logged exactly once: the metrics of every round at steps 0 .. rounds - 1, and no
+    metric twice at one step (some, e.g. LCFed's projections' bytes, start after round 1)."""
+    import mlflow
+
+    client = mlflow.MlflowClient(tracking_uri=uri)
+    keys = [k for k in client.get_run(run_id).data.metrics if not k.startswith("system/")]
+    for key in keys:
+        steps = sorted(m.step for m in client.get_metric_history(run_id, key))
+        assert len(set(steps)) == len(steps) and set(steps) <= set(range(rounds)), (key, steps)
+        if key in ("train_loss", "acc_mean", "bytes_up", "round_seconds", "coverage"):
+            assert steps == list(range(rounds)), (key, steps)
+    assert {"train_loss", "acc_mean", "bytes_up", "round_seconds", "coverage"} <= set(keys)
+
+
+def test_the_lost_cluster_line_says_where_the_run_can_go_on_from():
+    import pickle
+
+    from lcfed.faults import ClusterLost
+
+    what = "the raylet (pid 7, killed by signal 9) of the private Ray this run started died"
+    lost = "the Ray cluster under this run was lost"
+    cmd = "lcfed run --set checkpoint.dir=ck --resume"
+    assert ClusterLost(what).describe(cmd) == (f"{lost} ({what}); run the command again (with --resume if "
+                                               "checkpoint.dir holds a checkpoint)")
+    assert ClusterLost(what).during(4, 0, None).describe(cmd) == (
+        f"{lost} in round 5 ({what}); no checkpoint.dir is set, so the run starts again from round 1 (set one to "
+        "make it resumable)")
+    assert ClusterLost(what).during(0, 0, Path("ck/latest.pt")).describe(cmd) == (
+        f"{lost} in round 1 ({what}); no checkpoint was written yet (ck): `{cmd}` starts it again")
+    assert ClusterLost(what).during(1, 1, Path("ck/latest.pt")).describe() == (
+        f"{lost} in round 2 ({what}); the last checkpoint holds round 1 (ck/latest.pt): continue with the same "
+        "command with --resume")
+    exc = ClusterLost(what).during(6, 6, Path("ck/latest.pt"))
+    assert str(exc) == exc.describe() and "holds rounds 1-6 (ck/latest.pt)" in str(exc)
+    back = pickle.loads(pickle.dumps(exc))  # whole across processes
+    assert (back.round, back.checkpointed, back.checkpoint, str(back)) == (6, 6, Path("ck/latest.pt"), str(exc))
+
+
+def test_a_lost_cluster_is_one_line_exit_3_and_the_failure_reason_then_resume_finishes(tmp_path, monkeypatch, capsys):
+    from tune_jobs.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "dont_write_bytecode", True)
+    (tmp_path / "lostplug.py").write_text(LOST_PLUGIN)
+    (tmp_path / "cluster-dies").write_text("")
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    argv = ["run", "-q", "--set", "method.name=lostplug:LostInRound3", "--set", "data.num_devices=4",
+            "--set", "train.rounds=5", "--set", "train.local_steps=2", "--set", f"tracking.uri={uri}",
+            "--set", "tracking.experiment=guard", "--set", "checkpoint.dir=ck"]
+    assert main(argv) == 3
+    err = capsys.readouterr().err
+    command = "lcfed " + " ".join(argv) + " --resume"
+    line = ("the Ray cluster under this run was lost in round 3 (the raylet (pid 4242, killed by signal 9) of the "
+            f"private Ray this run started died); the last checkpoint holds rounds 1-2 (ck/latest.pt): continue with "
+            f"`{command}`")
+    assert err.splitlines()[-1] == f"lcfed: run failed: {line}", err
+    (run,) = _runs(uri)
+    assert run.info.status == "FAILED" and run.data.tags["failure_reason"] == line
+    assert _steps(uri, run.info.run_id) == 2
+
+    assert main(argv + ["--resume"]) == 0  # the command the line gives
+    (run,) = _runs(uri)
+    assert run.info.status == "FINISHED"
+    _logged_once(uri, run.info.run_id, 5)
+
+
+# ~2 min (two private Rays); the line, exit code, failure reason and resume of a lost cluster: the test above
 @pytest.mark.slow
-def test_a_killed_raylet_ends_the_ray_run_failed_not_running(tmp_path):
-    proc, uri = _start_run(tmp_path, "engine.kind=ray", "engine.num_cpus=2")
-    _wait_for_rounds(proc, uri, 2)
-    raylets = [c for c in psutil.Process(proc.pid).children(recursive=True) if c.name() == "raylet"]
-    assert raylets, "no raylet under the run's process"
-    for r in raylets:
-        r.kill()
-    proc.wait(timeout=120)
-    assert proc.returncode != 0
-    run = _wait_closed(uri)
-    assert run.info.status == "FAILED" and run.data.tags.get("failure_reason")
+def test_a_killed_raylet_is_one_line_exit_3_and_failed_with_the_reason_then_resume_finishes(tmp_path):
+    """The raylet of the private Ray that `lcfed run --engine ray` started is killed mid-run: within seconds
+    the run says what was lost, the last checkpoint and the command that continues it, exits 3 and is FAILED
+    with that reason, the private Ray's processes are gone, and the command it gives finishes the run with
+    every round logged once."""
+    from lcfed import checkpoint
+
+    rounds = 15
+    proc, uri = _start_run(tmp_path, "engine.kind=ray", "engine.num_cpus=2", f"train.rounds={rounds}",
+                           "checkpoint.dir=ck")
+    try:
+        _wait_for_rounds(proc, uri, 3)
+        started = psutil.Process(proc.pid).children(recursive=True)
+        raylets = [c for c in started if c.name() == "raylet"]
+        assert len(raylets) == 1, [(c.pid, c.name()) for c in started]
+        raylets[0].kill()
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 3, err
+    assert "Traceback" not in err
+    done = checkpoint.load(tmp_path / "ck" / "latest.pt").next_round
+    assert 3 <= done < rounds
+    (line,) = [x for x in err.splitlines() if x.startswith("lcfed:")]
+    reason = line.removeprefix("lcfed: run failed: ")
+    assert reason.startswith(f"the Ray cluster under this run was lost in round {done + 1} (the raylet (pid "
+                             f"{raylets[0].pid}, killed by signal 9) of the private Ray this run started died); the "
+                             f"last checkpoint holds rounds 1-{done} (ck/latest.pt): continue with `lcfed run "), line
+    assert reason.endswith(" --resume`")
+    (run,) = _runs(uri)
+    assert run.info.status == "FAILED" and run.data.tags["failure_reason"] == reason
+    assert _steps(uri, run.info.run_id) == done
+    _, alive = psutil.wait_procs(started, timeout=30)
+    assert not alive, f"left: {[(p.pid, p.name()) for p in alive]}"
+
+    command = shlex.split(reason[reason.index("`") + 1 : -1])
+    assert command[0] == "lcfed"
+    resumed = subprocess.run([sys.executable, "-m", "tune_jobs", *command[1:]], cwd=tmp_path, capture_output=True,
+                             text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr
+    (run,) = _runs(uri)
+    assert run.info.status == "FINISHED"
+    _logged_once(uri, run.info.run_id, rounds)

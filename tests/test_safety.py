@@ -91,98 +91,150 @@ def test_tracking_uri_is_made_absolute(tmp_path, monkeypatch):
     assert MLflowObserver("sqlite:///rel/x.db").uri == f"sqlite:///{tmp_path / 'rel' / 'x.db'}"
 
 
-def test_tracking_server_lost_mid_run_buffers_and_flushes(tmp_path):
+class Server:
+    """A real MLflow tracking server on 127.0.0.1 that the outage tests stop and start again."""
+
+    def __init__(self, store: Path) -> None:
+        from tests.test_jobs import free_port
+
+        self.port, self.store, self.proc = free_port(), store, None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        from tune_jobs.mlflow_server import start_mlflow_server
+
+        if self.proc is None:
+            self.proc = start_mlflow_server("127.0.0.1", self.port, self.store)[0]
+
+    def stop(self) -> None:
+        from tune_jobs.mlflow_server import stop
+
+        proc, self.proc = self.proc, None
+        if proc is not None:
+            stop(proc)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """One server for the module's outage tests (a start costs seconds); each test leaves it running."""
+    srv = Server(tmp_path_factory.mktemp("mlflow"))
+    srv.start()
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+@pytest.fixture
+def running(server):
+    server.start()  # again, if a failed test left it stopped
+    return server
+
+
+def test_tracking_server_lost_mid_run_buffers_and_flushes(running):
     # MLflow's client settings as a user has them: the product bounds its own retries
-    from tests.test_jobs import free_port
-    from tune_jobs.mlflow_server import start_mlflow_server, stop
-
-    port, store = free_port(), tmp_path / "mlflow"
-    server = {"proc": start_mlflow_server("127.0.0.1", port, store)[0]}
-
     class Outage(RoundHook):
         """Stops the tracking server after round 0 and brings it back after round 2."""
 
         def on_round(self, rnd, metrics, stats):
             if rnd == 0:
-                stop(server["proc"])
+                running.stop()
             elif rnd == 2:
-                server["proc"] = start_mlflow_server("127.0.0.1", port, store)[0]
+                running.start()
 
-    url = f"http://127.0.0.1:{port}"
-    try:
-        tracker = MLflowObserver(url)
-        with pytest.warns(UserWarning, match="buffering metrics"):
-            run_local(tiny_config("train.rounds=4", "tracking.enabled=true", f"tracking.uri={url}"), [tracker, Outage()])
-        client = mlflow.MlflowClient(tracking_uri=url)
-        assert client.get_run(tracker.run_id).info.status == "FINISHED"
-        assert [m.step for m in client.get_metric_history(tracker.run_id, "train_loss")] == [0, 1, 2, 3]
-    finally:
-        stop(server["proc"])
+    tracker = MLflowObserver(running.url)
+    with pytest.warns(UserWarning, match="buffering metrics"):
+        run_local(tiny_config("train.rounds=4", "tracking.enabled=true", f"tracking.uri={running.url}"),
+                  [tracker, Outage()])
+    client = mlflow.MlflowClient(tracking_uri=running.url)
+    assert client.get_run(tracker.run_id).info.status == "FINISHED"
+    assert [m.step for m in client.get_metric_history(tracker.run_id, "train_loss")] == [0, 1, 2, 3]
 
 
-def test_tracking_server_gone_at_the_end_keeps_the_metrics_for_a_replay(tmp_path, monkeypatch):
-    from tests.test_jobs import free_port
-    from tune_jobs.mlflow_server import start_mlflow_server, stop
+def test_tracking_server_restarted_within_the_end_wait_loses_nothing(running, tmp_path, monkeypatch):
+    """The server goes down in the last round and its restart (seconds) ends while the run waits for it
+    (tracking.end_wait_s; 120 here, not the default 30, so that a slow start on a busy machine cannot
+    fail the test): every round logged, the run FINISHED with its artifacts, no unlogged-metrics file."""
+    import threading
 
     monkeypatch.chdir(tmp_path)
-    port, store = free_port(), tmp_path / "mlflow"
-    proc, url = start_mlflow_server("127.0.0.1", port, store)
+    restart = threading.Thread(target=running.start)
+
+    class Restart(RoundHook):
+        def on_round(self, rnd, metrics, stats):
+            if rnd == 3:  # before the tracker hears of the last round: it is buffered, then sent after the wait
+                running.stop()
+                restart.start()
+
+    tracker = MLflowObserver(running.url)
+    cfg = tiny_config("train.rounds=4", "tracking.enabled=true", f"tracking.uri={running.url}",
+                      "tracking.end_wait_s=120")
+    try:
+        with pytest.warns(UserWarning, match="unreachable at the end of the run: trying again for up to 120 s") as seen:
+            result = run_local(cfg, [Restart(), tracker])
+    finally:
+        restart.join()
+    assert not [str(w.message) for w in seen if "saved in" in str(w.message)]
+    assert "unlogged_metrics" not in result.tracking and not list(tmp_path.glob("unlogged-metrics-*"))
+    client = mlflow.MlflowClient(tracking_uri=running.url)
+    assert client.get_run(tracker.run_id).info.status == "FINISHED"
+    assert [m.step for m in client.get_metric_history(tracker.run_id, "train_loss")] == [0, 1, 2, 3]
+    assert {a.path for a in client.list_artifacts(tracker.run_id)} >= {"clusters", "metrics", "plots"}
+
+
+def test_tracking_server_gone_at_the_end_keeps_the_metrics_for_a_replay(running, tmp_path, monkeypatch):
+    """Gone longer than tracking.end_wait_s (2 s here): the unsent points go to the replay file."""
+    monkeypatch.chdir(tmp_path)
 
     class Outage(RoundHook):
         def on_round(self, rnd, metrics, stats):
             if rnd == 0:
-                stop(proc)
+                running.stop()
 
-    tracker = MLflowObserver(url)
-    with pytest.warns(UserWarning, match="unreachable at the end"):
-        result = run_local(tiny_config("train.rounds=3", "tracking.enabled=true", f"tracking.uri={url}"),
-                           [tracker, Outage()])
+    tracker = MLflowObserver(running.url)
+    cfg = tiny_config("train.rounds=3", "tracking.enabled=true", f"tracking.uri={running.url}", "tracking.end_wait_s=2")
+    with pytest.warns(UserWarning, match="unreachable at the end") as seen:
+        result = run_local(cfg, [tracker, Outage()])
+    assert any("trying again for up to 2 s" in str(w.message) for w in seen)
     dump = Path(result.tracking["unlogged_metrics"])
     assert dump.parent == tmp_path
     data = json.loads(dump.read_text())
     assert data["run_id"] == tracker.run_id and {row[3] for row in data["metrics"]} == {1, 2}
-    proc = start_mlflow_server("127.0.0.1", port, store)[0]
-    try:
-        assert main(["tracking", "replay", str(dump)]) == 0
-        client = mlflow.MlflowClient(tracking_uri=url)
-        assert [m.step for m in client.get_metric_history(tracker.run_id, "train_loss")] == [0, 1, 2]
-        assert client.get_run(tracker.run_id).info.status == "FINISHED"
-    finally:
-        stop(proc)
+    running.start()
+    assert main(["tracking", "replay", str(dump)]) == 0
+    client = mlflow.MlflowClient(tracking_uri=running.url)
+    assert [m.step for m in client.get_metric_history(tracker.run_id, "train_loss")] == [0, 1, 2]
+    assert client.get_run(tracker.run_id).info.status == "FINISHED"
 
 
-@pytest.mark.slow  # ~40 s; the outage buffer and the replay file: the two tests above
-def test_resume_logs_the_rounds_an_outage_kept_from_the_store(tmp_path):
+@pytest.mark.slow  # ~40 s; the outage buffer, the end wait and the replay file: the tests above
+def test_resume_logs_the_rounds_an_outage_kept_from_the_store(running, tmp_path):
     """Server down, then the process dies: rounds only buffered in memory are lost with it, but the
     checkpoint has them, and resuming logs every round the store lacks."""
     from lcfed.loop import load_resume
-    from tests.test_jobs import free_port
-    from tune_jobs.mlflow_server import start_mlflow_server, stop
 
-    port, store = free_port(), tmp_path / "mlflow"
-    server = {"proc": start_mlflow_server("127.0.0.1", port, store)[0]}
-    url = f"http://127.0.0.1:{port}"
+    url = running.url
     cfg = tiny_config("train.rounds=5", "tracking.enabled=true", f"tracking.uri={url}",
                       f"checkpoint.dir={tmp_path / 'ck'}", "checkpoint.every=1")
 
     class OutageThenCrash(RoundHook):
         def on_round(self, rnd, metrics, stats):
             if rnd == 0:
-                stop(server["proc"])
+                running.stop()
             elif rnd == 2:
                 raise RuntimeError("machine lost")
 
-    try:
-        with pytest.warns(UserWarning), pytest.raises(RuntimeError, match="machine lost"):
-            run_local(cfg, [MLflowObserver(url), OutageThenCrash()])
-        server["proc"] = start_mlflow_server("127.0.0.1", port, store)[0]
-        snap = load_resume(cfg)
-        assert snap is not None and snap.next_round == 3
-        run_id = snap.tracking["run_id"]
-        client = mlflow.MlflowClient(tracking_uri=url)
-        assert [m.step for m in client.get_metric_history(run_id, "train_loss")] == [0]  # 1, 2 died in memory
-        run_local(cfg, [MLflowObserver(url, resume_run_id=run_id, backfill=snap.history)], snap)
-        assert sorted(m.step for m in client.get_metric_history(run_id, "train_loss")) == [0, 1, 2, 3, 4]
-        assert client.get_run(run_id).info.status == "FINISHED"
-    finally:
-        stop(server["proc"])
+    with pytest.warns(UserWarning), pytest.raises(RuntimeError, match="machine lost"):
+        run_local(cfg, [MLflowObserver(url), OutageThenCrash()])
+    running.start()
+    snap = load_resume(cfg)
+    assert snap is not None and snap.next_round == 3
+    run_id = snap.tracking["run_id"]
+    client = mlflow.MlflowClient(tracking_uri=url)
+    assert [m.step for m in client.get_metric_history(run_id, "train_loss")] == [0]  # 1, 2 died in memory
+    run_local(cfg, [MLflowObserver(url, resume_run_id=run_id, backfill=snap.history)], snap)
+    assert sorted(m.step for m in client.get_metric_history(run_id, "train_loss")) == [0, 1, 2, 3, 4]
+    assert client.get_run(run_id).info.status == "FINISHED"

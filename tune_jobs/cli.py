@@ -6,6 +6,7 @@ import argparse
 import dataclasses
 import json
 import re
+import shlex
 import signal
 import sys
 import textwrap
@@ -32,17 +33,21 @@ from lcfed.config import (
 )
 from lcfed.data import DataError, format_groups, format_stats, import_idx, import_leaf, partition_stats
 from lcfed.engines.local import run_local
+from lcfed.faults import ClusterLost
 from lcfed.federation import check_against_data, load
 from lcfed.loop import DivergenceError, checkpoint_path, load_resume
 from lcfed.progress import ProgressBar
 from lcfed.stop import Stopped, stop_on_signals
 from lcfed.tracking import MLflowObserver, TrackingError, check_tracking_store, replay, ui_hint
+from lcfed.tracking.resume import check_resume_store
 from tune_jobs import compare, head, jobs, mlflow_server, reproduce
 from tune_jobs.options import add_actions, config_options, examples
 from tune_jobs.sweep import command as sweep
 from tune_jobs.sweep.errors import SweepFailed
 
 EXIT_USAGE = 2
+#: the Ray cluster under a run was lost (its raylet or GCS died): the run can go on with --resume
+EXIT_CLUSTER_LOST = 3
 #: what ``lcfed --version`` reports: lcfed and the packages that run and track it
 VERSIONED = ("lcfed", "torch", "ray", "mlflow")
 #: columns a command's description is filled to (argparse wraps the options to the terminal)
@@ -288,11 +293,15 @@ def _observers(cfg: ExperimentConfig, args: argparse.Namespace, resume: Any) -> 
     tracker = None
     if cfg.tracking.enabled and not args.no_track:
         tracker = MLflowObserver(cfg.tracking.uri, resume_run_id=resume.tracking.get("run_id") if resume else None,
-                                 backfill=resume.history if resume else (), guard=True)
+                                 backfill=resume.history if resume else (), guard=True,
+                                 resume_command=args.resume_command)
         try:
             tracker.check()
         except Exception as exc:
             raise SystemExit(f"lcfed: cannot reach the MLflow tracking store {tracker.uri}: {exc}") from None
+        note = tracker.new_run_if_gone() if resume else ""
+        if note:
+            print(f"lcfed: note: {note}", file=sys.stderr, flush=True)
         observers.append(tracker)
     return observers, tracker
 
@@ -316,6 +325,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         if ckpt is None:
             raise ConfigError("--resume", True, "needs checkpoint.dir (e.g. --set checkpoint.dir=runs/exp1)")
         resume = load_resume(cfg)
+        if resume is not None and cfg.tracking.enabled and not args.no_track:
+            check_resume_store(resume.tracking, cfg.tracking.uri, str(ckpt))
         if resume is None:
             print(f"lcfed: no checkpoint in {ckpt.parent} yet; starting from round 0", file=sys.stderr)
     elif ckpt is not None and ckpt.exists():
@@ -585,9 +596,15 @@ def _import_leaf(args: argparse.Namespace) -> int:
     return 0
 
 
+def resume_command(argv: Sequence[str]) -> str:
+    """The command that continues this one from its checkpoint: ``lcfed ARGS --resume``."""
+    return shlex.join(["lcfed", *argv, *([] if "--resume" in argv else ["--resume"])])
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.resume_command = resume_command(sys.argv[1:] if argv is None else list(argv))
     try:
         return int(args.func(args))
     except ConfigError as exc:
@@ -605,6 +622,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ClusterError as exc:
         print(f"lcfed: cluster error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except ClusterLost as exc:
+        print(f"lcfed: run failed: {exc.describe(args.resume_command)}", file=sys.stderr)
+        return EXIT_CLUSTER_LOST
     except (DivergenceError, SweepFailed) as exc:
         print(f"lcfed: run failed: {exc}", file=sys.stderr)
         return 1

@@ -21,7 +21,8 @@ import numpy as np
 
 from lcfed import numerics
 from lcfed.config import ExperimentConfig
-from lcfed.loop import MAX_PERSONAL_BYTES, RunResult
+from lcfed.faults import ClusterLost
+from lcfed.loop import MAX_PERSONAL_BYTES, STOP, RunResult
 from lcfed.methods.base import Federation, RoundStats
 from lcfed.tracking.artifacts import log_artifacts
 from lcfed.tracking.guard import RunGuard
@@ -59,13 +60,17 @@ class MLflowObserver:
         guard: bool = False,
         log_models: bool = True,
         system_metrics: bool | None = None,
+        resume_command: str = "",
     ) -> None:
         """``backfill``: when resuming, the checkpoint's per-round history; rounds the store lacks (e.g.
-        buffered during an outage when the process died) are logged from it. ``guard``: a
-        :class:`RunGuard` closes the run as FAILED if this process dies without closing it.
+        buffered during an outage when the process died) are logged from it, all of them to a new run
+        (:meth:`new_run_if_gone`). ``guard``: a :class:`RunGuard` closes the run as FAILED if this process
+        dies without closing it.
         ``log_models``: log the final models (:meth:`log_models`). ``system_metrics``: sample this
         machine's CPU/memory/GPU while the run trains (default: unless
-        ``MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING`` is false)."""
+        ``MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING`` is false). ``resume_command``: the command that continues
+        the run, named in the failure reason when its cluster is lost."""
+        self.resume_command = resume_command
         self.log_models_enabled = log_models
         self.system_metrics = wanted_by_env() if system_metrics is None else system_metrics
         self.monitor: Any = None  # mlflow's SystemMetricsMonitor while it runs
@@ -146,6 +151,8 @@ class MLflowObserver:
         self.run_id = run.info.run_id
         self._guard(cfg)
         log_params(self.client, run.info.run_id, cfg, facts)
+        for row in self.backfill:  # resumed into a new run: the checkpoint's rounds first
+            self.log_round(int(row["round"]), dict(row), None)
 
     def _reopen(self, cfg: ExperimentConfig, provenance: dict[str, str]) -> None:
         """The resumed run RUNNING again, tagged ``resumed``, its provenance replaced, and the rounds of
@@ -160,6 +167,32 @@ class MLflowObserver:
             for row in self.backfill:
                 if int(row["round"]) not in logged:
                     self.log_round(int(row["round"]), dict(row), None)
+
+    def new_run_if_gone(self) -> str:
+        """When resuming (with the checkpoint's history as backfill): reopen the checkpoint's run if the store
+        holds it; else log to a new run, tagged ``resumed_from_run``, that gets the checkpoint's rounds too.
+        Returns a note saying so ("" when the run is reopened)."""
+        rounds = "round 1" if len(self.backfill) == 1 else f"rounds 1-{len(self.backfill)}"
+        if self.run_id is None:
+            return (f"the checkpoint names no MLflow run (its rounds ran untracked): logging to a new run, "
+                    f"{rounds} from the checkpoint")
+        if self.has_run(self.run_id):
+            return ""
+        gone, self.run_id = self.run_id, None
+        self.tags["resumed_from_run"] = gone
+        return (f"MLflow run {gone} of the checkpoint is not in {self.uri} (deleted, or the store was replaced): "
+                f"continuing in a new run, which gets {rounds} from the checkpoint")
+
+    def has_run(self, run_id: str) -> bool:
+        """Whether the store holds run ``run_id`` (not deleted): a resumed run reopens it, else logs anew."""
+        from mlflow.exceptions import MlflowException  # MLflow only where a run is logged
+
+        try:
+            return bool(self.client.get_run(run_id).info.lifecycle_stage == "active")
+        except MlflowException as exc:
+            if exc.error_code == "RESOURCE_DOES_NOT_EXIST":
+                return False
+            raise
 
     def _guard(self, cfg: ExperimentConfig) -> None:
         if self.want_guard and self.guard is None and self.run_id is not None:
@@ -210,7 +243,9 @@ class MLflowObserver:
         assert self.run_id is not None
         self.finished = True
         result.tracking.update(self.location())
-        if not self._flush(final=True):  # the run's artifacts and status wait for a replay
+        # a tracking server that is gone gets tracking.end_wait_s to come back (a restart); a signal ends the wait
+        if not self.buffer.flush(self.run_id, True, self.cfg.tracking.end_wait_s, lambda: STOP.reason is not None):
+            # the run's artifacts and status wait for a replay
             self.stop_system_metrics(flush=False)
             result.tracking["unlogged_metrics"] = str(self.unlogged)
             if result.models is not None:
@@ -247,7 +282,8 @@ class MLflowObserver:
             self.client.set_tag(self.run_id, "failure_reason", str(exc) or "interrupted")
             self.client.set_terminated(self.run_id, "KILLED")
             return
-        self.client.set_tag(self.run_id, "failure_reason", f"{type(exc).__name__}: {exc}"[:5000])
+        reason = exc.describe(self.resume_command) if isinstance(exc, ClusterLost) else f"{type(exc).__name__}: {exc}"
+        self.client.set_tag(self.run_id, "failure_reason", reason[:5000])
         self.client.set_terminated(self.run_id, "FAILED")
 
     def location(self) -> dict[str, str]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,9 @@ import numpy as np
 from lcfed.metrics import cluster_sizes
 from lcfed.tracking.store import METRICS_PER_BATCH, reachable
 from lcfed.tracking.unlogged import write_unlogged
+
+#: seconds between two asks of a tracking server that is gone at the end of a run
+POLL_S = 1.0
 
 
 def round_points(rnd: int, metrics: dict[str, float], assignment: np.ndarray | None, method_params: Any) -> list[Any]:
@@ -48,13 +52,16 @@ class MetricBuffer:
     def add(self, points: list[Any]) -> None:
         self.points.extend(points)
 
-    def flush(self, run_id: str, final: bool) -> bool:
+    def flush(self, run_id: str, final: bool, wait_s: float = 0.0, give_up: Callable[[], bool] = lambda: False) -> bool:
         """Send buffered metrics; True once the store has them all. While the store is unreachable they
-        stay buffered (training goes on, one warning); at the end, what is left is saved to a file
+        stay buffered (training goes on, one warning). At the end (``final``) a store that is gone gets up
+        to ``wait_s`` seconds to come back (:meth:`wait_for_store`); then what is left is saved to a file
         that ``lcfed tracking replay`` sends later."""
         # the warnings' stacklevel 3 names the observer's method that flushed (the observer calls this)
-        if self.points and self.unreachable_since and not reachable(self.uri):
+        if final and not self.wait_for_store(wait_s, give_up):
             exc: Exception = ConnectionError(f"{self.uri} does not answer /health")
+        elif self.points and self.unreachable_since and not reachable(self.uri):
+            exc = ConnectionError(f"{self.uri} does not answer /health")
         else:
             try:
                 while self.points:
@@ -73,4 +80,21 @@ class MetricBuffer:
             self.unreachable_since = time.time()
             warnings.warn(f"MLflow store {self.uri} unreachable ({type(exc).__name__}); buffering metrics",
                           stacklevel=3)
+        return False
+
+    def wait_for_store(self, wait_s: float, give_up: Callable[[], bool]) -> bool:
+        """Whether the store answers, asking it every second for up to ``wait_s`` seconds (a tracking
+        server being restarted is back within seconds; a longer outage ends in the replay file) or until
+        ``give_up()`` (a signal to stop). A store this process opens itself always answers."""
+        if reachable(self.uri):
+            return True
+        if wait_s <= 0:
+            return False
+        warnings.warn(f"MLflow store {self.uri} unreachable at the end of the run: trying again for up to "
+                      f"{wait_s:g} s (tracking.end_wait_s)", stacklevel=4)
+        deadline = time.monotonic() + wait_s
+        while (left := deadline - time.monotonic()) > 0 and not give_up():
+            time.sleep(min(POLL_S, left))
+            if reachable(self.uri, timeout=min(2.0, max(deadline - time.monotonic(), 0.5))):
+                return True
         return False
