@@ -7,13 +7,11 @@ field (dotted path), the value and what is allowed.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import hashlib
 import json
 import math
 import os
 import re
-import types
 import typing
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -21,11 +19,16 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-import yaml
 
-from lcfed import probe, registry
-from lcfed.errors import ConfigError, require  # defined in a leaf module (the methods import it); still this API
+from lcfed.config_types import build_dataclass, typed_value
+from lcfed.errors import (  # defined in a leaf module (the methods import it); still this API
+    ConfigError,
+    did_you_mean,
+    require,
+)
 from lcfed.numerics import PROFILES
+from lcfed.overrides import apply_overrides, parse_override, resolve
+from lcfed.yaml_input import read_yaml
 
 #: numpy, torch and scikit-learn all take it (seed + round stays below 2**32)
 MAX_SEED = 2**31 - 1
@@ -45,15 +48,6 @@ def uri_scheme(uri: str) -> str:
     """The URI's scheme, lower-case and without a driver (``postgresql+psycopg2://`` -> ``postgresql``);
     ``""`` for a plain path."""
     return uri.split("://", 1)[0].split("+", 1)[0].lower() if "://" in uri else ""
-
-
-def did_you_mean(value: Any, choices: Iterable[str], prefix: str = "") -> str:
-    """``"; did you mean <prefix><closest>?"`` when ``value`` is a near miss of one of ``choices`` (a typo),
-    else ``""``: appended to the message that refuses it."""
-    if not isinstance(value, str):
-        return ""
-    close = difflib.get_close_matches(value, list(choices), n=1)
-    return f"; did you mean {prefix}{close[0]}?" if close else ""
 
 
 #: CPU threads (``engine.torch_threads``, ``engine.num_cpus``) allowed per CPU of this machine: a few
@@ -501,79 +495,6 @@ _SECTIONS: dict[str, type] = {
 }
 
 
-def _type_ok(value: Any, annotation: Any) -> tuple[bool, Any]:
-    """Check ``value`` against a simple annotation, coercing int -> float; return (ok, value)."""
-    origin = typing.get_origin(annotation)
-    if origin in (typing.Union, types.UnionType):
-        for arg in typing.get_args(annotation):
-            ok, coerced = _type_ok(value, arg)
-            if ok:
-                return True, coerced
-        return False, value
-    if annotation is type(None):
-        return value is None, value
-    if annotation is bool:
-        return isinstance(value, bool), value
-    if annotation is int:
-        return isinstance(value, int) and not isinstance(value, bool), value
-    if annotation is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return True, float(value)
-        if isinstance(value, str):  # YAML 1.1 reads "1e-3" as a string
-            try:
-                return True, float(value)
-            except ValueError:
-                return False, value
-        return False, value
-    if annotation is str:
-        return isinstance(value, str), value
-    if origin is tuple:
-        # elements are checked but kept as given ([0, 1] stays ints in a list of floats): digests of
-        # existing configs do not change
-        element = typing.get_args(annotation)[0]
-        if isinstance(value, (list, tuple)) and all(_type_ok(v, element)[0] for v in value):
-            return True, tuple(value)
-        return False, value
-    return True, value
-
-
-def _finite(value: Any) -> bool:
-    """False for a float (or a float inside a list) that is inf or nan: no field means either."""
-    if isinstance(value, float):
-        return math.isfinite(value)
-    if isinstance(value, (list, tuple)):
-        return all(_finite(v) for v in value)
-    return True
-
-
-def accepts(annotation: Any, value: Any) -> bool:
-    """Whether a field annotated ``annotation`` takes ``value`` (its type; bounds are the field's validate)."""
-    return _type_ok(value, annotation)[0]
-
-
-def type_name(annotation: Any) -> str:
-    """``int or null``, ``list of float``: an annotation as the messages name it."""
-    origin = typing.get_origin(annotation)
-    if origin in (typing.Union, types.UnionType):
-        return " or ".join(type_name(a) for a in typing.get_args(annotation))
-    if origin is tuple:
-        return f"list of {type_name(typing.get_args(annotation)[0])}"
-    if annotation is type(None):
-        return "null"
-    return getattr(annotation, "__name__", str(annotation))
-
-
-def typed_value(field_name: str, value: Any, annotation: Any) -> Any:
-    """``value`` as a field annotated ``annotation`` holds it (an int for a float field becomes a float),
-    or :class:`ConfigError`: every value is checked here before any use, so a list or a mapping where a
-    scalar belongs is refused instead of reaching code that hashes or compares it."""
-    ok, coerced = _type_ok(value, annotation)
-    hint = " (YAML reads on/off/yes/no as booleans: quote the word)" if isinstance(value, bool) and annotation is str else ""
-    require(ok, field_name, value, f"must be of type {type_name(annotation)}{hint}")
-    require(_finite(coerced), field_name, value, "must be a finite number (not inf or nan)")
-    return coerced
-
-
 def field_types(cfg: ExperimentConfig) -> dict[str, Any]:
     """Dotted keys (those of :func:`flatten`) to their type annotations; the ``method.*`` ones from the
     Params of ``cfg``'s method."""
@@ -584,21 +505,6 @@ def field_types(cfg: ExperimentConfig) -> dict[str, Any]:
         hints = typing.get_type_hints(cls)
         out.update({f"{section}.{f.name}": hints[f.name] for f in dataclasses.fields(cls) if f.init})
     return out
-
-
-def build_dataclass(cls: type, values: Mapping[str, Any], prefix: str) -> Any:
-    """Construct ``cls`` from a mapping, rejecting unknown keys and wrongly typed values."""
-    if values is None:
-        values = {}
-    require(isinstance(values, Mapping), prefix, values, "must be a mapping of fields")
-    hints = typing.get_type_hints(cls)
-    names = [f.name for f in dataclasses.fields(cls) if f.init]
-    kwargs: dict[str, Any] = {}
-    for key, value in values.items():
-        require(key in names, f"{prefix}.{key}", value,
-                f"unknown field; allowed: {', '.join(names)}{did_you_mean(key, names, f'{prefix}.')}")
-        kwargs[key] = typed_value(f"{prefix}.{key}", value, hints[key])
-    return cls(**kwargs)
 
 
 def from_dict(raw: Mapping[str, Any]) -> ExperimentConfig:
@@ -676,171 +582,6 @@ def flatten(cfg: ExperimentConfig) -> dict[str, Any]:
     return flat
 
 
-def parse_override(text: str, flag: str = "--set") -> tuple[str, Any]:
-    """Parse ``key=value``; the value is read as YAML (``0.1`` -> float, ``null`` -> None) as strictly as
-    a config file (:func:`read_yaml`), except that text which is not YAML is kept as written."""
-    key, sep, raw = text.partition("=")
-    key = key.strip()
-    require(bool(sep) and bool(key), flag, text, "must look like key=value, e.g. method.mu=0.1")
-    try:
-        value = yaml.load(raw, Loader=_StrictLoader) if raw.strip() else ""  # noqa: S506 (a SafeLoader subclass)
-    except _Refused as exc:
-        raise ConfigError(flag, text, f"must be valid YAML: {_yaml_problem(exc)}") from None
-    except RecursionError:
-        raise ConfigError(flag, text, "must be valid YAML: nesting too deep") from None
-    except yaml.YAMLError:
-        value = raw  # not YAML: the text as written
-    return key, value
-
-
-def resolve(kind: str, field_name: str, name: Any) -> Any:
-    """What the registry finds for the ``kind`` (method, model, dataset) ``name``: a built-in, an installed
-    plugin or a ``package.module:attr`` path; a :class:`ConfigError` naming ``field_name`` otherwise."""
-    if not (isinstance(name, str) and name):  # the listing is built for the error only
-        raise ConfigError(field_name, name, f"a {kind} name: one of {registry.known(kind)}, or a package.module:attr path")
-    try:
-        return getattr(registry, kind)(name)
-    except registry.PluginError as exc:
-        typo = "" if registry.is_path(name) else did_you_mean(name, registry.known(kind))
-        raise ConfigError(field_name, name, f"{exc}{typo}") from None
-
-
-def _method_or_none(name: Any) -> Any:
-    try:
-        return registry.method(name) if isinstance(name, str) else None
-    except registry.PluginError:
-        return None  # refused with the whole config's validation
-
-
-def apply_overrides(raw: Mapping[str, Any], overrides: Mapping[str, Any] | Iterable[tuple[str, Any]]) -> dict[str, Any]:
-    """Return a deep copy of ``raw`` with dotted-key overrides set.
-
-    Switching ``method.name`` keeps only the file's method fields the new method accepts, so one
-    config file can be run with every method.
-    """
-    out = _deepcopy(raw)
-    items = list(overrides.items()) if isinstance(overrides, Mapping) else list(overrides)
-    for key, value in items:
-        spec = _method_or_none(value) if key == "method.name" else None
-        if spec is not None:
-            old = dict(out.get("method") or {})
-            accepted = {f.name for f in dataclasses.fields(spec.params)}
-            explicit = {k.split(".", 1)[1] for k, _ in items if k.startswith("method.")}
-            out["method"] = {k: v for k, v in old.items() if k in accepted or k in explicit}
-        node = out
-        parts = key.split(".")
-        for part in parts[:-1]:
-            child = node.get(part)
-            if not isinstance(child, dict):
-                child = {}
-                node[part] = child
-            node = child
-        node[parts[-1]] = value
-    return out
-
-
-def _deepcopy(value: Any) -> Any:
-    if isinstance(value, Mapping):
-        return {k: _deepcopy(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_deepcopy(v) for v in value]
-    return value
-
-
-#: nodes that aliases may add to a YAML document: PyYAML shares an aliased value, but copying or printing
-#: it expands every alias, so a few lines of nested aliases ("billion laughs") become billions of nodes
-MAX_ALIAS_NODES = 10_000
-
-
-class _Refused(yaml.constructor.ConstructorError):
-    """Valid YAML that :class:`_StrictLoader` refuses (duplicate keys, aliases), as opposed to bad syntax."""
-
-
-class _StrictLoader(yaml.SafeLoader):
-    """SafeLoader that refuses duplicate keys (a second ``train:`` would silently replace the first),
-    self-referencing anchors (which expand forever) and aliases expanding past :data:`MAX_ALIAS_NODES`."""
-
-    def __init__(self, stream: Any) -> None:
-        super().__init__(stream)
-        self._open_anchors: set[str] = set()
-        self._sizes: dict[int, int] = {}  # id(node) -> its nodes with every alias in it expanded
-        self._alias_nodes = 0
-
-    def compose_node(self, parent: Any, index: Any) -> Any:
-        event = self.peek_event()
-        if self.check_event(yaml.AliasEvent):
-            if event.anchor in self._open_anchors:
-                raise _Refused(None, None, f"alias *{event.anchor} refers to the anchor that contains it (recursive)",
-                               event.start_mark)
-            node = super().compose_node(parent, index)
-            self._alias_nodes += self._sizes[id(node)]
-            if self._alias_nodes > MAX_ALIAS_NODES:
-                raise _Refused(None, None, f"aliases expand to more than {MAX_ALIAS_NODES} nodes (an alias bomb?): "
-                               "write the values out", event.start_mark)
-            return node
-        anchor = getattr(event, "anchor", None)
-        if anchor is not None:
-            self._open_anchors.add(anchor)
-        try:
-            node = super().compose_node(parent, index)
-        finally:
-            if anchor is not None:
-                self._open_anchors.discard(anchor)
-        children = [n for pair in node.value for n in pair] if isinstance(node, yaml.MappingNode) else (
-            node.value if isinstance(node, yaml.SequenceNode) else [])
-        self._sizes[id(node)] = 1 + sum(self._sizes[id(child)] for child in children)
-        return node
-
-    def construct_mapping(self, node: Any, deep: bool = False) -> Any:
-        seen: dict[Any, int] = {}
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=True)
-            try:
-                first = seen.get(key)
-            except TypeError:
-                raise _Refused(None, None, f"a key must be a plain value, not {type(key).__name__}",
-                               key_node.start_mark) from None
-            if first is not None:
-                raise _Refused(None, None, f"duplicate key {key!r} (first at line {first}): give each key once",
-                               key_node.start_mark)
-            seen[key] = key_node.start_mark.line + 1
-        return super().construct_mapping(node, deep=deep)
-
-
-def _yaml_problem(exc: yaml.YAMLError) -> str:
-    """``line 3, column 1: duplicate key 'train' ...`` from a PyYAML error (one line)."""
-    mark = getattr(exc, "problem_mark", None)
-    problem = getattr(exc, "problem", None) or str(exc)
-    context = getattr(exc, "context", None)
-    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
-    return " ".join(f"{where}{problem}{f' ({context})' if context else ''}".split())
-
-
-def read_yaml(path: str | Path, flag: str, what: str = "YAML file") -> Any:
-    """Parse a YAML file strictly; any problem is a :class:`ConfigError` naming ``flag`` and saying which.
-
-    Refused: a missing or non-regular file, non-UTF-8 bytes, syntax errors, duplicate keys (also
-    duplicated sections), recursive anchors, aliases expanding past :data:`MAX_ALIAS_NODES` nodes, and an
-    empty document.
-    """
-    p = Path(path).expanduser()
-    require(p.is_file(), flag, str(path), f"must be an existing {what}")
-    data = p.read_bytes()
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ConfigError(flag, str(path), f"must be UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start} "
-                          "is not)") from None
-    try:
-        raw = yaml.load(text, Loader=_StrictLoader)  # noqa: S506 (a SafeLoader subclass)
-    except yaml.YAMLError as exc:
-        raise ConfigError(flag, str(path), f"must be valid YAML: {_yaml_problem(exc)}") from None
-    except RecursionError:
-        raise ConfigError(flag, str(path), "must be valid YAML: nesting too deep") from None
-    require(raw is not None, flag, str(path), f"is empty: a {what} needs at least one entry")
-    return raw
-
-
 def load_config(path: str | Path | None = None, overrides: Iterable[str] = ()) -> ExperimentConfig:
     """Read a YAML file (or start from defaults), apply ``key=value`` overrides, validate."""
     raw: Mapping[str, Any] = {}
@@ -850,40 +591,3 @@ def load_config(path: str | Path | None = None, overrides: Iterable[str] = ()) -
                 f"must be a mapping of sections (name, seed, data, train, method, ...), not a {type(raw).__name__}")
     parsed = [parse_override(o) for o in overrides]
     return from_dict(apply_overrides(raw, parsed))
-
-
-def check_output_file(path: str | Path | None, flag: str, protect: Iterable[str | Path | None] = ()) -> None:
-    """Refuse, before any work, an output file that cannot be written or would overwrite an input:
-    a directory, a missing or read-only parent directory, or one of the ``protect``ed files."""
-    if path is None:
-        return
-    p = Path(path).expanduser()
-    require(not p.is_dir(), flag, str(path), "is a directory: give a file path")
-    parent = p.parent if str(p.parent) else Path(".")
-    require(parent.is_dir(), flag, str(path), f"its directory {parent} does not exist")
-    problem = probe.cannot_write(parent)
-    require(problem is None, flag, str(path), f"its directory {parent} {problem}")
-    require(not p.exists() or os.access(p, os.W_OK), flag, str(path), "exists and is not writable")
-    for other in protect:
-        if other is not None and p.exists() and Path(other).expanduser().exists():
-            require(not p.samefile(Path(other).expanduser()), flag, str(path),
-                    f"is the input file {other}: writing there would overwrite it")
-
-
-def check_output_dir(path: str | Path | None, flag: str) -> None:
-    """Refuse, before any work, a directory path that is a file or lies under an unwritable directory
-    (the directory itself may not exist yet: it is made when first written)."""
-    if path is None or "://" in str(path):
-        return
-    p = Path(path).expanduser().absolute()
-    require(not p.exists() or p.is_dir(), flag, str(path), "exists and is not a directory")
-    check_holds_files(p, flag, str(path))
-
-
-def check_holds_files(path: Path, flag: str, value: str, what: str = "") -> None:
-    """Refuse ``value`` unless the nearest existing directory at or above ``path`` (absolute) is a directory
-    that holds files (``what`` names it in the error, e.g. ``"the store's directory "``)."""
-    existing = next(d for d in (path, *path.parents) if d.exists())
-    require(existing.is_dir(), flag, value, f"{existing} is a file, not a directory")
-    problem = probe.cannot_write(existing)
-    require(problem is None, flag, value, f"{what}{existing} {problem}")

@@ -2,11 +2,13 @@
 
 A leaf module (it imports nothing of lcfed): the methods validate their hyper-parameters with
 :func:`require` without importing :mod:`lcfed.config`, which resolves method names through the
-registry that imports the methods. :mod:`lcfed.config` re-exports both names.
+registry that imports the methods. :mod:`lcfed.config` re-exports both names; :func:`did_you_mean` completes their messages.
 """
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable
 from typing import Any
 
 
@@ -28,3 +30,12 @@ def require(cond: bool, field_name: str, value: Any, allowed: str) -> None:
     """Raise :class:`ConfigError` unless ``cond`` holds."""
     if not cond:
         raise ConfigError(field_name, value, allowed)
+
+
+def did_you_mean(value: Any, choices: Iterable[str], prefix: str = "") -> str:
+    """``"; did you mean <prefix><closest>?"`` when ``value`` is a near miss of one of ``choices`` (a typo),
+    else ``""``: appended to the message that refuses it."""
+    if not isinstance(value, str):
+        return ""
+    close = difflib.get_close_matches(value, list(choices), n=1)
+    return f"; did you mean {prefix}{close[0]}?" if close else ""

@@ -7,7 +7,8 @@ import sys
 
 import pytest
 
-from lcfed.config import MAX_ALIAS_NODES, ConfigError, flatten, from_dict, load_config, parse_override, to_dict
+from lcfed.config import ConfigError, flatten, from_dict, load_config, parse_override, to_dict
+from lcfed.yaml_input import MAX_ALIAS_NODES
 from tune_jobs.cli import main
 
 BAD = [

@@ -21,21 +21,13 @@ import yaml
 from actors.connect import ClusterError
 from lcfed import conformance, numerics, registry
 from lcfed.checkpoint import CheckpointError
-from lcfed.config import (
-    ConfigError,
-    ExperimentConfig,
-    check_output_dir,
-    check_output_file,
-    did_you_mean,
-    load_config,
-    require,
-    to_dict,
-)
+from lcfed.config import ConfigError, ExperimentConfig, did_you_mean, load_config, require, to_dict
 from lcfed.data import DataError, format_groups, format_stats, import_idx, import_leaf, partition_stats
 from lcfed.engines.local import run_local
 from lcfed.faults import ClusterLost
 from lcfed.federation import check_against_data, load
 from lcfed.loop import DivergenceError, checkpoint_path, load_resume
+from lcfed.output_paths import check_output_dir, check_output_file
 from lcfed.progress import ProgressBar
 from lcfed.stop import Stopped, stop_on_signals
 from lcfed.tracking import MLflowObserver, TrackingError, check_tracking_store, replay, ui_hint

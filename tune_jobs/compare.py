@@ -26,14 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from lcfed import registry
-from lcfed.config import (
-    ExperimentConfig,
-    check_output_dir,
-    load_config,
-    require,
-    resolve,
-    safe_name,
-)
+from lcfed.config import ExperimentConfig, load_config, require, resolve, safe_name
+from lcfed.output_paths import check_output_dir
 from lcfed.tracking import check_registry, check_tracking_store, resolve_tracking_uri
 from tune_jobs import sweep  # a lazy package: Tune loads when a comparison first uses it, not with lcfed's parser
 from tune_jobs.compare_report import METRIC, write_report

@@ -381,7 +381,8 @@ def check_args(args: argparse.Namespace) -> None:
     """Every flag checked before anything is printed, created or started."""
     import math
 
-    from lcfed.config import check_output_dir, require, uri_scheme
+    from lcfed.config import require, uri_scheme
+    from lcfed.output_paths import check_output_dir
 
     require(1 <= args.port <= 65535, "--port", args.port, "must be a TCP port in [1, 65535]")
     require(args.workers is None or args.workers >= 1, "--workers", args.workers, "must be >= 1 (server processes)")

@@ -26,17 +26,10 @@ import numpy as np
 
 from lcfed import registry
 from lcfed.checkpoint import CheckpointError
-from lcfed.config import (
-    ConfigError,
-    ExperimentConfig,
-    check_output_dir,
-    load_config,
-    parse_override,
-    require,
-    resolve,
-)
+from lcfed.config import ConfigError, ExperimentConfig, load_config, parse_override, require, resolve
 from lcfed.federation import check_against_data, load
 from lcfed.loop import load_resume
+from lcfed.output_paths import check_output_dir
 from lcfed.progress import ProgressBar
 from lcfed.stats import mean_ci
 from lcfed.stop import stop_on_signals

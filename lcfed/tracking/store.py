@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from lcfed.config import check_holds_files, require
+from lcfed.config import require
+from lcfed.output_paths import check_holds_files
 
 
 class TrackingError(RuntimeError):

@@ -12,14 +12,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from lcfed.config import (
-    NAME_RULE,
-    check_output_dir,
-    check_output_file,
-    load_config,
-    require,
-    safe_name,
-)
+from lcfed.config import NAME_RULE, load_config, require, safe_name
+from lcfed.output_paths import check_output_dir, check_output_file
 from lcfed.tracking import check_registry, check_tracking_store, ui_hint
 from tune_jobs.options import config_options, examples
 from tune_jobs.sweep.objective import METRIC, METRICS, SCHEDULERS, SEARCHES, check_finishes, resolve_objective

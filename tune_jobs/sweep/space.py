@@ -18,7 +18,6 @@ from ray.tune.search.sample import Categorical, Float, Integer, LogUniform, Quan
 from lcfed.config import (
     ConfigError,
     ExperimentConfig,
-    accepts,
     apply_overrides,
     field_types,
     flatten,
@@ -26,8 +25,8 @@ from lcfed.config import (
     read_yaml,
     require,
     to_dict,
-    type_name,
 )
+from lcfed.config_types import accepts, type_name
 
 SPACES_DIR = Path(__file__).resolve().parent.parent / "spaces"
 
