@@ -103,7 +103,7 @@ def test_cli_resume_continues_the_same_mlflow_run(tmp_path, tracking_uri, capsys
     assert len(runs) == 1
     run = runs[0]
     assert run.info.status == "FINISHED" and run.data.tags.get("resumed") == "true"
-    steps = [m.step for m in client.get_metric_history(run.info.run_id, "train_loss")]
+    steps = [m.step for m in client.get_metric_history(run.info.run_id, "loss/train_loss")]
     assert steps == [0, 1, 2, 3]
 
 
@@ -129,7 +129,7 @@ def test_sigterm_stops_at_a_round_boundary_checkpointed_and_killed_then_resume_c
     def steps() -> list[int]:
         exp = client.get_experiment_by_name("sig")
         runs = client.search_runs([exp.experiment_id]) if exp else []
-        return sorted(m.step for r in runs for m in client.get_metric_history(r.info.run_id, "train_loss"))
+        return sorted(m.step for r in runs for m in client.get_metric_history(r.info.run_id, "loss/train_loss"))
 
     while proc.poll() is None and len(steps()) < 3:
         time.sleep(0.1)
@@ -151,4 +151,4 @@ def test_sigterm_stops_at_a_round_boundary_checkpointed_and_killed_then_resume_c
     assert client.get_run(run.info.run_id).info.status == "FINISHED"
     assert steps() == list(range(rounds))  # each round exactly once, in the same run
     clean = run_local(cfg.replace(**{"tracking.enabled": False, "checkpoint.dir": ""}))
-    assert client.get_run(run.info.run_id).data.metrics["acc_mean"] == pytest.approx(clean.final["acc_mean"], abs=0)
+    assert client.get_run(run.info.run_id).data.metrics["accuracy/acc_mean"] == pytest.approx(clean.final["acc_mean"], abs=0)

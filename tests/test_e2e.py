@@ -47,15 +47,23 @@ def test_run_logs_to_mlflow_and_lcfed_beats_fedavg(tmp_path, tracking_uri, capsy
     assert p["numerics"] == "portable" and p["torch"] == torch.__version__ and p["threads"] == "1"
     assert p["kernels"] == torch.backends.cpu.get_cpu_capability() and p["cpu"] == numerics.cpu_model()
     assert {k: run.data.tags[f"provenance.{k}"] for k in p} == p
-    for key in ("acc_mean", "acc_weighted", "acc_p10", "acc_p90", "train_loss", "bytes_up", "bytes_down",
-                "cluster_size_0", "num_clusters", "label_homogeneity", "coverage"):
+    # every metric under its run-page section: accuracy, loss, server, time, traffic (README section 3)
+    for key in ("accuracy/acc_mean", "accuracy/acc_weighted", "accuracy/acc_p10", "accuracy/acc_p90",
+                "loss/train_loss", "traffic/bytes_up", "traffic/bytes_down", "server/cluster_size_0",
+                "server/num_clusters", "server/label_homogeneity", "server/coverage", "time/round_seconds"):
         assert key in run.data.metrics, key
-    history = client.get_metric_history(lc["run_id"], "acc_mean")
+    assert {k.split("/")[0] for k in run.data.metrics} == {"accuracy", "loss", "server", "time", "traffic", "system"}
+    history = client.get_metric_history(lc["run_id"], "accuracy/acc_mean")
     assert [m.step for m in history] == list(range(12))
-    assert run.data.metrics["acc_mean"] == lc["acc_mean"]
-    sizes = sum(run.data.metrics[f"cluster_size_{k}"] for k in range(5))
+    assert run.data.metrics["accuracy/acc_mean"] == lc["acc_mean"]
+    sizes = sum(run.data.metrics[f"server/cluster_size_{k}"] for k in range(5))
     assert sizes == 16
-    assert run.data.metrics["bytes_up"] > 16 * 61_706 * 4  # every device uploads its model (+ code)
+    assert run.data.metrics["traffic/bytes_up"] > 16 * 61_706 * 4  # every device uploads its model (+ code)
+    # named for what ran (the --set values, the data, the seed) and tagged to group the runs table by
+    assert run.info.run_name == "lcfed rounds=12 num_devices=16 test_fraction=0.25 mu=0.1 · digits path2 · s0"
+    assert {k: run.data.tags[k] for k in ("method", "dataset", "partition", "seed")} == {
+        "method": "lcfed", "dataset": "digits", "partition": "path2", "seed": "0"}
+    assert client.get_run(fa["run_id"]).info.run_name == "fedavg"  # tracking.run_name wins
     local = Path(mlflow.artifacts.download_artifacts(run_id=lc["run_id"], dst_path=str(tmp_path / "art"),
                                                      tracking_uri=tracking_uri))
     assignment = (local / "clusters" / "assignment.csv").read_text().splitlines()
@@ -74,7 +82,7 @@ def test_run_logs_to_mlflow_and_lcfed_beats_fedavg(tmp_path, tracking_uri, capsy
     (dataset,) = [d.dataset for d in run.inputs.dataset_inputs]
     assert dataset.name == "digits" and '"partition": "pathological"' in dataset.profile and dataset.source_type == "local"
     assert any(k.startswith("system/") for k in run.data.metrics)
-    assert "bytes_up/conv1" in run.data.metrics and not any(k.startswith("bytes_up.") for k in run.data.metrics)
+    assert "traffic/bytes_up/conv1" in run.data.metrics and not any("bytes_up." in k for k in run.data.metrics)
 
 
 def test_progress_without_a_terminal_is_plain_lines_and_quiet_is_silent():

@@ -262,7 +262,7 @@ def test_run_prints_partition_and_summary_and_logs_them(tmp_path: Path, tracking
     assert "mean of last 3 evals" in printed and "(rounds 2, 3, 4)" in printed
     assert summary["partition"]["test_min"] == 50 and summary["partition"]["classes_max"] == 2
     assert summary["last_eval_round"] == 4 and "last evaluation" in summary["reports"]
-    history = mlflow.MlflowClient(tracking_uri).get_metric_history(summary["run_id"], "acc_mean")
+    history = mlflow.MlflowClient(tracking_uri).get_metric_history(summary["run_id"], "accuracy/acc_mean")
     by_step = {m.step: m.value for m in history}
     assert summary["acc_mean"] == by_step[3]  # the top level stays the last evaluation
     assert summary["last_evals"]["rounds"] == [2, 3, 4]

@@ -115,7 +115,7 @@ def test_tracking_server_lost_mid_run_buffers_and_flushes(tmp_path):
             run_local(tiny_config("train.rounds=4", "tracking.enabled=true", f"tracking.uri={url}"), [tracker, Outage()])
         client = mlflow.MlflowClient(tracking_uri=url)
         assert client.get_run(tracker.run_id).info.status == "FINISHED"
-        assert [m.step for m in client.get_metric_history(tracker.run_id, "train_loss")] == [0, 1, 2, 3]
+        assert [m.step for m in client.get_metric_history(tracker.run_id, "loss/train_loss")] == [0, 1, 2, 3]
     finally:
         stop(server["proc"])
 
@@ -145,7 +145,7 @@ def test_tracking_server_gone_at_the_end_keeps_the_metrics_for_a_replay(tmp_path
     try:
         assert main(["tracking", "replay", str(dump)]) == 0
         client = mlflow.MlflowClient(tracking_uri=url)
-        assert [m.step for m in client.get_metric_history(tracker.run_id, "train_loss")] == [0, 1, 2]
+        assert [m.step for m in client.get_metric_history(tracker.run_id, "loss/train_loss")] == [0, 1, 2]
         assert client.get_run(tracker.run_id).info.status == "FINISHED"
     finally:
         stop(proc)
@@ -180,9 +180,9 @@ def test_resume_logs_the_rounds_an_outage_kept_from_the_store(tmp_path):
         assert snap is not None and snap.next_round == 3
         run_id = snap.tracking["run_id"]
         client = mlflow.MlflowClient(tracking_uri=url)
-        assert [m.step for m in client.get_metric_history(run_id, "train_loss")] == [0]  # 1, 2 died in memory
+        assert [m.step for m in client.get_metric_history(run_id, "loss/train_loss")] == [0]  # 1, 2 died in memory
         run_local(cfg, [MLflowObserver(url, resume_run_id=run_id, backfill=snap.history)], snap)
-        assert sorted(m.step for m in client.get_metric_history(run_id, "train_loss")) == [0, 1, 2, 3, 4]
+        assert sorted(m.step for m in client.get_metric_history(run_id, "loss/train_loss")) == [0, 1, 2, 3, 4]
         assert client.get_run(run_id).info.status == "FINISHED"
     finally:
         stop(server["proc"])

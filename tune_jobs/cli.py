@@ -18,7 +18,7 @@ import torch
 import yaml
 
 from actors.connect import ClusterError
-from lcfed import conformance, numerics, registry
+from lcfed import conformance, logs, numerics, registry
 from lcfed.checkpoint import CheckpointError
 from lcfed.config import (
     ConfigError,
@@ -27,6 +27,7 @@ from lcfed.config import (
     check_output_file,
     did_you_mean,
     load_config,
+    parse_override,
     require,
     to_dict,
 )
@@ -36,9 +37,9 @@ from lcfed.federation import check_against_data, load
 from lcfed.loop import DivergenceError, checkpoint_path, load_resume
 from lcfed.progress import ProgressBar
 from lcfed.stop import Stopped, stop_on_signals
-from lcfed.tracking import MLflowObserver, TrackingError, check_tracking_store, replay, ui_hint
+from lcfed.tracking import MLflowObserver, TrackingError, check_tracking_store, replay, run_name, ui_hint
 from tune_jobs import compare, head, jobs, mlflow_server, reproduce
-from tune_jobs.options import add_actions, config_options, examples
+from tune_jobs.options import add_actions, config_options, examples, verbosity_of, verbosity_options
 from tune_jobs.sweep import command as sweep
 from tune_jobs.sweep.errors import SweepFailed
 
@@ -142,7 +143,7 @@ def _add_run(sub: Any) -> None:
     config_options(run)
     run.add_argument("--engine", choices=["local", "ray"], help="execution engine (overrides engine.kind)")
     run.add_argument("--no-track", action="store_true", help="do not log to MLflow")
-    run.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    verbosity_options(run, "no progress, no notices: errors and the final summary only")
     run.add_argument("--json", metavar="FILE", help="also write the final metrics and timings as JSON")
     run.add_argument(
         "--resume",
@@ -284,17 +285,31 @@ def _add_table(sub: Any) -> None:
 
 
 def _observers(cfg: ExperimentConfig, args: argparse.Namespace, resume: Any) -> tuple[list[Any], Any]:
-    observers: list[Any] = [ProgressBar(disable=True if args.quiet else None)]
+    observers: list[Any] = [ProgressBar(disable=None if logs.progress_shown() else True)]
     tracker = None
     if cfg.tracking.enabled and not args.no_track:
         tracker = MLflowObserver(cfg.tracking.uri, resume_run_id=resume.tracking.get("run_id") if resume else None,
-                                 backfill=resume.history if resume else (), guard=True)
+                                 backfill=resume.history if resume else (), guard=True,
+                                 run_name=run_name(cfg, dict(parse_override(o) for o in args.set)))
         try:
             tracker.check()
         except Exception as exc:
             raise SystemExit(f"lcfed: cannot reach the MLflow tracking store {tracker.uri}: {exc}") from None
         observers.append(tracker)
     return observers, tracker
+
+
+def resume_line(cfg: ExperimentConfig, resume: Any, ckpt: Path, tracked: bool) -> str:
+    """What ``--resume`` continues, in one line: the MLflow run and the round (counted from 1), e.g.
+    ``lcfed: resuming MLflow run 3f2a... at round 3 of 5 (checkpoint runs/x/checkpoint.pt)``."""
+    if resume is None:
+        return f"lcfed: no checkpoint in {ckpt.parent} yet; starting at round 1 of {cfg.train.rounds}"
+    run_id = resume.tracking.get("run_id")
+    what = (f"MLflow run {run_id}" if run_id and tracked else
+            "an untracked run (a new MLflow run logs it)" if tracked else "the run")
+    if resume.next_round >= cfg.train.rounds:
+        return f"lcfed: {what} finished all {cfg.train.rounds} rounds (checkpoint {ckpt}); nothing to resume"
+    return f"lcfed: resuming {what} at round {resume.next_round + 1} of {cfg.train.rounds} (checkpoint {ckpt})"
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -309,15 +324,17 @@ def cmd_run(args: argparse.Namespace) -> int:
         require(torch.cuda.is_available(), "engine.device", "cuda",
                 "no CUDA GPU is visible to this process: use auto or cpu (or run on a GPU machine)")
     stats = checked_partition_stats(cfg)  # fail on missing data or misfit sizes before anything starts
-    print(f"partition: {partition_label(cfg)}: {format_stats(stats)}", flush=True)
+    if logs.progress_shown():
+        print(f"partition: {partition_label(cfg)}: {format_stats(stats)}", flush=True)
     ckpt = checkpoint_path(cfg)
     resume = None
     if args.resume:
         if ckpt is None:
             raise ConfigError("--resume", True, "needs checkpoint.dir (e.g. --set checkpoint.dir=runs/exp1)")
         resume = load_resume(cfg)
-        if resume is None:
-            print(f"lcfed: no checkpoint in {ckpt.parent} yet; starting from round 0", file=sys.stderr)
+        if logs.progress_shown():
+            print(resume_line(cfg, resume, ckpt, tracked=cfg.tracking.enabled and not args.no_track),
+                  file=sys.stderr, flush=True)
     elif ckpt is not None and ckpt.exists():
         raise ConfigError("checkpoint.dir", str(ckpt.parent), "already holds a checkpoint: pass --resume, or use a new dir")
     observers, tracker = _observers(cfg, args, resume)
@@ -588,6 +605,12 @@ def _import_leaf(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    with logs.verbosity_scope(verbosity_of(args)):  # before the command loads MLflow or Ray
+        return _dispatch(args)
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    """The command's exit code; the errors users make or meet as one line (section 1 of the README)."""
     try:
         return int(args.func(args))
     except ConfigError as exc:

@@ -41,7 +41,7 @@ from lcfed.config import (
 from lcfed.stats import mean_ci, paired_test
 from lcfed.tracking import check_tracking_store, resolve_tracking_uri
 from tune_jobs import sweep  # a lazy package: Tune loads when a comparison first uses it, not with lcfed's parser
-from tune_jobs.options import config_options, examples
+from tune_jobs.options import config_options, examples, verbosity_options
 from tune_jobs.outdir import open_recorded, read_state, write_json
 from tune_jobs.parent_run import ParentRun
 from tune_jobs.reproduce import last_evaluations, parse_seeds, summarize
@@ -182,7 +182,7 @@ def _run_phases(parent: ParentRun, base: ExperimentConfig, methods: Sequence[str
         summary = sweep.run_sweep(chosen, {"seed": tune.grid_search(list(seeds))}, num_samples=1, scheduler="fifo",
                                   max_concurrent=max_concurrent, gpus_per_trial=gpus_per_trial,
                                   name=f"{name}-{m}-seeds", storage=storage, resume=True, metric=METRIC,
-                                  parent_run_id=parent_id)
+                                  parent_run_id=parent_id, named=phase1[m]["best_config"])
         phase2[m] = _seed_rows(sweep.restore_results(summary["storage"]))
         write_json(done, phase2[m])
     report = write_report(out, methods, list(seeds), phase1, phase2, target, base)
@@ -383,6 +383,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--out", default="outputs/compare", help="output directory; rerun with the same one to resume")
     p.add_argument("--storage", help="Tune storage (default <out>/tune; a URI every node reaches on a cluster)")
     p.add_argument("--name", help="MLflow parent run and sweep names (default: the --out directory's name)")
+    verbosity_options(p, "no progress tables: errors and the report only")
     p.set_defaults(func=cmd_compare)
 
 

@@ -17,11 +17,12 @@ from lcfed.config import (
     check_output_dir,
     check_output_file,
     load_config,
+    parse_override,
     require,
     safe_name,
 )
 from lcfed.tracking import check_tracking_store, ui_hint
-from tune_jobs.options import config_options, examples
+from tune_jobs.options import config_options, examples, verbosity_options
 from tune_jobs.sweep.objective import METRIC, METRICS, SCHEDULERS, SEARCHES, resolve_objective
 from tune_jobs.sweep.placement import TRIAL_ENGINES
 
@@ -70,6 +71,7 @@ def add_parser(sub: Any) -> None:
                    "as a multi-node cluster needs (default %(default)s)")
     p.add_argument("--resume", action="store_true", help="continue an interrupted sweep of the same --name")
     p.add_argument("--json", metavar="FILE", help="also write the summary (best config, metric, runs, storage) as JSON")
+    verbosity_options(p, "no progress table: errors and the final summary only")
     p.set_defaults(func=cmd_sweep)
 
 
@@ -92,7 +94,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                         max_concurrent=args.max_concurrent, gpus_per_trial=args.gpus_per_trial, name=args.name,
                         storage=args.storage, resume=args.resume, trial_engine=args.trial_engine,
                         metric=args.metric, mode=args.mode, grace_period=args.grace_period, max_t=args.max_t,
-                        search=args.search)
+                        search=args.search, named=dict(parse_override(o) for o in args.set))
     print(json.dumps(summary, indent=2, default=str))
     if args.json:
         Path(args.json).write_text(json.dumps(summary, indent=2, default=str) + "\n")
