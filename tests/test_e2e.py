@@ -10,7 +10,7 @@ import torch
 
 from lcfed import numerics
 from tests.conftest import tiny_config
-from tune_jobs.cli import main
+from tune_jobs.cli import SUMMARY_METRICS, main
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = str(ROOT / "configs" / "demo.yaml")
@@ -28,10 +28,16 @@ def _run(tmp_path: Path, uri: str, *sets: str) -> dict:
     return json.loads(out.read_text())
 
 
-def test_run_logs_to_mlflow_and_lcfed_beats_fedavg(tmp_path, tracking_uri, capsys):
+def test_run_logs_to_mlflow_and_lcfed_beats_fedavg(tmp_path, tracking_uri, capfd):
     lc = _run(tmp_path, tracking_uri, "method.mu=0.1")
-    printed = capsys.readouterr().out
+    printed, err = capfd.readouterr()
     assert "acc_mean" in printed and "mlflow ui --backend-store-uri" in printed and lc["run_id"] in printed
+    # -q: the summary alone (a blank line, the title, 2 column heads, a row per metric, s/round, numerics, the
+    # MLflow run in 3 lines): no partition line, no progress, none of MLflow's INFO lines (creating the store)
+    rows = sum(key in lc for key in SUMMARY_METRICS)
+    assert len(printed.splitlines()) == 1 + 1 + 2 + rows + 2 + 3, printed
+    assert printed.splitlines()[1] == "demo: lcfed on digits (pathological), 16 devices, 12 rounds, engine local"
+    assert err == "", err
     fa = _run(tmp_path, tracking_uri, "method.name=fedavg", "tracking.run_name=fedavg")
     margin = lc["acc_mean"] - fa["acc_mean"]
     print(f"\nLCFed {lc['acc_mean']:.4f} vs FedAvg {fa['acc_mean']:.4f}: margin {margin:+.4f}")
