@@ -108,10 +108,13 @@ def progress_shown() -> bool:
 def server_environment() -> dict[str, str]:
     """Environment settings for an MLflow server process this one starts, but with ``-v``: uvicorn's log
     level (``MLFLOW_UVICORN_OPTS``, unless the user set it: warnings, or errors with ``-q``; its INFO lines
-    include one per request) and no deprecation warnings of the libraries it serves with (Starlette's
-    at start). MLflow's own level comes with this process's environment (:func:`set_verbosity`)."""
+    include one per request) and no deprecation warnings (Starlette's, raised as the server's app imports
+    it, once per worker). MLflow's own level comes with this process's environment (:func:`set_verbosity`)."""
     if _verbosity >= VERBOSE:
         return {}
     level = "error" if _verbosity == QUIET else "warning"
+    # Starlette's deprecation warning is a UserWarning of its own class, which a warning filter in the environment
+    # cannot name (it is read before site-packages are importable): it is filtered by the module it is raised
+    # for, the MLflow server's app importing Starlette's deprecated WSGI middleware
     return {"MLFLOW_UVICORN_OPTS": os.environ.get("MLFLOW_UVICORN_OPTS", f"--log-level {level}"),
-            "PYTHONWARNINGS": "ignore::DeprecationWarning,ignore::PendingDeprecationWarning"}
+            "PYTHONWARNINGS": "ignore::DeprecationWarning,ignore::UserWarning:mlflow.server.fastapi_app"}
