@@ -97,11 +97,15 @@ def test_cli_resume_continues_the_same_mlflow_run(tmp_path, tracking_uri, capsys
     # a second run into the same checkpoint dir must say --resume, not overwrite
     assert main([*base, "--set", "train.rounds=4"]) == 2
     assert "--resume" in capsys.readouterr().err
-    assert main([*base, "--set", "train.rounds=4", "--resume"]) == 0
+    not_quiet = [a for a in base if a != "--quiet"]  # --resume's line is lcfed's own notice: -q leaves it out
+    assert main([*not_quiet, "--set", "train.rounds=4", "--resume"]) == 0
+    said = capsys.readouterr().err
     client = mlflow.MlflowClient(tracking_uri=tracking_uri)
     runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
     assert len(runs) == 1
     run = runs[0]
+    assert (f"lcfed: resuming MLflow run {run.info.run_id} at round 3 of 4 (checkpoint {tmp_path / 'ck' / 'latest.pt'})"
+            in said.splitlines()), said
     assert run.info.status == "FINISHED" and run.data.tags.get("resumed") == "true"
     steps = [m.step for m in client.get_metric_history(run.info.run_id, "loss/train_loss")]
     assert steps == [0, 1, 2, 3]
