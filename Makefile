@@ -23,9 +23,9 @@ test-slow: $(STAMP)
 
 demo: $(STAMP)
 	@mkdir -p .demo
-	$(BIN)/lcfed run --config configs/demo.yaml --set tracking.run_name=demo-lcfed --json .demo/lcfed.json
-	$(BIN)/lcfed run --config configs/demo.yaml --set method.name=fedavg --set tracking.run_name=demo-fedavg --json .demo/fedavg.json
-	$(BIN)/lcfed run --config configs/demo.yaml --set method.name=standalone --set tracking.run_name=demo-standalone --json .demo/standalone.json
+	$(BIN)/lcfed run --config configs/demo.yaml --json .demo/lcfed.json
+	$(BIN)/lcfed run --config configs/demo.yaml --set method.name=fedavg --json .demo/fedavg.json
+	$(BIN)/lcfed run --config configs/demo.yaml --set method.name=standalone --json .demo/standalone.json
 	@echo; $(BIN)/lcfed table .demo/lcfed.json .demo/fedavg.json .demo/standalone.json
 
 bench: $(STAMP)

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from lcfed import numerics
+from lcfed.logs import ray_init_options
 
 if TYPE_CHECKING:
     from lcfed.config import EngineConfig
@@ -80,8 +81,8 @@ def start_local(engine: EngineConfig) -> None:
             num_cpus=engine.num_cpus or os.cpu_count(),
             include_dashboard=False,
             object_store_memory=engine.object_store_mb * 1024 * 1024,
-            log_to_driver=False,
             _node_ip_address=LOOPBACK,
+            **ray_init_options(),
         )
 
 
@@ -145,13 +146,13 @@ def attach(address: str) -> None:
     import ray
 
     if address.startswith("ray://"):  # Ray Client: its own protocol and server
-        ray.init(address=address, log_to_driver=False)
+        ray.init(address=address, **ray_init_options())
         return
     gcs = resolve_gcs(address)
     _probe_tcp(gcs, address)
     _enable_auth_if_required(gcs, address)
     try:
-        ray.init(address=gcs, log_to_driver=False)
+        ray.init(address=gcs, **ray_init_options())
     except ConnectionError as exc:
         raise ClusterError(f"cannot connect to the Ray cluster at {_named(gcs, address)}: {exc}.\n{UNREACHABLE_FIX}") from exc
 

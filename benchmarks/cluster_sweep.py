@@ -105,10 +105,10 @@ def report(summary: dict, url: str, cluster: LocalCluster, wall: float) -> None:
         tags = run.data.tags
         trial = names.get(tags.get("placement.trial_node", "?"), "?")
         devs = ",".join(names.get(n, "?") for n in tags.get("placement.device_nodes", "").split(","))
-        steps = len(client.get_metric_history(run.info.run_id, "train_loss"))
+        steps = len(client.get_metric_history(run.info.run_id, "loss/train_loss"))
         early = " (stopped early)" if tags.get("stopped_early") else ""
         print(f"{tags.get('tune_trial_id', '?'):<16} {run.info.status:<9} {steps:>6} "
-              f"{run.data.metrics.get('acc_mean', float('nan')):>8.4f}  {trial} -> {devs}{early}")
+              f"{run.data.metrics.get('accuracy/acc_mean', float('nan')):>8.4f}  {trial} -> {devs}{early}")
     print(f"\nbest acc_mean {summary['best_acc_mean']:.4f} with {summary['best_config']}")
     print(f"trials {summary['trials']}, errors {summary['errors']}; sweep job wall time {wall:.0f} s")
     print("nodes: head = CPU-only head (driver, MLflow, data); w0.. = GPU workers")

@@ -32,6 +32,8 @@ ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 RESULTS = ROOT / "benchmarks" / "results"
 KEYS = ("acc_mean", "train_loss")
+#: their keys in MLflow (the run-page section first: lcfed.tracking.naming)
+MLFLOW_KEYS = {"acc_mean": "accuracy/acc_mean", "train_loss": "loss/train_loss"}
 
 
 def parse_grid(items: list[str]) -> dict[str, list[float | int | str]]:
@@ -92,7 +94,7 @@ def run_sweep(base: list[str], grid: dict[str, list], work: Path, engine: str, t
     for run in client.search_runs([summary["experiment_id"]]):
         if run.data.tags.get("mlflow.parentRunId") == summary["parent_run_id"]:
             point = tuple(_value(run.data.params[k]) for k in grid)
-            numbers[point] = {k: run.data.metrics[k] for k in KEYS} | {"engine": run.data.params["engine.kind"]}
+            numbers[point] = {k: run.data.metrics[MLFLOW_KEYS[k]] for k in KEYS} | {"engine": run.data.params["engine.kind"]}
     return wall, numbers, summary
 
 

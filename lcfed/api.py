@@ -141,9 +141,9 @@ def trainable(base: ExperimentConfig | Mapping[str, Any] | str | Path, *, track:
         fed = LocalFederation(chosen, load(chosen), cpus)
         observers: list[Any] = [_Report()]
         if track:
-            from lcfed.tracking import MLflowObserver
+            from lcfed.tracking import MLflowObserver, run_name
 
-            observers.append(MLflowObserver(chosen.tracking.uri))
+            observers.append(MLflowObserver(chosen.tracking.uri, run_name=run_name(chosen, trial)))
         try:
             fed.run(observers)
         finally:

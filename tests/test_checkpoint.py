@@ -97,13 +97,17 @@ def test_cli_resume_continues_the_same_mlflow_run_or_a_new_one_when_it_is_gone(t
     # a second run into the same checkpoint dir must say --resume, not overwrite
     assert main([*base, "--set", "train.rounds=4"]) == 2
     assert "--resume" in capsys.readouterr().err
-    assert main([*base, "--set", "train.rounds=4", "--resume"]) == 0
+    not_quiet = [a for a in base if a != "--quiet"]  # --resume's line is lcfed's own notice: -q leaves it out
+    assert main([*not_quiet, "--set", "train.rounds=4", "--resume"]) == 0
+    said = capsys.readouterr().err
     client = mlflow.MlflowClient(tracking_uri=tracking_uri)
     runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
     assert len(runs) == 1
     run = runs[0]
+    assert (f"lcfed: resuming MLflow run {run.info.run_id} at round 3 of 4 (checkpoint {tmp_path / 'ck' / 'latest.pt'})"
+            in said.splitlines()), said
     assert run.info.status == "FINISHED" and run.data.tags.get("resumed") == "true"
-    steps = [m.step for m in client.get_metric_history(run.info.run_id, "train_loss")]
+    steps = [m.step for m in client.get_metric_history(run.info.run_id, "loss/train_loss")]
     assert steps == [0, 1, 2, 3]
 
     # the store no longer holds the checkpoint's run: a new run with a note, every round logged in it once
@@ -115,9 +119,9 @@ def test_cli_resume_continues_the_same_mlflow_run_or_a_new_one_when_it_is_gone(t
             in capsys.readouterr().err)
     (new,) = client.search_runs([e.experiment_id for e in client.search_experiments()])
     assert new.info.status == "FINISHED" and new.data.tags["resumed_from_run"] == run.info.run_id
-    history = client.get_metric_history(new.info.run_id, "train_loss")
+    history = client.get_metric_history(new.info.run_id, "loss/train_loss")
     assert sorted(m.step for m in history) == [0, 1, 2, 3, 4]
-    old = {m.step: m.value for m in client.get_metric_history(run.info.run_id, "train_loss")}
+    old = {m.step: m.value for m in client.get_metric_history(run.info.run_id, "loss/train_loss")}
     assert all(old[m.step] == m.value for m in history if m.step < 4)  # the checkpoint's rounds, as logged before
 
 
@@ -143,7 +147,7 @@ def test_sigterm_stops_at_a_round_boundary_checkpointed_and_killed_then_resume_c
     def steps() -> list[int]:
         exp = client.get_experiment_by_name("sig")
         runs = client.search_runs([exp.experiment_id]) if exp else []
-        return sorted(m.step for r in runs for m in client.get_metric_history(r.info.run_id, "train_loss"))
+        return sorted(m.step for r in runs for m in client.get_metric_history(r.info.run_id, "loss/train_loss"))
 
     while proc.poll() is None and len(steps()) < 3:
         time.sleep(0.1)
@@ -165,4 +169,4 @@ def test_sigterm_stops_at_a_round_boundary_checkpointed_and_killed_then_resume_c
     assert client.get_run(run.info.run_id).info.status == "FINISHED"
     assert steps() == list(range(rounds))  # each round exactly once, in the same run
     clean = run_local(cfg.replace(**{"tracking.enabled": False, "checkpoint.dir": ""}))
-    assert client.get_run(run.info.run_id).data.metrics["acc_mean"] == pytest.approx(clean.final["acc_mean"], abs=0)
+    assert client.get_run(run.info.run_id).data.metrics["accuracy/acc_mean"] == pytest.approx(clean.final["acc_mean"], abs=0)

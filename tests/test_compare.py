@@ -115,6 +115,13 @@ def test_mlflow_holds_one_parent_with_a_sweep_per_method_and_phase(compared):
         assert {t.data.tags.get("provenance.numerics") for t in trials} == {"portable"}  # the trials' own record
         if name.endswith("-seeds"):
             assert sorted(t.data.params["seed"] for t in trials) == ["0", "1"]
+            # each trial named for its method, the values phase 1 chose, the data and its seed
+            method = name.removeprefix("out-").removesuffix("-seeds")
+            chosen = json.loads((tmp / "out" / "phase1" / f"{method}.json").read_text())["best_config"]
+            for t in trials:
+                head, _, seed = t.info.run_name.rpartition(" · ")
+                assert head.startswith(method) and seed == f"s{t.data.params['seed']}", t.info.run_name
+                assert all(f"{k.split('.')[-1]}=" in head for k in chosen), (t.info.run_name, chosen)
     assert {a.path for a in client.list_artifacts(pid)} >= {"compare.md", "compare.csv", "plots"}
     # --register: the best method's (the report's first row) best phase-2 trial, linked to its run; only the
     # phase-2 sweeps log their best trial's models

@@ -10,7 +10,7 @@ import torch
 
 from lcfed import numerics
 from tests.conftest import tiny_config
-from tune_jobs.cli import main
+from tune_jobs.cli import SUMMARY_METRICS, main
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = str(ROOT / "configs" / "demo.yaml")
@@ -28,10 +28,16 @@ def _run(tmp_path: Path, uri: str, *sets: str) -> dict:
     return json.loads(out.read_text())
 
 
-def test_run_logs_to_mlflow_and_lcfed_beats_fedavg(tmp_path, tracking_uri, capsys):
+def test_run_logs_to_mlflow_and_lcfed_beats_fedavg(tmp_path, tracking_uri, capfd):
     lc = _run(tmp_path, tracking_uri, "method.mu=0.1")
-    printed = capsys.readouterr().out
+    printed, err = capfd.readouterr()
     assert "acc_mean" in printed and "mlflow ui --backend-store-uri" in printed and lc["run_id"] in printed
+    # -q: the summary alone (a blank line, the title, 2 column heads, a row per metric, s/round, numerics, the
+    # MLflow run in 3 lines): no partition line, no progress, none of MLflow's INFO lines (creating the store)
+    rows = sum(key in lc for key in SUMMARY_METRICS)
+    assert len(printed.splitlines()) == 1 + 1 + 2 + rows + 2 + 3, printed
+    assert printed.splitlines()[1] == "demo: lcfed on digits (pathological), 16 devices, 12 rounds, engine local"
+    assert err == "", err
     fa = _run(tmp_path, tracking_uri, "method.name=fedavg", "tracking.run_name=fedavg")
     margin = lc["acc_mean"] - fa["acc_mean"]
     print(f"\nLCFed {lc['acc_mean']:.4f} vs FedAvg {fa['acc_mean']:.4f}: margin {margin:+.4f}")
@@ -47,15 +53,23 @@ def test_run_logs_to_mlflow_and_lcfed_beats_fedavg(tmp_path, tracking_uri, capsy
     assert p["numerics"] == "portable" and p["torch"] == torch.__version__ and p["threads"] == "1"
     assert p["kernels"] == torch.backends.cpu.get_cpu_capability() and p["cpu"] == numerics.cpu_model()
     assert {k: run.data.tags[f"provenance.{k}"] for k in p} == p
-    for key in ("acc_mean", "acc_weighted", "acc_p10", "acc_p90", "train_loss", "bytes_up", "bytes_down",
-                "cluster_size_0", "num_clusters", "label_homogeneity", "coverage"):
+    # every metric under its run-page section: accuracy, loss, server, time, traffic (README section 3)
+    for key in ("accuracy/acc_mean", "accuracy/acc_weighted", "accuracy/acc_p10", "accuracy/acc_p90",
+                "loss/train_loss", "traffic/bytes_up", "traffic/bytes_down", "server/cluster_size_0",
+                "server/num_clusters", "server/label_homogeneity", "server/coverage", "time/round_seconds"):
         assert key in run.data.metrics, key
-    history = client.get_metric_history(lc["run_id"], "acc_mean")
+    assert {k.split("/")[0] for k in run.data.metrics} == {"accuracy", "loss", "server", "time", "traffic", "system"}
+    history = client.get_metric_history(lc["run_id"], "accuracy/acc_mean")
     assert [m.step for m in history] == list(range(12))
-    assert run.data.metrics["acc_mean"] == lc["acc_mean"]
-    sizes = sum(run.data.metrics[f"cluster_size_{k}"] for k in range(5))
+    assert run.data.metrics["accuracy/acc_mean"] == lc["acc_mean"]
+    sizes = sum(run.data.metrics[f"server/cluster_size_{k}"] for k in range(5))
     assert sizes == 16
-    assert run.data.metrics["bytes_up"] > 16 * 61_706 * 4  # every device uploads its model (+ code)
+    assert run.data.metrics["traffic/bytes_up"] > 16 * 61_706 * 4  # every device uploads its model (+ code)
+    # named for what ran (the --set values, the data, the seed) and tagged to group the runs table by
+    assert run.info.run_name == "lcfed rounds=12 num_devices=16 test_fraction=0.25 mu=0.1 · digits path2 · s0"
+    assert {k: run.data.tags[k] for k in ("method", "dataset", "partition", "seed")} == {
+        "method": "lcfed", "dataset": "digits", "partition": "path2", "seed": "0"}
+    assert client.get_run(fa["run_id"]).info.run_name == "fedavg"  # tracking.run_name wins
     local = Path(mlflow.artifacts.download_artifacts(run_id=lc["run_id"], dst_path=str(tmp_path / "art"),
                                                      tracking_uri=tracking_uri))
     assignment = (local / "clusters" / "assignment.csv").read_text().splitlines()
@@ -74,7 +88,7 @@ def test_run_logs_to_mlflow_and_lcfed_beats_fedavg(tmp_path, tracking_uri, capsy
     (dataset,) = [d.dataset for d in run.inputs.dataset_inputs]
     assert dataset.name == "digits" and '"partition": "pathological"' in dataset.profile and dataset.source_type == "local"
     assert any(k.startswith("system/") for k in run.data.metrics)
-    assert "bytes_up/conv1" in run.data.metrics and not any(k.startswith("bytes_up.") for k in run.data.metrics)
+    assert "traffic/bytes_up/conv1" in run.data.metrics and not any("bytes_up." in k for k in run.data.metrics)
 
 
 def test_progress_without_a_terminal_is_plain_lines_and_quiet_is_silent():

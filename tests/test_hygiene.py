@@ -250,7 +250,7 @@ def test_run_prints_partition_and_summary_and_logs_them(tmp_path: Path, tracking
     import mlflow
 
     out = tmp_path / "summary.json"
-    args = ["run", "--config", str(ROOT / "configs" / "demo.yaml"), "-q", "--json", str(out),
+    args = ["run", "--config", str(ROOT / "configs" / "demo.yaml"), "--json", str(out),  # not -q: the partition line
             "--set", f"tracking.uri={tracking_uri}", "--set", "train.rounds=4", "--set", "train.local_steps=2",
             "--set", "data.num_devices=10", "--set", "tracking.summary_evals=3", "--set", "data.min_test_samples=50",
             "--set", "data.partition=pathological", "--set", "data.classes_per_device=2", "--set", "data.test_fraction=0.25"]
@@ -262,7 +262,7 @@ def test_run_prints_partition_and_summary_and_logs_them(tmp_path: Path, tracking
     assert "mean of last 3 evals" in printed and "(rounds 2, 3, 4)" in printed
     assert summary["partition"]["test_min"] == 50 and summary["partition"]["classes_max"] == 2
     assert summary["last_eval_round"] == 4 and "last evaluation" in summary["reports"]
-    history = mlflow.MlflowClient(tracking_uri).get_metric_history(summary["run_id"], "acc_mean")
+    history = mlflow.MlflowClient(tracking_uri).get_metric_history(summary["run_id"], "accuracy/acc_mean")
     by_step = {m.step: m.value for m in history}
     assert summary["acc_mean"] == by_step[3]  # the top level stays the last evaluation
     assert summary["last_evals"]["rounds"] == [2, 3, 4]

@@ -346,9 +346,9 @@ def test_submit_runs_lcfed_on_ray_and_logs_to_mlflow_server(ray_head, mlflow_ser
     assert all(c.info.status == "FINISHED" for c in children)
     run = children[0]
     assert run.data.params["train.rounds"] == "2" and run.data.params["method.name"] == "lcfed"
-    for key in ("acc_mean", "acc_weighted", "train_loss", "num_clusters"):
+    for key in ("accuracy/acc_mean", "accuracy/acc_weighted", "loss/train_loss", "server/num_clusters"):
         assert key in run.data.metrics, key
-    assert [m.step for m in client.get_metric_history(run.info.run_id, "acc_mean")] == [0, 1]
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "accuracy/acc_mean")] == [0, 1]
     # artifacts went through the server's proxy into its artifact directory
     names = {a.path for a in client.list_artifacts(run.info.run_id, "clusters")}
     assert "clusters/assignment.csv" in names

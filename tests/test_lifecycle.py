@@ -103,7 +103,7 @@ def _concurrent_runs(tmp_path: Path, n: int) -> None:
     assert sorted(r.info.run_name for r in runs) == sorted(f"r{i}" for i in range(n))
     assert {r.info.status for r in runs} == {"FINISHED"}
     for run in runs:
-        assert {"train_loss", "test_loss", "acc_mean"} <= set(run.data.metrics), run.data.metrics
+        assert {"loss/train_loss", "loss/test_loss", "accuracy/acc_mean"} <= set(run.data.metrics), run.data.metrics
         for key in run.data.metrics:
             if key.startswith("system/"):
                 continue
@@ -179,7 +179,7 @@ def _runs(uri: str) -> list:
 def _steps(uri: str, run_id: str) -> int:
     import mlflow
 
-    return len(mlflow.MlflowClient(tracking_uri=uri).get_metric_history(run_id, "train_loss"))
+    return len(mlflow.MlflowClient(tracking_uri=uri).get_metric_history(run_id, "loss/train_loss"))
 
 
 def _wait_for_rounds(proc: subprocess.Popen[str], uri: str, rounds: int, timeout: float = 240) -> None:

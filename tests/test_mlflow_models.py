@@ -40,7 +40,7 @@ def test_logged_models_on_raw_images_reproduce_each_devices_accuracy(tracking_ur
     rows = list(csv.DictReader(io.StringIO(mlflow.artifacts.load_text(f"runs:/{obs.run_id}/metrics/devices.csv"))))
     assert [int(r["device"]) for r in rows] == list(range(8))
     counted = [float(r["accuracy"]) for r in rows if r["trained"] == "1"]
-    assert sum(counted) / len(counted) == pytest.approx(run.data.metrics["acc_mean"], abs=1e-12)
+    assert sum(counted) / len(counted) == pytest.approx(run.data.metrics["accuracy/acc_mean"], abs=1e-12)
 
     setup = prepare(cfg)
     ds = load(cfg)

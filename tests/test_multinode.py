@@ -199,7 +199,7 @@ def test_sweep_on_workers_logs_through_the_driver_and_resumes_from_s3(env: Env, 
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline and first.poll() is None:
             if any(m.step >= 1 for r in _children(client, "mn-sweep")
-                   for m in client.get_metric_history(r.info.run_id, "train_loss")):
+                   for m in client.get_metric_history(r.info.run_id, "loss/train_loss")):
                 break
             time.sleep(1)
         assert first.poll() is None, log.read_text()[-4000:]
@@ -225,9 +225,9 @@ def test_sweep_on_workers_logs_through_the_driver_and_resumes_from_s3(env: Env, 
     assert len(children) == 4 and all(c.info.status == "FINISHED" for c in children)
     workers = {c.data.tags["placement.trial_node"] for c in children}
     for child in children:
-        steps = {m.step for m in client.get_metric_history(child.info.run_id, "train_loss")}
+        steps = {m.step for m in client.get_metric_history(child.info.run_id, "loss/train_loss")}
         assert steps == {0, 1, 2}, (child.info.run_name, steps)
-        assert "acc_mean" in child.data.metrics
+        assert "accuracy/acc_mean" in child.data.metrics
         assert child.data.tags["placement.device_nodes"] == child.data.tags["placement.trial_node"]
         arts = {a.path for a in client.list_artifacts(child.info.run_id)}
         assert {"placement.json", "plots", "metrics"} <= arts

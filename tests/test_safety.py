@@ -151,7 +151,7 @@ def test_tracking_server_lost_mid_run_buffers_and_flushes(running):
                   [tracker, Outage()])
     client = mlflow.MlflowClient(tracking_uri=running.url)
     assert client.get_run(tracker.run_id).info.status == "FINISHED"
-    assert [m.step for m in client.get_metric_history(tracker.run_id, "train_loss")] == [0, 1, 2, 3]
+    assert [m.step for m in client.get_metric_history(tracker.run_id, "loss/train_loss")] == [0, 1, 2, 3]
 
 
 def test_tracking_server_restarted_within_the_end_wait_loses_nothing(running, tmp_path, monkeypatch):
@@ -181,7 +181,7 @@ def test_tracking_server_restarted_within_the_end_wait_loses_nothing(running, tm
     assert "unlogged_metrics" not in result.tracking and not list(tmp_path.glob("unlogged-metrics-*"))
     client = mlflow.MlflowClient(tracking_uri=running.url)
     assert client.get_run(tracker.run_id).info.status == "FINISHED"
-    assert [m.step for m in client.get_metric_history(tracker.run_id, "train_loss")] == [0, 1, 2, 3]
+    assert [m.step for m in client.get_metric_history(tracker.run_id, "loss/train_loss")] == [0, 1, 2, 3]
     assert {a.path for a in client.list_artifacts(tracker.run_id)} >= {"clusters", "metrics", "plots"}
 
 
@@ -206,7 +206,7 @@ def test_tracking_server_gone_at_the_end_keeps_the_metrics_for_a_replay(running,
     running.start()
     assert main(["tracking", "replay", str(dump)]) == 0
     client = mlflow.MlflowClient(tracking_uri=running.url)
-    assert [m.step for m in client.get_metric_history(tracker.run_id, "train_loss")] == [0, 1, 2]
+    assert [m.step for m in client.get_metric_history(tracker.run_id, "loss/train_loss")] == [0, 1, 2]
     assert client.get_run(tracker.run_id).info.status == "FINISHED"
 
 
@@ -234,7 +234,7 @@ def test_resume_logs_the_rounds_an_outage_kept_from_the_store(running, tmp_path)
     assert snap is not None and snap.next_round == 3
     run_id = snap.tracking["run_id"]
     client = mlflow.MlflowClient(tracking_uri=url)
-    assert [m.step for m in client.get_metric_history(run_id, "train_loss")] == [0]  # 1, 2 died in memory
+    assert [m.step for m in client.get_metric_history(run_id, "loss/train_loss")] == [0]  # 1, 2 died in memory
     run_local(cfg, [MLflowObserver(url, resume_run_id=run_id, backfill=snap.history)], snap)
-    assert sorted(m.step for m in client.get_metric_history(run_id, "train_loss")) == [0, 1, 2, 3, 4]
+    assert sorted(m.step for m in client.get_metric_history(run_id, "loss/train_loss")) == [0, 1, 2, 3, 4]
     assert client.get_run(run_id).info.status == "FINISHED"

@@ -12,6 +12,7 @@ import yaml
 
 from lcfed.config import ConfigError, to_dict
 from lcfed.federation import load, prepare
+from lcfed.tracking import mlflow_key
 from tests.conftest import tiny_config
 from tune_jobs.cli import main
 from tune_jobs.sweep.run import restore_results, run_sweep
@@ -52,7 +53,7 @@ def test_sweep_of_four_trials_logs_children_and_parent(tmp_path, tracking_uri, m
     assert len(parent) == 1 and len(children) == 4
     for child in children:
         assert child.info.status == "FINISHED"
-        assert "acc_mean" in child.data.metrics and "train_loss" in child.data.metrics
+        assert "accuracy/acc_mean" in child.data.metrics and "loss/train_loss" in child.data.metrics
         assert child.data.params["method.mu"] == child.data.tags["space.method.mu"]
     mus = {c.data.params["method.mu"] for c in children}
     assert len(mus) == 4  # four different samples
@@ -64,24 +65,27 @@ def test_sweep_of_four_trials_logs_children_and_parent(tmp_path, tracking_uri, m
     p = parent[0].data
     assert p.params["method.mu"] == best_child.data.params["method.mu"] == str(summary["best_config"]["method.mu"])
     assert p.params["method.lam"] == best_child.data.params["method.lam"]
-    assert p.metrics["acc_mean"] == best_child.data.metrics["acc_mean"] == summary["best_acc_mean"]
-    assert p.metrics["train_loss"] == best_child.data.metrics["train_loss"]
+    assert p.metrics["accuracy/acc_mean"] == best_child.data.metrics["accuracy/acc_mean"] == summary["best_acc_mean"]
+    assert p.metrics["loss/train_loss"] == best_child.data.metrics["loss/train_loss"]
     assert p.tags["best_run_id"] == best_child.info.run_id
     assert p.params["space.method.mu"] == p.params["space.method.lam"] == "loguniform(0.001, 1)"
     # the UI view of the trials: the metric and the swept values as columns, best first
     view = json.loads(exp.tags["mlflow.sharedViewState.sweep-t4"])
-    assert view["selectedColumns"][:4] == ["metrics.`acc_mean`", "metrics.`train_loss`", "params.`method.mu`",
-                                           "params.`method.lam`"]
-    assert (view["orderByKey"], view["orderByAsc"], view["searchFilter"]) == ("metrics.`acc_mean`", False,
+    assert view["selectedColumns"][:4] == ["metrics.`accuracy/acc_mean`", "metrics.`loss/train_loss`",
+                                           "params.`method.mu`", "params.`method.lam`"]
+    assert (view["orderByKey"], view["orderByAsc"], view["searchFilter"]) == ("metrics.`accuracy/acc_mean`", False,
                                                                               "tags.sweep = 't4'")
     assert summary["view"].endswith(f"/#/experiments/{exp.experiment_id}/runs?viewStateShareKey=sweep-t4")
     assert (p.params["metric"], p.params["mode"], p.params["scheduler"]) == ("acc_mean", "max", "fifo")
     assert "grace_period" not in p.params
     text = Path(client.download_artifacts(summary["parent_run_id"], "space.yaml")).read_text()
     assert yaml.safe_load(text) == {"method.mu": {"loguniform": [0.001, 1.0]}, "method.lam": {"loguniform": [0.001, 1.0]}}
-    names = [c.info.run_name for c in children]  # the method and the swept values, unique
-    assert len(set(names)) == 4 and all(re.fullmatch(r"lcfed mu=[\d.e-]+ lam=[\d.e-]+( #\d+)?", n) for n in names)
-    assert best_child.info.run_name.startswith(f"lcfed mu={float(best_child.data.params['method.mu']):.2g} ")
+    names = [c.info.run_name for c in children]  # the method, the swept values, the data and the seed; unique
+    assert len(set(names)) == 4
+    assert all(re.fullmatch(r"lcfed mu=[\d.e-]+ lam=[\d.e-]+ · digits path2 · s0( #\d+)?", n) for n in names), names
+    assert best_child.info.run_name.startswith(f"lcfed mu={float(best_child.data.params['method.mu']):.3g} ")
+    assert {k: best_child.data.tags[k] for k in ("method", "dataset", "partition", "seed")} == {
+        "method": "lcfed", "dataset": "digits", "partition": "path2", "seed": "0"}
     # Tune's own view of the sweep agrees: Tuner.restore(path, trainable).get_results()
     # (on a tie Tune keeps the first trial of its own list; the summary the lowest trial id of those tied)
     grid = restore_results(summary["storage"])
@@ -168,15 +172,16 @@ def test_asha_on_a_loss_stops_the_worse_trial_early_and_finished(tmp_path, track
     assert kept.info.status == "FINISHED" and "stopped_early" not in kept.data.tags
     assert stopped.info.status == "FINISHED"
     assert stopped.data.tags["stopped_early"] == "true" and stopped.data.tags["stopped_at_round"] == "0"
-    assert [m.step for m in client.get_metric_history(stopped.info.run_id, "test_loss")] == [0]
-    assert (kept.info.run_name, stopped.info.run_name) == ("lcfed lr=0.05", "lcfed lr=1e-05")
+    assert [m.step for m in client.get_metric_history(stopped.info.run_id, "loss/test_loss")] == [0]
+    assert (kept.info.run_name, stopped.info.run_name) == ("lcfed lr=0.05 · digits path2 · s0",
+                                                           "lcfed lr=1e-05 · digits path2 · s0")
     parent = client.get_run(summary["parent_run_id"])
     assert parent.data.params["train.lr"] == "0.05" and parent.data.params["space.train.lr"] == "grid([0.05, 1e-05])"
     assert (parent.data.params["metric"], parent.data.params["mode"], parent.data.params["grace_period"],
             parent.data.params["max_t"]) == ("test_loss", "min", "1", "3")
-    assert parent.data.metrics["test_loss"] == kept.data.metrics["test_loss"] == summary["best_test_loss"]
-    assert parent.data.metrics["best_test_loss"] == summary["best_test_loss"]
-    assert parent.data.metrics["acc_mean"] == kept.data.metrics["acc_mean"]
+    assert parent.data.metrics["loss/test_loss"] == kept.data.metrics["loss/test_loss"] == summary["best_test_loss"]
+    assert parent.data.metrics["loss/best_test_loss"] == summary["best_test_loss"]
+    assert parent.data.metrics["accuracy/acc_mean"] == kept.data.metrics["accuracy/acc_mean"]
     grid = restore_results(summary["storage"])
     best = grid.get_best_result("test_loss", "min")
     assert best.config["train.lr"] == 0.05 and best.metrics["test_loss"] == summary["best_test_loss"]
@@ -265,7 +270,7 @@ def test_a_fedac_sweep(tmp_path, tracking_uri):
     exp = client.get_experiment_by_name("sweep-fedac")
     children = [r for r in client.search_runs([exp.experiment_id]) if "mlflow.parentRunId" in r.data.tags]
     assert sorted(c.data.params["method.gap_high"] for c in children) == ["0.7", "1.2"]
-    assert all("num_clusters" in c.data.metrics for c in children)
+    assert all("server/num_clusters" in c.data.metrics for c in children)
 
 
 @pytest.mark.parametrize("sig", ["SIGTERM"])
@@ -290,7 +295,7 @@ def test_a_signal_stops_the_sweep_killed_with_a_reason_and_resume_finishes_it(tm
         exp = client.get_experiment_by_name("sweep-sig")
         return client.search_runs([exp.experiment_id]) if exp else []
 
-    while proc.poll() is None and not any("acc_mean" in r.data.metrics for r in runs()):
+    while proc.poll() is None and not any("accuracy/acc_mean" in r.data.metrics for r in runs()):
         time.sleep(0.2)
     assert proc.poll() is None, "the sweep ended before the signal"
     proc.send_signal(getattr(signal, sig))
@@ -313,7 +318,7 @@ def test_a_signal_stops_the_sweep_killed_with_a_reason_and_resume_finishes_it(tm
     assert len(children) == 2 and all(r.info.status == "FINISHED" for r in children)
     assert all(r.info.status == "FINISHED" for r in done)
     for child in children:  # every round logged once, across the stop and the resume
-        steps = [m.step for m in client.get_metric_history(child.info.run_id, "acc_mean")]
+        steps = [m.step for m in client.get_metric_history(child.info.run_id, "accuracy/acc_mean")]
         assert sorted(set(steps)) == list(range(rounds)), steps
 
 
@@ -372,4 +377,4 @@ def test_trials_equal_lcfed_run_of_the_same_config_and_name_their_engine(tmp_pat
         mu = float(child.data.params["method.mu"])
         ref = run_local(base.replace(**{"method.mu": mu, "engine.kind": "local", "tracking.enabled": False}))
         for key in ("acc_mean", "train_loss"):
-            assert child.data.metrics[key] == ref.final[key], (engine, mu, key)
+            assert child.data.metrics[mlflow_key(key)] == ref.final[key], (engine, mu, key)

@@ -91,7 +91,7 @@ def test_every_domain_of_a_space_file_loads_and_is_logged_as_written(tmp_path):
 
 
 def test_child_names_carry_the_swept_values():
-    assert child_name("lcfed", {"method.mu": 0.03124, "method.lam": 0.2}) == "lcfed mu=0.031 lam=0.2"
+    assert child_name("lcfed", {"method.mu": 0.03124, "method.lam": 0.2}) == "lcfed mu=0.0312 lam=0.2"
     assert child_name("fedac", {"method.num_clusters": 4, "train.lr": 1e-5}) == "fedac num_clusters=4 lr=1e-05"
     assert child_name("lcfed", {"train.lr": 0.1, "method.lr": 0.2}) == "lcfed train.lr=0.1 method.lr=0.2"
     assert child_name("fedavg", {}) == "fedavg"

@@ -19,9 +19,9 @@ import torch
 import yaml
 
 from actors.connect import ClusterError
-from lcfed import conformance, numerics, registry
+from lcfed import conformance, logs, numerics, registry
 from lcfed.checkpoint import CheckpointError
-from lcfed.config import ConfigError, ExperimentConfig, did_you_mean, load_config, require, to_dict
+from lcfed.config import ConfigError, ExperimentConfig, did_you_mean, load_config, parse_override, require, to_dict
 from lcfed.data import DataError, format_groups, format_stats, import_idx, import_leaf, partition_stats
 from lcfed.engines.local import run_local
 from lcfed.faults import ClusterLost
@@ -30,10 +30,10 @@ from lcfed.loop import DivergenceError, checkpoint_path, load_resume
 from lcfed.output_paths import check_output_dir, check_output_file
 from lcfed.progress import ProgressBar
 from lcfed.stop import Stopped, stop_on_signals
-from lcfed.tracking import MLflowObserver, TrackingError, check_tracking_store, replay, ui_hint
+from lcfed.tracking import MLflowObserver, TrackingError, check_tracking_store, replay, run_name, ui_hint
 from lcfed.tracking.resume import check_resume_store
 from tune_jobs import compare, head, jobs, mlflow_server, reproduce
-from tune_jobs.options import add_actions, config_options, examples
+from tune_jobs.options import add_actions, config_options, examples, verbosity_of, verbosity_options
 from tune_jobs.sweep import command as sweep
 from tune_jobs.sweep.errors import SweepFailed
 
@@ -139,7 +139,7 @@ def _add_run(sub: Any) -> None:
     config_options(run)
     run.add_argument("--engine", choices=["local", "ray"], help="execution engine (overrides engine.kind)")
     run.add_argument("--no-track", action="store_true", help="do not log to MLflow")
-    run.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    verbosity_options(run, "no progress, no notices: errors and the final summary only")
     run.add_argument("--json", metavar="FILE", help="also write the final metrics and timings as JSON")
     run.add_argument(
         "--resume",
@@ -281,12 +281,13 @@ def _add_table(sub: Any) -> None:
 
 
 def _observers(cfg: ExperimentConfig, args: argparse.Namespace, resume: Any) -> tuple[list[Any], Any]:
-    observers: list[Any] = [ProgressBar(disable=True if args.quiet else None)]
+    observers: list[Any] = [ProgressBar(disable=None if logs.progress_shown() else True)]
     tracker = None
     if cfg.tracking.enabled and not args.no_track:
         tracker = MLflowObserver(cfg.tracking.uri, resume_run_id=resume.tracking.get("run_id") if resume else None,
                                  backfill=resume.history if resume else (), guard=True,
-                                 resume_command=args.resume_command)
+                                 resume_command=args.resume_command,
+                                 run_name=run_name(cfg, dict(parse_override(o) for o in args.set)))
         try:
             tracker.check()
         except Exception as exc:
@@ -296,6 +297,19 @@ def _observers(cfg: ExperimentConfig, args: argparse.Namespace, resume: Any) -> 
             print(f"lcfed: note: {note}", file=sys.stderr, flush=True)
         observers.append(tracker)
     return observers, tracker
+
+
+def resume_line(cfg: ExperimentConfig, resume: Any, ckpt: Path, tracked: bool) -> str:
+    """What ``--resume`` continues, in one line: the MLflow run and the round (counted from 1), e.g.
+    ``lcfed: resuming MLflow run 3f2a... at round 3 of 5 (checkpoint runs/x/checkpoint.pt)``."""
+    if resume is None:
+        return f"lcfed: no checkpoint in {ckpt.parent} yet; starting at round 1 of {cfg.train.rounds}"
+    run_id = resume.tracking.get("run_id")
+    what = (f"MLflow run {run_id}" if run_id and tracked else
+            "an untracked run (a new MLflow run logs it)" if tracked else "the run")
+    if resume.next_round >= cfg.train.rounds:
+        return f"lcfed: {what} finished all {cfg.train.rounds} rounds (checkpoint {ckpt}); nothing to resume"
+    return f"lcfed: resuming {what} at round {resume.next_round + 1} of {cfg.train.rounds} (checkpoint {ckpt})"
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -310,7 +324,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         require(torch.cuda.is_available(), "engine.device", "cuda",
                 "no CUDA GPU is visible to this process: use auto or cpu (or run on a GPU machine)")
     stats = checked_partition_stats(cfg)  # fail on missing data or misfit sizes before anything starts
-    print(f"partition: {partition_label(cfg)}: {format_stats(stats)}", flush=True)
+    if logs.progress_shown():
+        print(f"partition: {partition_label(cfg)}: {format_stats(stats)}", flush=True)
     ckpt = checkpoint_path(cfg)
     resume = None
     if args.resume:
@@ -319,8 +334,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         resume = load_resume(cfg)
         if resume is not None and cfg.tracking.enabled and not args.no_track:
             check_resume_store(resume.tracking, cfg.tracking.uri, str(ckpt))
-        if resume is None:
-            print(f"lcfed: no checkpoint in {ckpt.parent} yet; starting from round 0", file=sys.stderr)
+        if logs.progress_shown():
+            print(resume_line(cfg, resume, ckpt, tracked=cfg.tracking.enabled and not args.no_track),
+                  file=sys.stderr, flush=True)
     elif ckpt is not None and ckpt.exists():
         raise ConfigError("checkpoint.dir", str(ckpt.parent), "already holds a checkpoint: pass --resume, or use a new dir")
     observers, tracker = _observers(cfg, args, resume)
@@ -597,6 +613,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     args.resume_command = resume_command(sys.argv[1:] if argv is None else list(argv))
+    with logs.verbosity_scope(verbosity_of(args)):  # before the command loads MLflow or Ray
+        return _dispatch(args)
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    """The command's exit code; the errors users make or meet as one line (section 1 of the README)."""
     try:
         return int(args.func(args))
     except ConfigError as exc:

@@ -31,7 +31,7 @@ from lcfed.output_paths import check_output_dir
 from lcfed.tracking import check_registry, check_tracking_store, resolve_tracking_uri
 from tune_jobs import sweep  # a lazy package: Tune loads when a comparison first uses it, not with lcfed's parser
 from tune_jobs.compare_report import METRIC, write_report
-from tune_jobs.options import config_options, examples
+from tune_jobs.options import config_options, examples, verbosity_options
 from tune_jobs.outdir import open_recorded, read_state, write_json
 from tune_jobs.parent_run import ParentRun
 from tune_jobs.reproduce import parse_seeds, summarize
@@ -180,7 +180,7 @@ def _run_phases(parent: ParentRun, base: ExperimentConfig, methods: Sequence[str
         summary = sweep.run_sweep(chosen, {"seed": tune.grid_search(list(seeds))}, num_samples=1, scheduler="fifo",
                                   max_concurrent=max_concurrent, gpus_per_trial=gpus_per_trial,
                                   name=f"{name}-{m}-seeds", storage=storage, resume=True, metric=METRIC,
-                                  parent_run_id=parent_id, keep_checkpoints=keep)
+                                  parent_run_id=parent_id, keep_checkpoints=keep, named=phase1[m]["best_config"])
         phase2[m] = _seed_rows(sweep.restore_results(summary["storage"]))
         write_json(done, phase2[m])
     report = write_report(out, methods, list(seeds), phase1, phase2, target, base)
@@ -224,6 +224,7 @@ def add_parser(sub: Any) -> None:
                    help="checkpoints each trial keeps in the storage, the latest (default %(default)s)")
     p.add_argument("--register", metavar="NAME", help="register the model of the best method's best phase-2 trial "
                    "in the MLflow Model Registry as a new version of NAME, linked to its run")
+    verbosity_options(p, "no progress tables: errors and the report only")
     p.set_defaults(func=cmd_compare)
 
 

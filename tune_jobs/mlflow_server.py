@@ -27,7 +27,8 @@ from pathlib import Path
 from typing import Any, TextIO
 from urllib.parse import urlparse
 
-from tune_jobs.options import examples
+from lcfed.logs import server_environment
+from tune_jobs.options import examples, verbosity_options
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 5000
@@ -174,6 +175,7 @@ def server_command(
         "--host", host,
         "--port", str(port),
         "--backend-store-uri", backend_store_uri,
+        "--registry-store-uri", backend_store_uri,  # MLflow's default, said (else it prints that it chose it)
         "--serve-artifacts",
         "--artifacts-destination", artifacts_destination,
     ]
@@ -183,11 +185,13 @@ def server_command(
 
 
 def server_env() -> dict[str, str]:
-    """The server's environment: ours, with MLflow's background job runner switched off.
+    """The server's environment: ours (MLflow's logging level as this process's verbosity set it), with
+    MLflow's background job runner switched off and, but with ``-v``, Python's deprecation warnings off
+    (:func:`lcfed.logs.server_environment`: Starlette's and FastAPI's, which the server prints at start).
 
     The job runner (used by GenAI features) spawns extra worker processes we never need.
     """
-    return {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    return {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", **server_environment()}
 
 
 def _bind_family(host: str) -> socket.AddressFamily:
@@ -465,4 +469,5 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--workers", type=int, default=None, help="server worker processes (default: MLflow's)")
     p.add_argument("--timeout", type=float, default=180.0,
                    help="seconds to wait for GET /health before giving up (default: %(default)s)")
+    verbosity_options(p, "the server's errors only, and the address to log to")
     p.set_defaults(func=cmd_mlflow_server)

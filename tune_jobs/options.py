@@ -1,5 +1,5 @@
-"""What every ``lcfed`` subcommand's parser shares: the base config options, the examples epilog and
-sub-actions (``lcfed data import``).
+"""What every ``lcfed`` subcommand's parser shares: the base config options, the verbosity flags, the
+examples epilog and sub-actions (``lcfed data import``).
 
 The subcommand modules (``sweep``, ``reproduce``, ``compare``, ...) import these from here, not from
 :mod:`tune_jobs.cli`, which imports them to build the whole parser.
@@ -11,6 +11,8 @@ import argparse
 import functools
 from typing import Any
 
+from lcfed.logs import DEFAULT, QUIET, VERBOSE
+
 #: ``--config`` / ``--set`` as ``lcfed run`` words them; a command on a base config words them its way
 CONFIG_HELP = "YAML experiment config (default: built-in defaults)"
 SET_HELP = "override a config field, e.g. --set method.mu=0.1 --set data.num_devices=100 (repeatable)"
@@ -21,6 +23,22 @@ def config_options(p: argparse.ArgumentParser, config_help: str = CONFIG_HELP, s
     from (``args.config``, ``args.set``, as :func:`lcfed.config.load_config` takes them)."""
     p.add_argument("--config", "-c", metavar="FILE", help=config_help)
     p.add_argument("--set", "-s", metavar="KEY=VALUE", action="append", default=[], help=set_help)
+
+
+def verbosity_options(p: argparse.ArgumentParser, quiet_help: str = "errors and the final summary only") -> None:
+    """``-q/--quiet`` and ``-v/--verbose`` (one of them): how much a command that runs things prints
+    (:func:`lcfed.logs.set_verbosity`, applied by ``lcfed`` before the command runs)."""
+    group = p.add_mutually_exclusive_group()
+    group.add_argument("--quiet", "-q", action="store_true", help=quiet_help)
+    group.add_argument("--verbose", "-v", action="store_true",
+                       help="also what Ray, Tune and MLflow print (warnings, INFO lines, Tune's status)")
+
+
+def verbosity_of(args: argparse.Namespace) -> int:
+    """The :mod:`lcfed.logs` verbosity the parsed flags ask for (a command without them: the default)."""
+    if getattr(args, "verbose", False):
+        return VERBOSE
+    return QUIET if getattr(args, "quiet", False) else DEFAULT
 
 
 def examples(*commands: str) -> str:

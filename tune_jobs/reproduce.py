@@ -28,13 +28,14 @@ from lcfed import registry
 from lcfed.checkpoint import CheckpointError
 from lcfed.config import ConfigError, ExperimentConfig, load_config, parse_override, require, resolve
 from lcfed.federation import check_against_data, load
+from lcfed.logs import progress_shown
 from lcfed.loop import load_resume
 from lcfed.output_paths import check_output_dir
 from lcfed.progress import ProgressBar
 from lcfed.stats import mean_ci
 from lcfed.stop import stop_on_signals
-from lcfed.tracking import MLflowObserver, check_tracking_store, resolve_tracking_uri
-from tune_jobs.options import add_actions, config_options, examples
+from lcfed.tracking import MLflowObserver, check_tracking_store, resolve_tracking_uri, run_name
+from tune_jobs.options import add_actions, config_options, examples, verbosity_options
 from tune_jobs.outdir import open_recorded, read_state, write_json
 from tune_jobs.parent_run import ParentRun
 
@@ -104,17 +105,22 @@ def partition_label(spec: str) -> str:
     return f"{label}, {qty} samples" if qty else label
 
 
+def cell_values(cell: Cell, method_sets: dict[str, Any]) -> dict[str, Any]:
+    """The ``--method-set`` values the cell's method accepts, as config keys (``method.num_clusters``)."""
+    accepted = {f.name for f in dataclasses.fields(registry.method(cell.method).params)}
+    return {f"method.{k}": v for k, v in method_sets.items() if k in accepted}
+
+
 def cell_config(base: ExperimentConfig, cell: Cell, method_sets: dict[str, Any], out: Path) -> ExperimentConfig:
     """The base config with the cell's dataset, partition and method (plus the method settings
     that method accepts), on Ray, checkpointed under ``out``."""
-    accepted = {f.name for f in dataclasses.fields(registry.method(cell.method).params)}
     overrides: dict[str, Any] = {"data.dataset": cell.dataset, **partition_overrides(cell.partition),
                                  "method.name": cell.method, "engine.kind": "ray",
                                  "checkpoint.dir": str(out / "checkpoints" / cell.key),
                                  "name": f"table1-{cell.key}"}
     if cell.seed is not None:
         overrides["seed"] = cell.seed
-    overrides.update({f"method.{k}": v for k, v in method_sets.items() if k in accepted})
+    overrides.update(cell_values(cell, method_sets))
     return base.replace(**overrides)
 
 
@@ -234,7 +240,8 @@ def reproduce_table1(
             open_recorded(parent, out, state, out.name or "table1", {"table1_parent": "true"}, params)
         t0 = time.perf_counter()
         for i, cell in enumerate(cells, 1):
-            results[cell.key] = _cell_result(cell, configs[cell.key], out, parent, quiet, f"[{i}/{len(cells)}]")
+            results[cell.key] = _cell_result(cell, configs[cell.key], out, parent, quiet, f"[{i}/{len(cells)}]",
+                                             cell_values(cell, method_sets))
         title = f"Table I reproduction: {base.data.num_devices} devices, {base.train.rounds} rounds"
         md, table_csv = write_tables(out, cells, results, title)
         if parent.run_id is not None:
@@ -245,9 +252,10 @@ def reproduce_table1(
 
 
 def _cell_result(cell: Cell, cfg: ExperimentConfig, out: Path, parent: ParentRun, quiet: bool,
-                 counter: str) -> dict[str, Any]:
+                 counter: str, named: dict[str, Any]) -> dict[str, Any]:
     """A cell's summary: ``<out>/cells/<cell>.json`` if it was finished before (with this config), else a run
-    on Ray (resumed from its checkpoint; an MLflow child run of ``parent``'s run, if any), written there."""
+    on Ray (resumed from its checkpoint; an MLflow child run of ``parent``'s run, if any, named from the
+    config and the ``named`` values), written there."""
     from actors.ray_engine import RayFederation  # Ray when a cell runs: `lcfed` imports this module to build its parser
 
     done = out / "cells" / f"{cell.key}.json"
@@ -260,10 +268,11 @@ def _cell_result(cell: Cell, cfg: ExperimentConfig, out: Path, parent: ParentRun
         print(f"{label}: finished before ({100 * prior['acc_mean']:.2f}%)", file=sys.stderr)
         return prior
     resume = load_resume(cfg)
-    observers: list[Any] = [ProgressBar(disable=True if quiet else None)]
+    observers: list[Any] = [ProgressBar(disable=True if quiet or not progress_shown() else None)]
     if parent.run_id is not None:
         observers.append(MLflowObserver(parent.uri, parent_run_id=parent.run_id, tags={"table1_cell": cell.key},
-                                        resume_run_id=resume.tracking.get("run_id") if resume else None))
+                                        resume_run_id=resume.tracking.get("run_id") if resume else None,
+                                        run_name=run_name(cfg, named)))
     fed = RayFederation(cfg)
     try:
         result = fed.run(observers, resume)
@@ -306,7 +315,7 @@ def add_parser(sub: Any) -> None:
                     "e.g. 0,5,9) and report the mean over seeds ± its 95%% confidence interval")
     t1.add_argument("--out", default="outputs/table1", help="output directory; rerun with the same one to resume")
     t1.add_argument("--no-track", action="store_true", help="do not log to MLflow")
-    t1.add_argument("--quiet", "-q", action="store_true", help="no per-round progress bars")
+    verbosity_options(t1, "no per-round progress bars: errors, each cell's line and the table")
     t1.set_defaults(func=cmd_table1)
 
 

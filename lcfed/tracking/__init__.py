@@ -6,7 +6,9 @@ One idea per module; this package re-exports the names code imports from ``lcfed
 
 - ``store``: the tracking URI, the lock around a local sqlite store, the client, experiments, a
   server's health;
-- ``tags``: source tags (command, git commit, user) and numerics provenance tags;
+- ``naming``: a run's default name (method, values set, data, seed) and each metric's key (its section);
+- ``tags``: what ran (method, dataset, partition, seed), source tags (command, git commit, user) and
+  numerics provenance tags;
 - ``inputs``: a run's params (config, federation facts) and its dataset input (partition digest);
 - ``rounds``: the points a round logs and the buffer that carries them through a store outage;
 - ``system``: the system-metrics sampler;
@@ -43,6 +45,7 @@ from lcfed.tracking.models import (
     logging_models_to,
     model_bundle,
 )
+from lcfed.tracking.naming import SECTIONS, metric_name, mlflow_key, run_name
 from lcfed.tracking.observer import MLflowObserver
 from lcfed.tracking.raw_input import SELECTORS, ModelBundle, RawInputModel, load_bundle, save_bundle
 from lcfed.tracking.store import (
@@ -58,7 +61,7 @@ from lcfed.tracking.store import (
     store_lock,
 )
 from lcfed.tracking.system import SYSTEM_METRICS_INTERVAL_S
-from lcfed.tracking.tags import git_commit, provenance_tags, source_tags
+from lcfed.tracking.tags import git_commit, provenance_tags, run_tags, source_tags
 from lcfed.tracking.ui import SHARED_VIEW_TAG, share_view, ui_hint, view_url
 from lcfed.tracking.unlogged import read_unlogged, replay
 
@@ -70,6 +73,7 @@ __all__ = [
     "MAX_PERSONAL_BYTES",
     "PLOTTED",
     "ROUND_AXIS",
+    "SECTIONS",
     "SHARED_VIEW_TAG",
     "STORE_LOCK_TIMEOUT_S",
     "SYSTEM_METRICS_INTERVAL_S",
@@ -96,6 +100,8 @@ __all__ = [
     "git_commit",
     "history_csv",
     "log_dataset",
+    "metric_name",
+    "mlflow_key",
     "open_client",
     "partition_digest",
     "provenance_tags",
@@ -103,6 +109,8 @@ __all__ = [
     "read_unlogged",
     "replay",
     "resolve_tracking_uri",
+    "run_name",
+    "run_tags",
     "share_view",
     "source_tags",
     "store_lock",

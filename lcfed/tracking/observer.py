@@ -28,6 +28,8 @@ from lcfed.tracking.artifacts import log_artifacts
 from lcfed.tracking.guard import RunGuard
 from lcfed.tracking.inputs import dataset_input, federation_facts, log_dataset, log_params
 from lcfed.tracking.models import log_model, logging_models_to, run_models
+from lcfed.tracking.naming import mlflow_key
+from lcfed.tracking.naming import run_name as default_run_name
 from lcfed.tracking.rounds import MetricBuffer, round_points
 from lcfed.tracking.store import (
     HTTP_RETRY_BUDGET,
@@ -39,7 +41,7 @@ from lcfed.tracking.store import (
     resolve_tracking_uri,
 )
 from lcfed.tracking.system import start_monitor, stop_monitor, wanted_by_env
-from lcfed.tracking.tags import provenance_tags, source_tags
+from lcfed.tracking.tags import provenance_tags, run_tags, source_tags
 
 
 class MLflowObserver:
@@ -61,6 +63,7 @@ class MLflowObserver:
         log_models: bool = True,
         system_metrics: bool | None = None,
         resume_command: str = "",
+        run_name: str | None = None,
     ) -> None:
         """``backfill``: when resuming, the checkpoint's per-round history; rounds the store lacks (e.g.
         buffered during an outage when the process died) are logged from it, all of them to a new run
@@ -69,7 +72,9 @@ class MLflowObserver:
         ``log_models``: log the final models (:meth:`log_models`). ``system_metrics``: sample this
         machine's CPU/memory/GPU while the run trains (default: unless
         ``MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING`` is false). ``resume_command``: the command that continues
-        the run, named in the failure reason when its cluster is lost."""
+        the run, named in the failure reason when its cluster is lost. ``run_name``: the new run's name unless
+        ``tracking.run_name`` sets one (default: :func:`lcfed.tracking.naming.run_name` of the config, the
+        method, data and seed; ``lcfed run`` adds its ``--set`` values)."""
         self.resume_command = resume_command
         self.log_models_enabled = log_models
         self.system_metrics = wanted_by_env() if system_metrics is None else system_metrics
@@ -88,6 +93,7 @@ class MLflowObserver:
         self.client = open_client(self.uri)
         self.buffer = MetricBuffer(self.client, self.uri)  # metric points not yet accepted by the store
         self.parent_run_id = parent_run_id
+        self.run_name = run_name
         self.tags = dict(tags or {})
         self.run_id: str | None = resume_run_id
         self.backfill = list(backfill)
@@ -140,14 +146,14 @@ class MLflowObserver:
             self._create(cfg, facts, provenance or {})
 
     def _create(self, cfg: ExperimentConfig, facts: dict[str, str], provenance: dict[str, str]) -> None:
-        """A new run of the experiment: tags (source, method, dataset, engine, provenance, the caller's),
-        nested under the parent run if any, guarded, with its params."""
+        """A new run of the experiment: its name, tags (source, method, dataset, partition, seed, engine,
+        provenance, the caller's), nested under the parent run if any, guarded, with its params."""
         assert self.experiment_id is not None
-        tags = {**source_tags(), "method": cfg.method.name, "dataset": cfg.data.dataset, "engine": cfg.engine.kind,
-                **provenance_tags(provenance), **self.tags}
+        tags = {**source_tags(), **run_tags(cfg), "engine": cfg.engine.kind, **provenance_tags(provenance), **self.tags}
         if self.parent_run_id:
             tags["mlflow.parentRunId"] = self.parent_run_id
-        run = self.client.create_run(self.experiment_id, run_name=cfg.tracking.run_name or cfg.name, tags=tags)
+        name = cfg.tracking.run_name or self.run_name or default_run_name(cfg)
+        run = self.client.create_run(self.experiment_id, run_name=name, tags=tags)
         self.run_id = run.info.run_id
         self._guard(cfg)
         log_params(self.client, run.info.run_id, cfg, facts)
@@ -163,7 +169,7 @@ class MLflowObserver:
         self.client.set_tag(self.run_id, "resumed", "true")
         self.log_provenance(provenance)
         if self.backfill:
-            logged = {m.step for m in self.client.get_metric_history(self.run_id, "train_loss")}
+            logged = {m.step for m in self.client.get_metric_history(self.run_id, mlflow_key("train_loss"))}
             for row in self.backfill:
                 if int(row["round"]) not in logged:
                     self.log_round(int(row["round"]), dict(row), None)

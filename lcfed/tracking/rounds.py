@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from lcfed.metrics import cluster_sizes
+from lcfed.tracking.naming import mlflow_key
 from lcfed.tracking.store import METRICS_PER_BATCH, reachable
 from lcfed.tracking.unlogged import write_unlogged
 
@@ -27,7 +28,7 @@ POLL_S = 1.0
 def round_points(rnd: int, metrics: dict[str, float], assignment: np.ndarray | None, method_params: Any) -> list[Any]:
     """Round ``rnd``'s metrics as MLflow points (step = round; ``round`` itself and non-finite values
     left out), with ``cluster_size_<c>`` for every cluster of ``assignment`` (at least the method's
-    ``num_clusters``, empty ones as 0)."""
+    ``num_clusters``, empty ones as 0), each under its section's key (:func:`~lcfed.tracking.naming.mlflow_key`)."""
     from mlflow.entities import Metric  # MLflow only where a run is logged (never on Tune workers)
 
     ts = int(time.time() * 1000)
@@ -36,7 +37,7 @@ def round_points(rnd: int, metrics: dict[str, float], assignment: np.ndarray | N
         k = getattr(method_params, "num_clusters", int(assignment.max()) + 1)
         for c, size in enumerate(cluster_sizes(assignment, max(k, int(assignment.max()) + 1))):
             values[f"cluster_size_{c}"] = float(size)
-    return [Metric(k, float(v), ts, rnd) for k, v in values.items() if np.isfinite(v)]
+    return [Metric(mlflow_key(k), float(v), ts, rnd) for k, v in values.items() if np.isfinite(v)]
 
 
 class MetricBuffer:

@@ -1,8 +1,9 @@
-"""Where a run's numbers come from, as run tags: the command, the code's git commit and the user (MLflow's
-source tags), and the numerics provenance (``provenance.*``).
+"""A run's tags: what ran (method, dataset, partition, seed: the runs table groups by them), and where its
+numbers come from: the command, the code's git commit and the user (MLflow's source tags), and the
+numerics provenance (``provenance.*``).
 
-Separate from the observer because they describe the process, the checkout and the machine that
-produced the numbers, not the federation being logged.
+Separate from the observer because sweeps and comparisons tag their parent runs with them too, and the
+source and provenance tags describe the process, the checkout and the machine, not the federation.
 """
 
 from __future__ import annotations
@@ -12,6 +13,9 @@ import getpass
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
+
+from lcfed.tracking.naming import data_label
 
 
 @functools.cache
@@ -24,6 +28,17 @@ def git_commit(where: str | None = None) -> str | None:
     except (OSError, subprocess.SubprocessError):
         return None
     return out if len(out) == 40 else None
+
+
+def run_tags(cfg: Any, seed: bool = True) -> dict[str, str]:
+    """``method``, ``dataset``, ``partition`` (as the run name shows it: ``dir0.15``, ``path2``, ...) and
+    ``seed`` of a config: columns to group the MLflow runs table by. ``seed=False``: not the seed (a parent
+    run whose children differ in it)."""
+    tags = {"method": str(cfg.method.name), "dataset": str(cfg.data.dataset),
+            "partition": data_label(cfg).split(" ", 1)[1]}
+    if seed:
+        tags["seed"] = str(cfg.seed)
+    return tags
 
 
 def source_tags() -> dict[str, str]:

@@ -14,7 +14,7 @@ import numpy as np
 from mlflow.entities import Metric, Param
 from mlflow.exceptions import MlflowException
 
-from lcfed.tracking import read_assignment_history
+from lcfed.tracking import mlflow_key, read_assignment_history
 from tune_jobs.sweep.callbacks import trial_index
 from tune_jobs.sweep.errors import SweepFailed, error_line
 from tune_jobs.sweep.figures import Curve, assignment_figure, mu_lambda_figure, top_trials_figure
@@ -71,14 +71,14 @@ def log_parent(client: Any, parent_id: str, exp_id: str, results: Any, best: Any
 
 def _log_best(client: Any, parent_id: str, exp_id: str, best: Any, best_cfg: dict, space: dict, metric: str,
               mode: str) -> None:
-    """Metrics: the best trial's child run's metrics under their own names (the parent row shows its
-    ``acc_mean``), plus ``best_<metric>``. Params: its swept values under the children's names
+    """Metrics: the best trial's child run's metrics under their own keys (the parent row shows its
+    ``accuracy/acc_mean``), plus ``best_<metric>`` in the metric's section (``accuracy/best_acc_mean``). Params: its swept values under the children's names
     (``method.mu``), so the collapsed parent row fills those columns. Tags ``best.*`` and ``best.json`` too."""
     value = float(best.metrics.get(metric, float("nan")))
     step = int(best.metrics.get("round", 0))
     ts = int(time.time() * 1000)
     child = child_run(client, exp_id, best)
-    points = [Metric(f"best_{metric}", value, ts, step)]
+    points = [Metric(mlflow_key(f"best_{metric}"), value, ts, step)]
     if child is not None:
         points += [Metric(k, float(v), ts, step) for k, v in child.data.metrics.items() if math.isfinite(v)]
         client.set_tag(parent_id, "best_run_id", child.info.run_id)

@@ -22,9 +22,11 @@ import numpy as np
 from ray.tune import Callback
 
 from lcfed.config import ExperimentConfig
+from lcfed.logs import progress_shown
 from lcfed.loop import RunResult
 from lcfed.progress import is_tty
-from lcfed.tracking import MLflowObserver
+from lcfed.tracking import MLflowObserver, run_name
+from lcfed.tracking.naming import method_label, short_names
 from tune_jobs.sweep.errors import error_line
 from tune_jobs.sweep.objective import METRIC
 from tune_jobs.sweep.trial import REPORT_KEY, trial_config
@@ -38,9 +40,10 @@ class TrialTracker(Callback):
     child run per trial (params, per-round metrics, assignments, plots, status)."""
 
     def __init__(self, uri: str, exp_id: str, parent_id: str, sweep_name: str, rounds: int,
-                 swept: Sequence[str] = ()) -> None:
+                 swept: Sequence[str] = (), named: Mapping[str, Any] | None = None) -> None:
+        """``named``: values every trial's run name shows besides its swept ones (the sweep's ``--set``)."""
         self.uri, self.exp_id, self.parent_id, self.sweep_name = uri, exp_id, parent_id, sweep_name
-        self.rounds, self.swept = rounds, list(swept)
+        self.rounds, self.swept, self.named = rounds, list(swept), dict(named or {})
         self.runs: dict[str, MLflowObserver] = {}
         self.history: dict[str, list[dict[str, float]]] = {}
         self.assignment: dict[str, np.ndarray] = {}
@@ -48,11 +51,14 @@ class TrialTracker(Callback):
         self.names: set[str] | None = None  # child run names in use (unique within the sweep)
 
     def _name(self, client: Any, trial: Any, cfg: ExperimentConfig) -> str:
-        """``<method> <param>=<value> ...`` of the swept values; `` #<trial index>`` where two round alike."""
+        """:func:`lcfed.tracking.run_name` of the trial's config with the sweep's named values and the trial's
+        swept ones (``lcfed mu=0.0312 lam=0.2 · digits dir0.15 · s0``); `` #<trial index>`` where two round
+        alike."""
         if self.names is None:
             children = client.search_runs([self.exp_id], f"tags.mlflow.parentRunId = '{self.parent_id}'")
             self.names = {r.info.run_name for r in children}
-        name = child_name(cfg.method.name, {k: trial.config[k] for k in self.swept if k in trial.config})
+        swept = {k: trial.config[k] for k in self.swept if k in trial.config}
+        name = run_name(cfg, {**getattr(self, "named", {}), **swept})  # a tracker pickled before `named`: none
         if name in self.names:
             index = trial.trial_id.rsplit("_", 1)[-1]
             name = f"{name} #{int(index) if index.isdigit() else index}"
@@ -134,26 +140,15 @@ def trial_error(trial: Any) -> str:
     return error_line(text)
 
 
-def child_name(method: str, values: Mapping[str, Any]) -> str:
-    """``lcfed mu=0.031 lam=0.2``: the method and each swept value (last part of its key, 2 digits)."""
-    keys = short_names(list(values))
-    return " ".join([method] + [f"{k}={_short(v)}" for k, v in zip(keys, values.values(), strict=True)])
-
-
-def _short(v: Any) -> str:
-    return f"{v:.2g}" if isinstance(v, float) else str(v)
+#: ``lcfed mu=0.0312 lam=0.2``: a method and values (:func:`lcfed.tracking.naming.method_label`), the first
+#: part of a trial's run name
+child_name = method_label
 
 
 def _value(v: Any) -> str:
     if isinstance(v, float):
         return f"{v:.4g}"
     return str(v)
-
-
-def short_names(keys: Sequence[str]) -> list[str]:
-    """``method.mu`` -> ``mu`` unless two keys share their last part."""
-    tails = [k.split(".")[-1] for k in keys]
-    return [t if tails.count(t) == 1 else k for k, t in zip(keys, tails, strict=True)]
 
 
 def trial_index(trial: Any) -> int | None:
@@ -204,7 +199,8 @@ class SweepProgress(Callback):
         return min(scored, key=lambda s: (sign * s[1], self.rows[s[0]]["index"]))
 
     def _print(self, text: str) -> None:
-        print(text, file=self.file or sys.stdout, flush=True)
+        if progress_shown():  # read when printing: Tune restores a resumed sweep's callbacks from its state
+            print(text, file=self.file or sys.stdout, flush=True)
 
     def on_trial_start(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         self._row(trial)["status"] = "running"

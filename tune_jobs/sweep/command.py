@@ -12,10 +12,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from lcfed.config import NAME_RULE, load_config, require, safe_name
+from lcfed.config import NAME_RULE, load_config, parse_override, require, safe_name
 from lcfed.output_paths import check_output_dir, check_output_file
 from lcfed.tracking import check_registry, check_tracking_store, ui_hint
-from tune_jobs.options import config_options, examples
+from tune_jobs.options import config_options, examples, verbosity_options
 from tune_jobs.sweep.objective import METRIC, METRICS, SCHEDULERS, SEARCHES, check_finishes, resolve_objective
 from tune_jobs.sweep.placement import TRIAL_ENGINES
 from tune_jobs.sweep.storage import DEFAULT_KEEP_CHECKPOINTS, DEFAULT_STORAGE, check_keep
@@ -71,6 +71,7 @@ def add_parser(sub: Any) -> None:
                    "MLflow Model Registry, linked to its run (needs a database store or a server)")
     p.add_argument("--resume", action="store_true", help="continue an interrupted sweep of the same --name")
     p.add_argument("--json", metavar="FILE", help="also write the summary (best config, metric, runs, storage) as JSON")
+    verbosity_options(p, "no progress table: errors and the final summary only")
     p.set_defaults(func=cmd_sweep)
 
 
@@ -96,7 +97,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                         max_concurrent=args.max_concurrent, gpus_per_trial=args.gpus_per_trial, name=args.name,
                         storage=args.storage, resume=args.resume, trial_engine=args.trial_engine,
                         metric=args.metric, mode=args.mode, grace_period=args.grace_period, max_t=args.max_t,
-                        search=args.search, keep_checkpoints=args.keep_checkpoints, register=args.register)
+                        search=args.search, keep_checkpoints=args.keep_checkpoints, register=args.register,
+                        named=dict(parse_override(o) for o in args.set))
     print(json.dumps(summary, indent=2, default=str))
     if args.json:
         Path(args.json).write_text(json.dumps(summary, indent=2, default=str) + "\n")

@@ -17,7 +17,7 @@ import contextlib
 import os
 import signal
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,8 +26,10 @@ import yaml
 from ray import tune
 
 from actors.ray_engine import alive_nodes
+from lcfed import logs
 from lcfed.config import ConfigError, ExperimentConfig, require, to_dict
-from lcfed.tracking import check_registry, resolve_tracking_uri, share_view, view_url
+from lcfed.logs import tune_verbosity
+from lcfed.tracking import check_registry, mlflow_key, resolve_tracking_uri, run_tags, share_view, view_url
 from tune_jobs.parent_run import ParentRun
 from tune_jobs.sweep.best import best_result, child_run, log_parent, trial_order
 from tune_jobs.sweep.callbacks import SweepProgress, TrialTracker
@@ -64,6 +66,7 @@ class SweepPlan:
     gpus_per_trial: float = 0.0
     resume: bool = False
     keep_checkpoints: int = DEFAULT_KEEP_CHECKPOINTS
+    named: Mapping[str, Any] | None = None  # values the trials' run names show besides the swept ones
 
     @property
     def swept(self) -> list[str]:
@@ -96,6 +99,7 @@ def run_sweep(
     keep_checkpoints: int = DEFAULT_KEEP_CHECKPOINTS,
     register: str | None = None,
     log_models: bool = True,
+    named: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Run (or resume) a sweep; return the best trial's config, metric and the MLflow parent run.
 
@@ -106,6 +110,8 @@ def run_sweep(
     compare``). ``keep_checkpoints``: each trial keeps its latest N checkpoints in the storage. With
     ``log_models`` the best trial's final models are logged on its child run; ``register``: and registered
     under that name in the Model Registry (:mod:`tune_jobs.sweep.models`).
+    ``named``: config values every trial's run name shows besides its swept ones (``lcfed sweep``:
+    its ``--set`` values; a trial is named ``lcfed mu=0.0312 lam=0.2 · digits dir0.15 · s0``).
     """
     obj = resolve_objective(base.train.rounds, metric, mode, scheduler, grace_period, max_t)
     tune_space = check_search(search, space)
@@ -117,18 +123,20 @@ def run_sweep(
     plan = SweepPlan(base=base, space=space, tune_space=tune_space, objective=obj, search=search,
                      name=name or f"{base.name}-sweep", storage_uri=storage_location(storage), num_samples=num_samples,
                      max_concurrent=max_concurrent, gpus_per_trial=gpus_per_trial, resume=resume,
-                     keep_checkpoints=keep_checkpoints)
+                     keep_checkpoints=keep_checkpoints, named=named)
     require(trial_engine in TRIAL_ENGINES, "--trial-engine", trial_engine, f"one of {list(TRIAL_ENGINES)}")
     sources = load_sources(base, space)  # a missing dataset fails here, before any run or trial exists
-    print(f"lcfed sweep {plan.name}: Tune state and each trial's latest {keep_checkpoints} checkpoint(s) go to "
-          f"{plan.exp_path}", file=sys.stderr, flush=True)
+    if logs.progress_shown():
+        print(f"lcfed sweep {plan.name}: Tune state and each trial's latest {keep_checkpoints} checkpoint(s) go to "
+              f"{plan.exp_path}", file=sys.stderr, flush=True)
     hint = f"; the Tune state is saved: continue with --resume --name {plan.name}"
     with ParentRun(base.engine, uri, hint, stop_reason=_stop_reason) as parent:
         check_storage(plan.storage_uri)
         engine = resolve_trial_engine(trial_engine, gpus_per_trial, len(alive_nodes()))
         parent.connect(base.tracking.experiment)  # once, before any trial
         _open_parent(parent, plan, engine, parent_run_id)
-        tracker = TrialTracker(uri, parent.experiment_id, parent.run_id, plan.name, base.train.rounds, plan.swept)
+        tracker = TrialTracker(uri, parent.experiment_id, parent.run_id, plan.name, base.train.rounds, plan.swept,
+                               plan.named)
         results = _fit(_tuner(plan, engine, parent.run_id, sources, tracker), tracker, plan.name)
         best = best_result(results, obj.metric, obj.mode, trial_order(results))
         summary = _summary(plan, results, best, engine, parent)
@@ -176,13 +184,14 @@ def _open_parent(parent: ParentRun, plan: SweepPlan, engine: str, nest_under: st
         parent.open(previous[0].info.run_id)
         return
     nested = {"mlflow.parentRunId": nest_under} if nest_under else {}
-    tags = {"sweep_parent": "true", "sweep_name": plan.name, "method": plan.base.method.name, **nested}
+    tags = {"sweep_parent": "true", "sweep_name": plan.name, **run_tags(plan.base, seed="seed" not in plan.space),
+            **nested}
     params = {**{f"space.{k}": describe_domain(v) for k, v in plan.space.items()}, "num_samples": str(plan.num_samples),
               "trial_engine": engine, "search": plan.search, **obj.as_params()}
     run_id = parent.create(plan.name, tags, params)
     client.log_text(run_id, yaml.safe_dump({k: space_spec(v) for k, v in plan.space.items()}, sort_keys=False),
                     "space.yaml")
-    shown = [obj.metric] + [m for m in (METRIC, "train_loss") if m != obj.metric]
+    shown = [mlflow_key(m) for m in [obj.metric] + [m for m in (METRIC, "train_loss") if m != obj.metric]]
     share_view(client, parent.experiment_id, view_key(plan.name), metrics=shown, params=plan.swept,
                tags=["stopped_early"], ascending=obj.mode == "min", run_filter=f"tags.sweep = '{plan.name}'")
 
@@ -204,8 +213,9 @@ def _tuner(plan: SweepPlan, engine: str, parent_id: str, sources: dict[Any, Any]
     trainable = tune.with_resources(tune.with_parameters(run_trial, sources=sources),
                                     trial_resources(plan.base, plan.gpus_per_trial, engine))
     progress = SweepProgress(plan.swept, obj.metric, obj.mode, obj.max_t or plan.base.train.rounds)
-    # verbose=0: Tune's own status output repeats the whole base config; the progress table replaces it
-    run_config = tune.RunConfig(name=plan.name, storage_path=plan.storage_uri, callbacks=[tracker, progress], verbose=0,
+    # verbose=0 but with -v: Tune's own status output repeats the whole base config; the progress table replaces it
+    run_config = tune.RunConfig(name=plan.name, storage_path=plan.storage_uri, callbacks=[tracker, progress],
+                                verbose=tune_verbosity(),
                                 checkpoint_config=tune.CheckpointConfig(num_to_keep=plan.keep_checkpoints))
     if plan.resume and tune.Tuner.can_restore(plan.exp_path):
         return tune.Tuner.restore(plan.exp_path, trainable, param_space=param_space, resume_errored=True)
