@@ -17,6 +17,7 @@ watchdog process ties that group to its starter: however the starter ends (a sig
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import signal
 import socket
@@ -27,7 +28,10 @@ from pathlib import Path
 from typing import Any, TextIO
 from urllib.parse import urlparse
 
+from lcfed.config import require, uri_scheme
 from lcfed.logs import server_environment
+from lcfed.output_paths import check_output_dir
+from lcfed.tracking import resolve_tracking_uri
 from tune_jobs.options import examples, verbosity_options
 
 DEFAULT_HOST = "127.0.0.1"
@@ -147,8 +151,6 @@ def server_url(host: str, port: int) -> str:
 
 def absolute_store_uri(uri: str) -> str:
     """A backend-store URI with local paths made absolute (sqlite, file, bare paths)."""
-    from lcfed.tracking import resolve_tracking_uri
-
     return resolve_tracking_uri(uri)
 
 
@@ -383,11 +385,6 @@ BACKEND_SCHEMES = ("sqlite", "file", "postgresql", "mysql", "mssql")
 
 def check_args(args: argparse.Namespace) -> None:
     """Every flag checked before anything is printed, created or started."""
-    import math
-
-    from lcfed.config import require, uri_scheme
-    from lcfed.output_paths import check_output_dir
-
     require(1 <= args.port <= 65535, "--port", args.port, "must be a TCP port in [1, 65535]")
     require(args.workers is None or args.workers >= 1, "--workers", args.workers, "must be >= 1 (server processes)")
     require(math.isfinite(args.timeout) and args.timeout > 0, "--timeout", args.timeout,
