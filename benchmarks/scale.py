@@ -31,7 +31,6 @@ import os
 import platform
 import resource
 import sys
-import threading
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -42,6 +41,7 @@ import psutil
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from sampling import BackgroundSampler  # noqa: E402  (this directory, as the script runs)
 
 from lcfed.config import load_config  # noqa: E402
 from lcfed.data.importer import IDX_FILES, RAW_DIRS  # noqa: E402
@@ -69,7 +69,7 @@ def _label(p: psutil.Process) -> str:
         return "?"
 
 
-class TreeMemory:
+class TreeMemory(BackgroundSampler):
     """Peak memory of a process and all its descendants, sampled in a background thread."""
 
     def __init__(self, root: psutil.Process, every: float, pss_every: int = 5) -> None:
@@ -78,8 +78,7 @@ class TreeMemory:
         self.peak_procs = 0
         self.samples = 0
         self.breakdown: list[tuple[str, float]] = []  # (process, RSS GB) at the peak RSS sample
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
+        super().__init__()
 
     def _procs(self) -> list[psutil.Process]:
         try:
@@ -111,17 +110,6 @@ class TreeMemory:
             self.peak_pss = max(self.peak_pss, pss / GB)
         self.peak_procs = max(self.peak_procs, len(procs))
 
-    def _run(self) -> None:
-        while not self._stop.wait(self.every):
-            self.sample()
-
-    def __enter__(self) -> TreeMemory:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
 
 
 class RoundClock:

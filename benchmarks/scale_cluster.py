@@ -26,7 +26,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -36,24 +35,18 @@ import psutil
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+import scale_devices  # noqa: E402  (this directory, as the script runs)
+from sampling import BackgroundSampler  # noqa: E402
 
 GB = 2**30
 
 
 def config(m: int, args: argparse.Namespace, ckpt: str) -> Any:
-    from lcfed.config import load_config
-
-    return load_config(None, [
-        "data.dataset=synthetic", f"data.synthetic_samples={args.samples_per_device * m}", f"data.num_devices={m}",
-        "data.partition=pathological", "data.classes_per_device=2", "data.min_samples=4", "data.test_fraction=0.34",
-        "data.min_test_samples=1", "model.name=lenet5",
-        "method.name=lcfed", "method.num_clusters=10", "method.rank=10", "method.mu=1.0", "method.lam=0.1",
-        # one round more than measured, never reached: the run stops before it (no evaluation of all m)
-        f"train.rounds={args.rounds + 1}", f"train.participation={args.participants / m}", "train.local_steps=5",
-        "train.batch_size=32", "train.lr=0.05", f"train.eval_every={args.rounds + 1}",
-        "engine.kind=ray", "engine.cpus_per_actor=1", "engine.torch_threads=1", "tracking.enabled=false",
-        f"checkpoint.dir={ckpt}",
-    ])
+    """scale_devices.py's workload on the Ray engine, one round more than measured, never reached: the run
+    stops before it (no evaluation of all m)."""
+    return scale_devices.config(m, args, ckpt, [
+        f"train.rounds={args.rounds + 1}", f"train.eval_every={args.rounds + 1}", "engine.kind=ray",
+        "engine.cpus_per_actor=1"])
 
 
 class StopAfter:
@@ -115,14 +108,13 @@ def driver(m: int, args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-class NodeMemory:
+class NodeMemory(BackgroundSampler):
     """Peak RSS sum of each node's process tree (its ``ray start`` and descendants) and of the driver."""
 
     def __init__(self, roots: dict[str, int], every: float = 0.5) -> None:
         self.roots, self.every = roots, every
         self.peak: dict[str, float] = dict.fromkeys(roots, 0.0)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
+        super().__init__()
 
     @staticmethod
     def tree_rss(pid: int) -> float:
@@ -143,17 +135,6 @@ class NodeMemory:
         for name, pid in self.roots.items():
             self.peak[name] = max(self.peak[name], self.tree_rss(pid))
 
-    def _run(self) -> None:
-        while not self._stop.wait(self.every):
-            self.sample()
-
-    def __enter__(self) -> NodeMemory:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
 
 
 def run_one(cluster: Any, m: int, args: argparse.Namespace) -> dict[str, Any]:

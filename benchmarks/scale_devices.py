@@ -35,7 +35,8 @@ sys.path.insert(0, str(ROOT))
 GB = 2**30
 
 
-def config(m: int, args: argparse.Namespace, ckpt: str) -> Any:
+def config(m: int, args: argparse.Namespace, ckpt: str, extra: list[str] | None = None) -> Any:
+    """The workload for m devices; ``extra`` overrides come last and win."""
     from lcfed.config import load_config
 
     return load_config(None, [
@@ -45,8 +46,8 @@ def config(m: int, args: argparse.Namespace, ckpt: str) -> Any:
         "method.name=lcfed", "method.num_clusters=10", "method.rank=10", "method.mu=1.0", "method.lam=0.1",
         f"train.rounds={args.rounds}", f"train.participation={args.participants / m}", "train.local_steps=5",
         "train.batch_size=32", "train.lr=0.05", f"train.eval_every={args.rounds}",
-        f"engine.state_memory_mb={args.state_mb}", "engine.torch_threads=1", "tracking.enabled=false",
-        f"checkpoint.dir={ckpt}",
+        f"engine.state_memory_mb={getattr(args, 'state_mb', 0)}", "engine.torch_threads=1", "tracking.enabled=false",
+        f"checkpoint.dir={ckpt}", *(extra or []),
     ])
 
 

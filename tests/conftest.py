@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 
@@ -18,6 +19,22 @@ TINY = {
     "engine": {"torch_threads": 1},
     "tracking": {"enabled": False},
 }
+
+
+def same_metrics(a: list[dict], b: list[dict]) -> None:
+    """Two runs' histories agree row for row on every metric of ``a`` but the wall-clock round time (nan
+    equals nan)."""
+    assert len(a) == len(b)
+    for ra, rb in zip(a, b, strict=True):
+        for key in ra:
+            if key != "round_seconds":
+                assert ra[key] == rb[key] or (math.isnan(ra[key]) and math.isnan(rb[key])), (key, ra[key], rb[key])
+
+
+def same_history(a: list[dict], b: list[dict]) -> None:
+    """:func:`same_metrics`, and the rows hold the same metrics."""
+    assert [ra.keys() for ra in a] == [rb.keys() for rb in b]
+    same_metrics(a, b)
 
 
 def tiny_config(*extra: str) -> ExperimentConfig:

@@ -24,7 +24,7 @@ from lcfed.methods.fesem import FeSEMState, span_coordinates
 from lcfed.methods.ifca import IFCAMessage, IFCAState, cluster_losses
 from lcfed.methods.lcfed import PersonalModel
 from lcfed.models import Network, param_spec
-from tests.conftest import start_test_ray, tiny_config
+from tests.conftest import same_metrics, start_test_ray, tiny_config
 from tests.test_math import Tiny
 
 # Tiny: w = [a | W0, W1 | b0, b1], logits = W * (a x) + b; the embedding φ is a, the decision h the rest.
@@ -247,12 +247,6 @@ def test_cgpfl_mu_is_validated_and_k_bounded_by_participants():
 # --- end to end ---------------------------------------------------------------------------------
 
 
-def _same(a: list[dict], b: list[dict]) -> None:
-    assert len(a) == len(b)
-    for ra, rb in zip(a, b, strict=True):
-        for key in ra:
-            if key != "round_seconds":
-                assert ra[key] == rb[key] or (math.isnan(ra[key]) and math.isnan(rb[key])), (key, ra[key], rb[key])
 
 
 MODEL_BYTES = 61_706 * 4
@@ -271,7 +265,7 @@ MODEL_BYTES = 61_706 * 4
 def test_seeded_run_on_digits_is_deterministic_and_learns(name, min_acc, up, down):
     cfg = tiny_config(f"method.name={name}", "train.rounds=5", "train.eval_every=5")
     a, b = run_local(cfg), run_local(cfg)
-    _same(a.history, b.history)
+    same_metrics(a.history, b.history)
     assert a.final["acc_mean"] > min_acc, a.final
     last = a.history[-1]
     assert last["bytes_up"] == up and last["bytes_down"] == down
@@ -295,5 +289,5 @@ def test_ifca_on_ray_matches_in_process(ray_cluster):
         remote = fed.run()
     finally:
         fed.close()
-    _same(local.history, remote.history)
+    same_metrics(local.history, remote.history)
     assert np.array_equal(local.assignment, remote.assignment)

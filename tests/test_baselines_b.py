@@ -20,7 +20,7 @@ from lcfed.methods.fedgroup import FedGroup, decomposed_cosine
 from lcfed.methods.flhc import FLHC, hierarchical_labels
 from lcfed.methods.perfedavg import Batch, PerFedAvg, PerFedAvgState, hessian_vector_product, maml_step
 from lcfed.models import Network, param_spec
-from tests.conftest import start_test_ray, tiny_config
+from tests.conftest import same_history, start_test_ray, tiny_config
 from tests.test_math import Tiny  # w = [a | W0, W1, b0, b1]: layer emb = a, layer head = the rest
 
 
@@ -254,13 +254,6 @@ E2E = [
 ]
 
 
-def _same(a: list[dict], b: list[dict]) -> None:
-    assert len(a) == len(b)
-    for ra, rb in zip(a, b, strict=True):
-        assert ra.keys() == rb.keys()
-        for key in ra:
-            if key != "round_seconds":
-                assert ra[key] == rb[key] or (math.isnan(ra[key]) and math.isnan(rb[key])), (key, ra[key], rb[key])
 
 
 def _e2e_config(method: str, *extra: str):
@@ -271,7 +264,7 @@ def _e2e_config(method: str, *extra: str):
 def test_end_to_end_is_deterministic_and_learns(method, extra, min_acc):
     cfg = _e2e_config(method, *extra)
     a, b = run_local(cfg), run_local(cfg)
-    _same(a.history, b.history)
+    same_history(a.history, b.history)
     assert a.final["acc_mean"] > min_acc, a.final
     assert a.assignment is not None and (a.assignment >= 0).all() and a.final["num_clusters"] >= 2
 
@@ -296,6 +289,6 @@ def test_perfedavg_end_to_end_on_ray_matches_in_process(ray_cluster):
         info = fed.actor_info
     finally:
         fed.close()
-    _same(local.history, remote.history)
+    same_history(local.history, remote.history)
     assert len({i["pid"] for i in info}) == 2
     assert local.final["acc_mean"] > 0.25, local.final

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-
 import mlflow
 import numpy as np
 import pytest
@@ -14,16 +12,8 @@ from lcfed.engines.local import run_local
 from lcfed.loop import load_resume
 from lcfed.methods.lcfed import LCFedState
 from lcfed.similarity import Projector
-from tests.conftest import tiny_config
+from tests.conftest import same_metrics, tiny_config
 from tune_jobs.cli import main
-
-
-def _same(a, b):
-    assert len(a) == len(b)
-    for ra, rb in zip(a, b, strict=True):
-        for k in ra:
-            if k != "round_seconds":
-                assert ra[k] == rb[k] or (math.isnan(ra[k]) and math.isnan(rb[k])), (k, ra[k], rb[k])
 
 
 def test_roundtrip_of_a_method_state(tmp_path):
@@ -79,7 +69,7 @@ def test_resume_is_bit_identical(tmp_path):
     snap = load_resume(cont)
     assert snap is not None and snap.next_round == 5
     resumed = run_local(cont, resume=snap)
-    _same(full.history, resumed.history)
+    same_metrics(full.history, resumed.history)
     assert np.array_equal(full.assignment, resumed.assignment)
 
 

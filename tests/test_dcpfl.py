@@ -36,7 +36,7 @@ from lcfed.methods.dcpfl_steps import (
     threshold_groups,
 )
 from lcfed.models import Network, param_spec
-from tests.conftest import tiny_config
+from tests.conftest import same_metrics, tiny_config
 from tests.test_math import Tiny  # w = [a | W0, W1, b0, b1]: layer emb = a, layer head = the rest
 
 
@@ -417,12 +417,6 @@ def test_params_are_validated():
 # --- end to end ------------------------------------------------------------------------------------
 
 
-def _same(a: list[dict], b: list[dict]) -> None:
-    assert len(a) == len(b)
-    for ra, rb in zip(a, b, strict=True):
-        for key in ra:
-            if key != "round_seconds":
-                assert ra[key] == rb[key] or (math.isnan(ra[key]) and math.isnan(rb[key])), (key, ra[key], rb[key])
 
 
 MODEL_BYTES = 61_706 * 4
@@ -449,7 +443,7 @@ def test_seeded_run_is_deterministic_resumable_and_uploads_less_than_fedavg(tmp_
     run_local(tiny_config("method.name=dcpfl", "train.rounds=9", *FAST, f"checkpoint.dir={tmp_path / 'b'}"))
     cont = tiny_config("method.name=dcpfl", "train.rounds=10", *FAST, f"checkpoint.dir={tmp_path / 'b'}")
     resumed = run_local(cont, resume=load_resume(cont))
-    _same(full.history, resumed.history)
+    same_metrics(full.history, resumed.history)
     assert np.array_equal(full.assignment, resumed.assignment)
     h = full.history
     assert all(r["bytes_up"] == 8 * MODEL_BYTES for r in h[:3])  # warm-up: full models

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import threading
 
 import numpy as np
@@ -22,16 +21,7 @@ from actors.ray_engine import (
 from lcfed.config import ConfigError, EngineConfig
 from lcfed.engines.local import HostedDevices, run_local
 from lcfed.federation import prepare
-from tests.conftest import start_test_ray, tiny_config
-
-
-def _same(a: list[dict], b: list[dict]) -> None:
-    assert len(a) == len(b)
-    for ra, rb in zip(a, b, strict=True):
-        for key in ra:
-            if key == "round_seconds":
-                continue
-            assert ra[key] == rb[key] or (math.isnan(ra[key]) and math.isnan(rb[key])), (key, ra[key], rb[key])
+from tests.conftest import same_metrics, start_test_ray, tiny_config
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +35,7 @@ def ray_cluster():
 def test_in_process_run_is_deterministic():
     cfg = tiny_config()
     a, b = run_local(cfg), run_local(cfg)
-    _same(a.history, b.history)
+    same_metrics(a.history, b.history)
     assert a.final["acc_mean"] > 0.3
     assert a.assignment is not None and a.assignment.min() >= 0
 
@@ -55,7 +45,7 @@ def test_worker_threads_do_not_change_the_numbers(method):
     extra = ["train.rounds=7", "method.t_start=2"] if method == "dcpfl" else []
     one = run_local(tiny_config(f"method.name={method}", "engine.workers=1", *extra))
     three = run_local(tiny_config(f"method.name={method}", "engine.workers=3", *extra))
-    _same(one.history, three.history)
+    same_metrics(one.history, three.history)
 
 
 def test_hosted_devices_train_on_several_threads():
@@ -109,7 +99,7 @@ def test_ray_engine_matches_in_process(ray_cluster, method, extra):
         info = fed.actor_info
     finally:
         fed.close()
-    _same(local.history, remote.history)
+    same_metrics(local.history, remote.history)
     assert sum(i["devices"] for i in info) == cfg.data.num_devices
     # fractional logical GPUs were handed out; torch sees no CUDA here so training ran on the CPU
     assert all(i["gpu_ids"] == [0] and i["torch_device"] == "cpu" for i in info)
@@ -257,7 +247,7 @@ def test_lost_actor_is_restarted_and_results_equal(ray_cluster, tmp_path, which,
             faulty = fed.run([KillAt(fed, 2, which)])
     finally:
         fed.close()
-    _same(clean.history, faulty.history)
+    same_metrics(clean.history, faulty.history)
     assert len(faulty.failures) == 1
     assert faulty.failures[0]["replayed_from"] == replayed_from
     assert ("server actor" if which == "server" else "device actor 1") in faulty.failures[0]["error"]

@@ -18,7 +18,7 @@ from lcfed.methods.fedac import FedAC, FedACParams, FedACState, gap_ratios, spli
 from lcfed.methods.lcfed import LCFedMessage
 from lcfed.models import ParamSpec, build_network, param_spec
 from lcfed.similarity import Projector
-from tests.conftest import tiny_config
+from tests.conftest import same_metrics, tiny_config
 from tests.test_math import Tiny
 
 # --- the paper's CNN ------------------------------------------------------------------------------
@@ -289,12 +289,6 @@ def test_invalid_params_name_the_field(override, field):
 RUN = ["method.name=fedac", "data.num_devices=12", "train.participation=0.5", "train.local_steps=2"]
 
 
-def _same(a: list[dict], b: list[dict]) -> None:
-    assert len(a) == len(b)
-    for ra, rb in zip(a, b, strict=True):
-        for key in ra:
-            if key != "round_seconds":
-                assert ra[key] == rb[key] or (math.isnan(ra[key]) and math.isnan(rb[key])), (key, ra[key], rb[key])
 
 
 @pytest.fixture(scope="module")
@@ -313,7 +307,7 @@ def test_k_changes_during_a_seeded_run_and_is_logged_every_round(full_run):
     assert isinstance(final, FedACState) and final.centers.shape[0] == ks[-1]
     assert result.assignment is not None and 0 <= result.assignment.min() and result.assignment.max() < ks[-1]
     again = run_local(tiny_config(*RUN, "train.rounds=10"))
-    _same(result.history, again.history)
+    same_metrics(result.history, again.history)
     assert np.array_equal(result.assignment, again.assignment)
 
 
@@ -324,7 +318,7 @@ def test_resume_across_changes_of_k_is_identical(full_run, tmp_path):
     snap = load_resume(cont)
     assert snap is not None and snap.next_round == 5
     resumed = run_local(cont, resume=snap)
-    _same(result.history, resumed.history)
+    same_metrics(result.history, resumed.history)
     assert np.array_equal(result.assignment, resumed.assignment)
     # the checkpoint holds K = ks[4] centers and K keeps moving afterwards: resume restores a resized state
     ks = [int(row["num_clusters"]) for row in result.history]

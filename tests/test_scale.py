@@ -4,7 +4,6 @@ m = 10^3..10^5 come from ``benchmarks/scale.py --sweep``."""
 
 from __future__ import annotations
 
-import math
 import os
 
 import numpy as np
@@ -19,16 +18,7 @@ from lcfed.engines.local import HostedDevices, LocalPool, LocalServer, run_local
 from lcfed.federation import make_strategy, prepare
 from lcfed.loop import eval_sample, run_rounds
 from lcfed.methods.base import PersonalModel
-from tests.conftest import tiny_config
-
-
-def _same(a: list[dict], b: list[dict]) -> None:
-    assert len(a) == len(b)
-    for ra, rb in zip(a, b, strict=True):
-        assert ra.keys() == rb.keys()
-        for key in ra:
-            if key != "round_seconds":
-                assert ra[key] == rb[key] or (math.isnan(ra[key]) and math.isnan(rb[key])), (key, ra[key], rb[key])
+from tests.conftest import same_history, tiny_config
 
 
 def test_never_trained_device_reads_the_initial_state_and_a_trained_one_its_own():
@@ -97,7 +87,7 @@ def test_spilling_on_a_tiny_budget_gives_the_same_numbers(method, tmp_path):
     extra = ["train.rounds=5", "method.t_start=2"] if method == "dcpfl" else ["train.participation=0.5"]
     base = tiny_config(f"method.name={method}", *extra)
     spill = base.replace(**{"engine.state_memory_mb": 0.0001, "engine.spill_dir": str(tmp_path)})
-    _same(run_local(base).history, run_local(spill).history)
+    same_history(run_local(base).history, run_local(spill).history)
     assert not os.listdir(tmp_path)  # the spill files were unlinked once mapped
 
 
@@ -107,7 +97,7 @@ def test_spilled_states_survive_a_checkpoint_and_resume(tmp_path):
     whole = run_local(cfg.replace(**{"checkpoint.dir": None}))
     run_local(cfg.replace(**{"train.rounds": 2}))
     resumed = run_local(cfg, resume=load(tmp_path / "latest.pt"))
-    _same(whole.history, resumed.history)
+    same_history(whole.history, resumed.history)
 
 
 def test_eval_sample_is_seeded_among_trained_devices_and_every_device_last():
