@@ -10,7 +10,8 @@ import torch
 
 from lcfed import numerics
 from tests.conftest import tiny_config
-from tune_jobs.cli import SUMMARY_METRICS, main
+from tune_jobs.cli import main
+from tune_jobs.run_command import SUMMARY_METRICS
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = str(ROOT / "configs" / "demo.yaml")

@@ -24,7 +24,8 @@ from lcfed.data import (
     split_train_test,
 )
 from lcfed.data.schemes import _niid_bench_counts
-from tune_jobs.cli import last_evals, main, summary_table
+from tune_jobs.cli import main
+from tune_jobs.run_command import last_evals, summary_table
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -1,0 +1,249 @@
+"""``lcfed run``: one experiment, in-process or on Ray, with its progress, tracking, checkpoint and resume, and
+the summary it ends with (also what ``--json`` writes)."""
+
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from lcfed import logs, numerics
+from lcfed.config import ConfigError, ExperimentConfig, load_config, parse_override, require
+from lcfed.data import format_stats, partition_stats
+from lcfed.engines.local import run_local
+from lcfed.federation import check_against_data, load
+from lcfed.loop import checkpoint_path, load_resume
+from lcfed.output_paths import check_output_dir, check_output_file
+from lcfed.progress import ProgressBar
+from lcfed.stop import stop_on_signals
+from lcfed.tracking import MLflowObserver, check_tracking_store, run_name, ui_hint
+from lcfed.tracking.resume import check_resume_store
+from tune_jobs.options import config_options, examples, verbosity_options
+
+
+def add_parser(sub: Any) -> None:
+    """lcfed run: one federation, tracked."""
+    run = sub.add_parser(
+        "run", help="run one federation and log it to MLflow",
+        description="Run one federation (every round: local training, clustering, aggregation, evaluation), "
+        "print a summary and log the run to MLflow. `lcfed config` with the same --config and --set "
+        "prints the resolved config the run would use.",
+        epilog=examples("lcfed run --config configs/demo.yaml",
+                        "lcfed config --config configs/demo.yaml --set method.mu=0.5   # the config that run uses",
+                        "lcfed run --config configs/demo.yaml --set method.mu=0.5",
+                        "lcfed run --config configs/demo.yaml --set method.name=fedavg --json fedavg.json",
+                        "lcfed run --config configs/demo.yaml --engine ray --no-track",
+                        "lcfed run --config configs/demo.yaml --set checkpoint.dir=runs/demo --resume"))
+    config_options(run)
+    run.add_argument("--engine", choices=["local", "ray"], help="execution engine (overrides engine.kind)")
+    run.add_argument("--no-track", action="store_true", help="do not log to MLflow")
+    verbosity_options(run, "no progress, no notices: errors and the final summary only")
+    run.add_argument("--json", metavar="FILE", help="also write the final metrics and timings as JSON")
+    run.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue from the latest checkpoint in checkpoint.dir (same MLflow run, identical numbers)",
+    )
+    run.set_defaults(func=cmd_run)
+
+
+def _observers(cfg: ExperimentConfig, args: argparse.Namespace, resume: Any) -> tuple[list[Any], Any]:
+    observers: list[Any] = [ProgressBar(disable=None if logs.progress_shown() else True)]
+    tracker = None
+    if cfg.tracking.enabled and not args.no_track:
+        tracker = MLflowObserver(cfg.tracking.uri, resume_run_id=resume.tracking.get("run_id") if resume else None,
+                                 backfill=resume.history if resume else (), guard=True,
+                                 resume_command=args.resume_command,
+                                 run_name=run_name(cfg, dict(parse_override(o) for o in args.set)))
+        try:
+            tracker.check()
+        except Exception as exc:
+            raise SystemExit(f"lcfed: cannot reach the MLflow tracking store {tracker.uri}: {exc}") from None
+        note = tracker.new_run_if_gone() if resume else ""
+        if note:
+            print(f"lcfed: note: {note}", file=sys.stderr, flush=True)
+        observers.append(tracker)
+    return observers, tracker
+
+
+def resume_line(cfg: ExperimentConfig, resume: Any, ckpt: Path, tracked: bool) -> str:
+    """What ``--resume`` continues, in one line: the MLflow run and the round (counted from 1), e.g.
+    ``lcfed: resuming MLflow run 3f2a... at round 3 of 5 (checkpoint runs/x/checkpoint.pt)``."""
+    if resume is None:
+        return f"lcfed: no checkpoint in {ckpt.parent} yet; starting at round 1 of {cfg.train.rounds}"
+    run_id = resume.tracking.get("run_id")
+    what = (f"MLflow run {run_id}" if run_id and tracked else
+            "an untracked run (a new MLflow run logs it)" if tracked else "the run")
+    if resume.next_round >= cfg.train.rounds:
+        return f"lcfed: {what} finished all {cfg.train.rounds} rounds (checkpoint {ckpt}); nothing to resume"
+    return f"lcfed: resuming {what} at round {resume.next_round + 1} of {cfg.train.rounds} (checkpoint {ckpt})"
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    overrides = list(args.set) + ([f"engine.kind={args.engine}"] if args.engine else [])
+    cfg = load_config(args.config, overrides)
+    numerics.activate(cfg.engine.numerics)  # before this process's first tensor op
+    check_output_file(args.json, "--json", protect=[args.config])
+    check_output_dir(cfg.checkpoint.dir, "checkpoint.dir")
+    if cfg.tracking.enabled and not args.no_track:
+        check_tracking_store(cfg.tracking.uri)
+    if cfg.engine.kind == "local" and cfg.engine.device == "cuda":
+        require(torch.cuda.is_available(), "engine.device", "cuda",
+                "no CUDA GPU is visible to this process: use auto or cpu (or run on a GPU machine)")
+    stats = checked_partition_stats(cfg)  # fail on missing data or misfit sizes before anything starts
+    if logs.progress_shown():
+        print(f"partition: {partition_label(cfg)}: {format_stats(stats)}", flush=True)
+    ckpt = checkpoint_path(cfg)
+    resume = None
+    if args.resume:
+        if ckpt is None:
+            raise ConfigError("--resume", True, "needs checkpoint.dir (e.g. --set checkpoint.dir=runs/exp1)")
+        resume = load_resume(cfg)
+        if resume is not None and cfg.tracking.enabled and not args.no_track:
+            check_resume_store(resume.tracking, cfg.tracking.uri, str(ckpt))
+        if logs.progress_shown():
+            print(resume_line(cfg, resume, ckpt, tracked=cfg.tracking.enabled and not args.no_track),
+                  file=sys.stderr, flush=True)
+    elif ckpt is not None and ckpt.exists():
+        raise ConfigError("checkpoint.dir", str(ckpt.parent), "already holds a checkpoint: pass --resume, or use a new dir")
+    observers, tracker = _observers(cfg, args, resume)
+    with stop_on_signals():
+        if cfg.engine.kind == "ray":
+            from actors.ray_engine import run_ray  # Ray only for the Ray engine: `lcfed run` in-process never loads it
+
+            result = run_ray(cfg, observers, resume)
+        else:
+            result = run_local(cfg, observers, resume)
+    averaged = last_evals(result.history, cfg.tracking.summary_evals)
+    summary = _run_summary(cfg, result, stats, averaged)
+    print(f"\n{cfg.name}: {cfg.method.name} on {cfg.data.dataset} ({cfg.data.partition}), "
+          f"{cfg.data.num_devices} devices, {cfg.train.rounds} rounds, engine {cfg.engine.kind}")
+    print(summary_table(result.final, averaged))
+    print(f"  {'s/round':<14} {result.round_seconds:>10.3f}   (wall {result.wall_seconds:.1f} s)")
+    print(f"  numerics       {provenance_line(result.provenance)}")
+    if result.placement:
+        print(f"  placement      {placement_line(result.placement)}")
+    if tracker is not None:
+        loc = tracker.location()
+        print(f"MLflow run {loc['run_id']} in experiment {cfg.tracking.experiment!r} (id {loc['experiment_id']})")
+        print(f"  store: {loc['tracking_uri']}")
+        print(f"  UI:    {ui_hint(loc['tracking_uri'])}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(summary, indent=2, default=str) + "\n")
+    if "unlogged_metrics" in result.tracking:
+        print(f"lcfed: the MLflow store was unreachable at the end: metrics not logged are in "
+              f"{result.tracking['unlogged_metrics']}; send them with `lcfed tracking replay "
+              f"{result.tracking['unlogged_metrics']}` once it is back", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _run_summary(cfg: ExperimentConfig, result: Any, stats: dict[str, float], averaged: dict[str, Any]) -> dict[str, Any]:
+    """What ``lcfed run --json`` writes: the run's settings, its last evaluation, the mean of the last ones,
+    the partition, the numerics and where it was tracked."""
+    final_round = int(result.final["round"]) + 1 if "round" in result.final else None
+    return {
+        "name": cfg.name,
+        "seed": cfg.seed,
+        "method": cfg.method.name,
+        "engine": cfg.engine.kind,
+        "rounds": cfg.train.rounds,
+        "seconds_per_round": result.round_seconds,
+        "wall_seconds": result.wall_seconds,
+        "reports": f"the metrics at the top level are the last evaluation's (round {final_round}); last_evals "
+                   f"holds their mean over the last {averaged['evaluations']} evaluations (rounds counted from 1)",
+        "last_eval_round": final_round,
+        **{k: v for k, v in result.final.items() if k != "round"},
+        "last_evals": averaged,
+        "partition": stats,
+        "provenance": result.provenance,
+        **result.tracking,
+        **({"placement": result.placement} if result.placement else {}),
+    }
+
+
+#: what the summary reports, per evaluation and averaged over the last ``tracking.summary_evals``
+SUMMARY_METRICS = ("acc_mean", "acc_weighted", "acc_std", "acc_p10", "acc_p90", "test_loss", "train_loss",
+                   "label_homogeneity", "ari", "nmi", "num_clusters", "coverage")
+
+
+def last_evals(history: Sequence[dict[str, float]], n: int) -> dict[str, Any]:
+    """The mean of each summary metric over the last ``n`` evaluated rounds (fewer if the run made
+    fewer), with how many were averaged and their round numbers (from 1). A single evaluation moves
+    with the smallest devices' test sets; the papers' tables average the last few (reproduce: 3)."""
+    evals = [row for row in history if "acc_mean" in row][-n:]
+    out: dict[str, Any] = {"evaluations": len(evals), "rounds": [int(row["round"]) + 1 for row in evals]}
+    for key in SUMMARY_METRICS:
+        if evals and all(key in row for row in evals):
+            out[key] = float(sum(row[key] for row in evals) / len(evals))
+    return out
+
+
+def summary_table(final: dict[str, float], averaged: dict[str, Any]) -> str:
+    """Two columns: the last evaluation and the mean of the last N, each headed by its rounds."""
+    k = averaged["evaluations"]
+    last = f"round {int(final['round']) + 1}" if "round" in final else "no evaluation"
+    rounds = ", ".join(map(str, averaged["rounds"]))
+    lines = [f"  {'':<17} {'last eval':>10}   mean of last {k} eval{'s' if k != 1 else ''}",
+             f"  {'':<17} {'(' + last + ')':>10}   (round{'s' if k != 1 else ''} {rounds})"]
+    for key in SUMMARY_METRICS:
+        if key in final:
+            mean = f"{averaged[key]:.4f}" if key in averaged else "—"
+            lines.append(f"  {key:<17} {final[key]:>10.4f}   {mean}")
+    return "\n".join(lines)
+
+
+def provenance_line(p: dict[str, str]) -> str:
+    """E.g. ``portable: AVX2 kernels (MKL 2024.2, oneDNN 3.12.0), torch 2.14.1, 1 thread, AMD EPYC``."""
+    if not p:
+        return "not recorded"
+    threads = p.get("threads", "?")
+    line = (f"{p.get('numerics', '?')}: {p.get('kernels', '?')} kernels ({p.get('blas', '?')}, {p.get('onednn', '?')}), "
+            f"torch {p.get('torch', '?')}, {threads} thread{'s' if threads != '1' else ''}, {p.get('cpu', '?')}")
+    if p.get("gpu"):
+        line += f", {p['gpu']} (CUDA {p.get('cuda', '?')})"
+    return line
+
+
+def partition_label(cfg: ExperimentConfig) -> str:
+    """E.g. ``mnist dirichlet alpha=0.1 (niid_bench), min_samples 10, test_fraction 0.2, min_test_samples 20``."""
+    d = cfg.data
+    scheme = {"dirichlet": f"dirichlet alpha={d.alpha:g} ({d.dirichlet_convention}), min_samples {d.min_samples}",
+              "pathological": f"pathological {d.classes_per_device} classes per device"}.get(d.partition, d.partition)
+    qty = f", {d.samples_per_device[0]}-{d.samples_per_device[1]} samples per device" if d.samples_per_device else ""
+    floor = f", min_test_samples {d.min_test_samples}" if d.min_test_samples else ""
+    source = f"file {d.path}" if d.dataset == "file" else d.dataset
+    if d.partition == "natural":
+        scheme = f"natural ({d.user_selection} users with >= {d.min_samples} samples)"
+    testbed = f" in {d.testbed_groups} {d.testbed} groups" if d.testbed != "none" else ""
+    return f"{source} {scheme}{testbed}{qty}, test_fraction {d.test_fraction:g}{floor}, seed {cfg.seed}"
+
+
+def checked_partition_stats(cfg: ExperimentConfig) -> dict[str, float]:
+    """The config's partition statistics, after checking the config against its dataset (a missing
+    dataset or sizes that do not fit are errors here)."""
+    ds = load(cfg)
+    return partition_stats(check_against_data(cfg, ds), ds.y)
+
+
+def placement_line(placement: dict[str, Any]) -> str:
+    """E.g. ``4 device actors {CPU 0.5, GPU 0.5} on 2 node(s) [3f2a1b: 2, 9c0d4e: 2]; server on 77ab12``."""
+    actors = placement["device_actors"]
+    per_node: dict[str, int] = {}
+    for a in actors:
+        per_node[a["node_id"][:6]] = per_node.get(a["node_id"][:6], 0) + 1
+    ask = f"CPU {actors[0]['cpus']:g}" + (f", GPU {actors[0]['gpus']:g}" if actors[0]["gpus"] else "")
+    nodes = ", ".join(f"{n}: {c}" for n, c in per_node.items())
+    return f"{len(actors)} device actors {{{ask}}} on {len(per_node)} node(s) [{nodes}]; server on {placement['server']['node_id'][:6]}"
+
+
+def resume_command(argv: Sequence[str]) -> str:
+    """The command that continues this one from its checkpoint: ``lcfed ARGS --resume``."""
+    return shlex.join(["lcfed", *argv, *([] if "--resume" in argv else ["--resume"])])
