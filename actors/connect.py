@@ -57,7 +57,7 @@ def ensure_ray(engine: EngineConfig) -> bool:
     Attaching returns False: the cluster is not ours (it may also grow), and the connection lasts
     until the process exits or the caller's ``ray.shutdown()``.
     """
-    import ray
+    import ray  # after the auth settings are in the environment (module docstring)
 
     if ray.is_initialized():
         return False
@@ -72,7 +72,7 @@ def ensure_ray(engine: EngineConfig) -> bool:
 
 def start_local(engine: EngineConfig) -> None:
     """A private Ray whose processes listen on 127.0.0.1 only."""
-    import ray
+    import ray  # after the auth settings are in the environment (module docstring)
 
     secure_token_file()
     with _loopback_node_ip():
@@ -131,7 +131,7 @@ def _loopback_node_ip() -> Iterator[None]:
     """Keep a loopback ``_node_ip_address``: on Linux Ray swaps it for the machine's IP unless
     ``ENABLE_RAY_CLUSTER`` is off (its macOS/Windows default). With node IP 127.0.0.1, GCS, raylet,
     agents and workers all bind loopback. Only this call is affected; the env knob would leak."""
-    from ray._private import ray_constants
+    from ray._private import ray_constants  # (the same)
 
     saved = ray_constants.ENABLE_RAY_CLUSTER
     ray_constants.ENABLE_RAY_CLUSTER = False
@@ -143,7 +143,7 @@ def _loopback_node_ip() -> Iterator[None]:
 
 def attach(address: str) -> None:
     """``ray.init`` onto an existing cluster (``auto``, ``host:port``, ``ray://``) or ClusterError."""
-    import ray
+    import ray  # after the auth settings are in the environment (module docstring)
 
     if address.startswith("ray://"):  # Ray Client: its own protocol and server
         ray.init(address=address, **ray_init_options())
@@ -159,7 +159,7 @@ def attach(address: str) -> None:
 
 def resolve_gcs(address: str) -> str:
     """The GCS ``host:port``: ``auto`` is Ray's discovery ($RAY_ADDRESS, address file, a running GCS)."""
-    from ray._private import services
+    from ray._private import services  # (the same)
 
     try:
         gcs = services.canonicalize_bootstrap_address(address)
@@ -176,7 +176,7 @@ def _named(gcs: str, address: str) -> str:
 
 def _probe_tcp(gcs: str, address: str) -> None:
     """Fail in seconds when nothing listens: Ray itself retries for minutes."""
-    from ray._common.network_utils import parse_address
+    from ray._common.network_utils import parse_address  # (the same)
 
     host, port = parse_address(gcs)
     try:
@@ -188,8 +188,8 @@ def _probe_tcp(gcs: str, address: str) -> None:
 
 def _enable_auth_if_required(gcs: str, address: str) -> None:
     """Token mode on in this process when the GCS asks for a token and Ray's token passes."""
-    from ray._raylet import AuthenticationMode, AuthenticationTokenLoader, Config, get_authentication_mode
-    from ray.exceptions import AuthenticationError
+    from ray._raylet import AuthenticationMode, AuthenticationTokenLoader, Config, get_authentication_mode  # (the same)
+    from ray.exceptions import AuthenticationError  # (the same)
 
     if not _gcs_refuses(gcs, address, None):
         return  # no auth on this cluster
@@ -223,8 +223,8 @@ def _gcs_refuses(gcs: str, address: str, token: str | None) -> bool:
 
     Any other failure (not a GCS at all, e.g. the dashboard port) is a ClusterError right here.
     """
-    import grpc
-    from ray.core.generated import gcs_service_pb2, gcs_service_pb2_grpc
+    import grpc  # (the same: Ray's gRPC)
+    from ray.core.generated import gcs_service_pb2, gcs_service_pb2_grpc  # (the same)
 
     metadata = [("authorization", f"Bearer {token}")] if token else []
     with grpc.insecure_channel(gcs) as channel:

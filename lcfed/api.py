@@ -5,7 +5,7 @@
     result = api.run(cfg)                       # in-process; engine="ray" on Ray actors: same numbers
     result.final["acc_mean"], result.history    # the last evaluation, every round's metrics
 
-    from ray import tune
+    from ray import tune  # (Ray in the trial's process only)
     tuner = tune.Tuner(api.trainable(cfg), param_space={"method.mu": tune.loguniform(0.01, 1)},
                        tune_config=tune.TuneConfig(metric="acc_mean", mode="max", num_samples=4))
     results = tuner.fit()                        # your Tuner: your space, scheduler and callbacks
@@ -111,7 +111,7 @@ class _Report:
     def on_start(self, cfg: ExperimentConfig, fed: Any) -> None: ...
 
     def on_round(self, rnd: int, metrics: dict[str, float], stats: Any) -> None:
-        from ray import tune
+        from ray import tune  # (Ray in the trial's process only)
 
         self.last.update({k: float(v) for k, v in metrics.items() if k in EVALUATED})
         tune.report({**{k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))}, **self.last,
@@ -130,10 +130,10 @@ def trainable(base: ExperimentConfig | Mapping[str, Any] | str | Path, *, track:
     cfg = base if isinstance(base, ExperimentConfig) else config(base)
 
     def train(trial: dict[str, Any]) -> None:
-        import ray
+        import ray  # in the trial's process: lcfed.api imports no Ray at its top (README 7c)
 
-        from lcfed.engines.local import LocalFederation
-        from lcfed.federation import load
+        from lcfed.engines.local import LocalFederation  # (the same: torch work in the trial)
+        from lcfed.federation import load  # (the same)
 
         chosen = config(cfg, {k: v for k, v in trial.items()}).replace(**{"engine.kind": "local"})
         numerics.activate(chosen.engine.numerics)  # before load(), the trial's first tensor op
@@ -141,7 +141,7 @@ def trainable(base: ExperimentConfig | Mapping[str, Any] | str | Path, *, track:
         fed = LocalFederation(chosen, load(chosen), cpus)
         observers: list[Any] = [_Report()]
         if track:
-            from lcfed.tracking import MLflowObserver, run_name
+            from lcfed.tracking import MLflowObserver, run_name  # MLflow only for a tracked trial
 
             observers.append(MLflowObserver(chosen.tracking.uri, run_name=run_name(chosen, trial)))
         try:

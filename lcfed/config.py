@@ -181,8 +181,8 @@ class DataConfig:
 
     def _validate_sources(self, prefix: str) -> None:
         """The fields of file datasets, natural partitions and testbeds (README section 2)."""
-        from lcfed.data import FILE_FORMATS, TESTBEDS, USER_SELECTIONS
-        from lcfed.data.testbeds import MAX_GROUPS
+        from lcfed.data import FILE_FORMATS, TESTBEDS, USER_SELECTIONS  # (the same)
+        from lcfed.data.testbeds import MAX_GROUPS  # (the same)
 
         if self.dataset == "file":
             require(bool(self.path.strip()), f"{prefix}.path", self.path,
