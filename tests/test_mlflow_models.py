@@ -17,7 +17,7 @@ from lcfed.data import Scaling
 from lcfed.engines.local import run_local
 from lcfed.federation import device_data, load, prepare
 from lcfed.loop import DivergenceError
-from lcfed.tracking import MLflowObserver, RawInputModel
+from lcfed.tracking import MLflowObserver, RawInputModel, mlflow_key
 from tests.conftest import tiny_config
 
 
@@ -95,7 +95,7 @@ def _pyfunc_on_raw_test_images_reproduces_the_runs_accuracy(cfg, run):
         assert (correct, len(test)) == (int(row["correct"]), int(row["total"]))
         if row["trained"] == "1":
             accuracies.append(correct / len(test))
-    assert sum(accuracies) / len(accuracies) == pytest.approx(run.data.metrics["acc_mean"], abs=1e-12)
+    assert sum(accuracies) / len(accuracies) == pytest.approx(run.data.metrics[mlflow_key("acc_mean")], abs=1e-12)
     with pytest.raises(Exception, match="uint8"):  # scaled floats do not pass the signature
         model.predict(ds.x[:2].astype(np.float32), params={"device_id": 0})
 

@@ -123,6 +123,7 @@ def test_run_places_device_actors_on_gpu_workers_and_matches_in_process(env: Env
         assert summary[key] == local.final[key], key
 
 
+@pytest.mark.slow  # ~25 s; the fast suite keeps state per host and checkpoints of trained devices only: test_scale.py
 def test_each_actor_holds_only_its_own_devices_and_the_server_none(env: Env):
     """Many devices, a quarter of them per round: each device actor holds the samples of its own block
     of devices only and the states of those of them that trained, on its worker node; the stored

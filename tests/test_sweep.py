@@ -123,7 +123,7 @@ def _kept_checkpoints_and_the_registered_model(tmp_path, uri, base, summary, bes
     model = mlflow.pyfunc.load_model(reg["uri"])
     accs = [float((model.predict(ds.x[t], params={"device_id": d}).argmax(1) == ds.y[t]).mean())
             for d, t in enumerate(setup.partition.test)]
-    assert sum(accs) / len(accs) == pytest.approx(best_child.data.metrics["acc_mean"], abs=1e-12)
+    assert sum(accs) / len(accs) == pytest.approx(best_child.data.metrics[mlflow_key("acc_mean")], abs=1e-12)
 
 
 def test_a_diverging_trial_fails_alone_and_the_sweep_exits_1(tmp_path, tracking_uri, capsys):

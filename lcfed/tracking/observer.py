@@ -232,9 +232,13 @@ class MLflowObserver:
         self._flush(final=False)
 
     def _flush(self, final: bool) -> bool:
-        """Send buffered metrics (:meth:`MetricBuffer.flush`); True once the store has them all."""
+        """Send buffered metrics (:meth:`MetricBuffer.flush`); True once the store has them all. At the end
+        (``final``) a tracking server that is gone gets ``tracking.end_wait_s`` to come back (a restart); a
+        signal ends the wait."""
         assert self.run_id is not None
-        return self.buffer.flush(self.run_id, final)
+        if not final:
+            return self.buffer.flush(self.run_id, False)
+        return self.buffer.flush(self.run_id, True, self.cfg.tracking.end_wait_s, lambda: STOP.reason is not None)
 
     # -- the end: FINISHED with artifacts and models, or KILLED / FAILED with the reason -----------
 
@@ -249,8 +253,7 @@ class MLflowObserver:
         assert self.run_id is not None
         self.finished = True
         result.tracking.update(self.location())
-        # a tracking server that is gone gets tracking.end_wait_s to come back (a restart); a signal ends the wait
-        if not self.buffer.flush(self.run_id, True, self.cfg.tracking.end_wait_s, lambda: STOP.reason is not None):
+        if not self._flush(final=True):
             # the run's artifacts and status wait for a replay
             self.stop_system_metrics(flush=False)
             result.tracking["unlogged_metrics"] = str(self.unlogged)
