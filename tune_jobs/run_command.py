@@ -38,9 +38,9 @@ def add_parser(sub: Any) -> None:
         epilog=examples("lcfed run --config configs/demo.yaml",
                         "lcfed config --config configs/demo.yaml --set method.mu=0.5   # the config that run uses",
                         "lcfed run --config configs/demo.yaml --set method.mu=0.5",
-                        "lcfed run --config configs/demo.yaml --set method.name=fedavg --json fedavg.json",
+                        "lcfed run --config configs/demo.yaml --set method.name=fedavg --json outputs/fedavg.json",
                         "lcfed run --config configs/demo.yaml --engine ray --no-track",
-                        "lcfed run --config configs/demo.yaml --set checkpoint.dir=runs/demo --resume"))
+                        "lcfed run --config configs/demo.yaml --set checkpoint.dir=outputs/runs/demo --resume"))
     config_options(run)
     run.add_argument("--engine", choices=["local", "ray"], help="execution engine (overrides engine.kind)")
     run.add_argument("--no-track", action="store_true", help="do not log to MLflow")
@@ -104,7 +104,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     resume = None
     if args.resume:
         if ckpt is None:
-            raise ConfigError("--resume", True, "needs checkpoint.dir (e.g. --set checkpoint.dir=runs/exp1)")
+            raise ConfigError("--resume", True, "needs checkpoint.dir (e.g. --set checkpoint.dir=outputs/runs/exp1)")
         resume = load_resume(cfg)
         if resume is not None and cfg.tracking.enabled and not args.no_track:
             check_resume_store(resume.tracking, cfg.tracking.uri, str(ckpt))
