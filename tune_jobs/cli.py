@@ -243,9 +243,9 @@ def _add_table(sub: Any) -> None:
         "table", help="compare finished runs: one row per `lcfed run --json` summary",
         description="Compare finished runs side by side, best first: one row per summary written by "
         "`lcfed run --json FILE` (mean accuracy of the last evaluations, last evaluation, time).",
-        epilog=examples("lcfed run -c configs/demo.yaml --json outputs/a.json",
-                        "lcfed run -c configs/demo.yaml --set method.name=fedavg --json outputs/b.json",
-                        "lcfed table outputs/a.json outputs/b.json"))
+        epilog=examples("lcfed run -c configs/demo.yaml --json a.json",
+                        "lcfed run -c configs/demo.yaml --set method.name=fedavg --json b.json",
+                        "lcfed table a.json b.json"))
     table.add_argument("files", nargs="+", metavar="FILE", help="summaries written by `lcfed run --json FILE`")
     table.set_defaults(func=cmd_table)
 

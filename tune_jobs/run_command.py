@@ -38,7 +38,7 @@ def add_parser(sub: Any) -> None:
         epilog=examples("lcfed run --config configs/demo.yaml",
                         "lcfed config --config configs/demo.yaml --set method.mu=0.5   # the config that run uses",
                         "lcfed run --config configs/demo.yaml --set method.mu=0.5",
-                        "lcfed run --config configs/demo.yaml --set method.name=fedavg --json outputs/fedavg.json",
+                        "lcfed run --config configs/demo.yaml --set method.name=fedavg --json fedavg.json",
                         "lcfed run --config configs/demo.yaml --engine ray --no-track",
                         "lcfed run --config configs/demo.yaml --set checkpoint.dir=outputs/runs/demo --resume"))
     config_options(run)
