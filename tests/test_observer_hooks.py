@@ -84,7 +84,8 @@ def test_no_personal_model_is_built_past_what_every_wanting_observer_would_use(t
     """m personal models of P float32 parameters are m * P * 4 bytes: at or under the largest limit they are
     built, past it only the server's state is (the MLflow observer's cap, for 10^5 devices)."""
     cfg = tiny_config("train.rounds=1")
-    size = prepare(cfg).federation.num_devices * prepare(cfg).federation.spec.size * 4
+    fed = prepare(cfg).federation
+    size = fed.num_devices * fed.spec.size * 4
     assert isinstance(Capped(1.0), PersonalLimit) and not isinstance(Wanting(), PersonalLimit)
     assert MLflowObserver(f"sqlite:///{tmp_path / 'mlflow.db'}").max_personal_bytes == MAX_PERSONAL_BYTES
     at = run_local(cfg, [Capped(size)]).models
