@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import pickle
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -25,7 +25,7 @@ from actors.connect import ClusterError, ensure_ray
 from actors.liveness import alive, check_cluster, get
 from actors.placement import NodeResources, PoolLayout, cluster_layout, fits, pool_layout
 from lcfed import numerics
-from lcfed.checkpoint import Snapshot
+from lcfed.checkpoint import Snapshot, state_chunks
 from lcfed.config import ExperimentConfig
 from lcfed.data import Dataset, Partition
 from lcfed.engines.local import DeviceHost, HostedDevices, LocalServer, auto_workers
@@ -300,17 +300,25 @@ class RayPool:
     def get_states(self) -> dict[int, Any]:
         return self._gather("get_states")
 
-    def _split(self, states: dict[int, Any] | None, block: frozenset[int]) -> dict[int, Any] | None:
-        return None if states is None else {d: s for d, s in states.items() if d in block}
+    def iter_states(self) -> Iterator[dict[int, Any]]:
+        """One actor's stored states at a time: the driver never holds every device's."""
+        for actor in self.hosts.devices:
+            yield self.hosts.call(lambda actor=actor: get(actor.get_states.remote()))
 
-    def set_states(self, states: dict[int, Any]) -> None:
-        self.hosts.call(lambda: get([
-            a.set_states.remote(self._split(states, b)) for a, b in zip(self.hosts.devices, self.blocks, strict=True)
-        ]))
+    def _send(self, states: Mapping[int, Any]) -> None:
+        """``states`` to the actors hosting them, a part (of a checkpoint's) at a time."""
+        for chunk in state_chunks(states):
+            get([a.set_states.remote(mine) for a, b in zip(self.hosts.devices, self.blocks, strict=True)
+                 if (mine := {d: s for d, s in chunk.items() if d in b})])
 
-    def recover(self, states: dict[int, Any] | None) -> None:
+    def set_states(self, states: Mapping[int, Any]) -> None:
+        self.hosts.call(lambda: self._send(states))
+
+    def recover(self, states: Mapping[int, Any] | None) -> None:
         self.hosts.restart_lost()
-        get([a.recover.remote(self._split(states, b)) for a, b in zip(self.hosts.devices, self.blocks, strict=True)])
+        get([a.recover.remote(None) for a in self.hosts.devices])
+        if states is not None:
+            self._send(states)
 
 
 def _alive_nodes_info() -> list[dict[str, Any]]:

@@ -1,5 +1,11 @@
 """Checkpoints without pickle: server state, device states and the run's history.
 
+A checkpoint is a main file (``latest.pt``: server state, history, which devices trained) and its
+device states in part files beside it, written one part at a time as the pool hands them over, so
+that no process holds every device's state at once; loading reads the parts only when the states are
+used (:class:`StateParts`). The main file names its parts with their SHA-256 and is replaced last,
+atomically: a crash mid-write keeps the previous checkpoint whole.
+
 States are frozen dataclasses of tensors, arrays and scalars. They are encoded into plain
 containers of tensors and scalars, written with ``torch.save`` and read back with
 ``torch.load(weights_only=True)``, which refuses arbitrary objects. Dataclasses are rebuilt only
@@ -13,7 +19,9 @@ import hashlib
 import importlib
 import io
 import os
+import secrets
 import tempfile
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,7 +31,10 @@ import torch
 
 #: module prefixes whose dataclasses a checkpoint may name
 ALLOWED_MODULES = ("lcfed.",)
-FORMAT_VERSION = 2  # 2: the content as one byte tensor with its SHA-256 (1: the content itself)
+#: 3: device states in part files; 2: the content as one byte tensor with its SHA-256; 1: the content itself
+FORMAT_VERSION = 3
+#: device states per part file when a snapshot's states are written from a mapping
+PART_DEVICES = 256
 
 
 class CheckpointError(RuntimeError):
@@ -83,47 +94,168 @@ def decode(obj: Any) -> Any:
     return obj
 
 
+def _sha256_of(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(2**20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+@dataclass(frozen=True)
+class Part:
+    """One part file of a checkpoint's device states: its name (beside the main file), SHA-256 and devices."""
+
+    file: str
+    sha256: str
+    devices: tuple[int, ...]
+
+
+class StateParts(Mapping[int, Any]):
+    """A checkpoint's device states, read from its part files when used (the last part read is kept).
+
+    :meth:`chunks` gives them a part at a time, which is how engines restore them without holding
+    all at once.
+    """
+
+    def __init__(self, folder: Path, parts: Iterable[Part]) -> None:
+        self.folder = folder
+        self.parts = tuple(parts)
+        self._where = {d: i for i, p in enumerate(self.parts) for d in p.devices}
+        self._cached: tuple[int, dict[int, Any]] | None = None
+
+    def _read(self, i: int) -> dict[int, Any]:
+        if self._cached is not None and self._cached[0] == i:
+            return self._cached[1]
+        part = self.parts[i]
+        path = self.folder / part.file
+        try:
+            raw = torch.load(path, map_location="cpu", weights_only=True)
+            states = decode(raw["states"])
+        except CheckpointError:
+            raise
+        except Exception as exc:
+            raise CheckpointError(f"cannot read checkpoint part {path}: {type(exc).__name__}: {exc}") from None
+        self._cached = (i, states)
+        return states
+
+    def __getitem__(self, device: int) -> Any:
+        return self._read(self._where[device])[device]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._where)
+
+    def __len__(self) -> int:
+        return len(self._where)
+
+    def chunks(self) -> Iterator[dict[int, Any]]:
+        for i in range(len(self.parts)):
+            yield self._read(i)
+        self._cached = None
+
+
+def state_chunks(states: Mapping[int, Any]) -> Iterator[dict[int, Any]]:
+    """``states`` a part at a time: a checkpoint's own parts, or a plain mapping in parts of
+    :data:`PART_DEVICES` devices."""
+    if isinstance(states, StateParts):
+        yield from states.chunks()
+        return
+    ids = list(states)
+    for start in range(0, len(ids), PART_DEVICES):
+        yield {d: states[d] for d in ids[start : start + PART_DEVICES]}
+
+
 @dataclass
 class Snapshot:
     """Everything needed to continue a run bit-identically from ``next_round``."""
 
     next_round: int
     server_state: Any
-    device_states: dict[int, Any]
+    device_states: Mapping[int, Any]  # a StateParts when loaded: read part by part when used
     history: list[dict[str, float]] = field(default_factory=list)
     config_digest: str = ""
     tracking: dict[str, str] = field(default_factory=dict)
     trained: tuple[int, ...] = ()  # devices that have trained at least once (scored in acc_*)
 
 
-def save(path: str | Path, snap: Snapshot) -> Path:
-    """Write atomically (temp file + rename), so a crash mid-write keeps the previous checkpoint."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    content = {
-        "next_round": snap.next_round,
-        "server_state": encode(snap.server_state),
-        "device_states": encode(snap.device_states),
-        "history": encode(snap.history),
-        "config_digest": snap.config_digest,
-        "tracking": encode(snap.tracking),
-        "trained": list(snap.trained),
-    }
-    buf = io.BytesIO()
-    torch.save(content, buf)
-    body = buf.getvalue()
-    # a checksum over the content: a damaged file is refused instead of resuming with other numbers
-    payload = {"format": FORMAT_VERSION, "sha256": hashlib.sha256(body).hexdigest(),
-               "body": torch.frombuffer(bytearray(body), dtype=torch.uint8)}
+def _write_atomic(path: Path, obj: Any) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".ckpt-", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as fh:
-            torch.save(payload, fh)
+            torch.save(obj, fh)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    return path
+
+
+def _part_prefix(path: Path) -> str:
+    return f"{path.stem}.states-"
+
+
+def save(path: str | Path, snap: Snapshot, parts: Iterable[Mapping[int, Any]] | None = None) -> Path:
+    """:func:`write`, returning the main file's path."""
+    write(path, snap, parts)
+    return Path(path)
+
+
+def write(path: str | Path, snap: Snapshot, parts: Iterable[Mapping[int, Any]] | None = None) -> Snapshot:
+    """Write ``snap``, its device states from ``parts`` (mappings of device -> state, written and
+    dropped one at a time) or else from ``snap.device_states``; return ``snap`` with its device states
+    read back from the part files (:class:`StateParts`) when used.
+
+    Parts are new files of their own; the main file is replaced last (temp file + rename) and the
+    previous checkpoint's parts are removed after it, so a crash mid-write keeps the previous checkpoint.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    generation = secrets.token_hex(4)
+    written: list[Part] = []
+    try:
+        for i, chunk in enumerate(parts if parts is not None else state_chunks(snap.device_states)):
+            if not chunk:
+                continue
+            part = path.parent / f"{_part_prefix(path)}{generation}-{i}.pt"
+            _write_atomic(part, {"format": FORMAT_VERSION, "states": encode(dict(chunk))})
+            written.append(Part(part.name, _sha256_of(part), tuple(int(d) for d in chunk)))
+        content = {
+            "next_round": snap.next_round,
+            "server_state": encode(snap.server_state),
+            "device_parts": [{"file": p.file, "sha256": p.sha256, "devices": list(p.devices)} for p in written],
+            "history": encode(snap.history),
+            "config_digest": snap.config_digest,
+            "tracking": encode(snap.tracking),
+            "trained": list(snap.trained),
+        }
+        buf = io.BytesIO()
+        torch.save(content, buf)
+        body = buf.getvalue()
+        # a checksum over the content: a damaged file is refused instead of resuming with other numbers
+        _write_atomic(path, {"format": FORMAT_VERSION, "sha256": hashlib.sha256(body).hexdigest(),
+                             "body": torch.frombuffer(bytearray(body), dtype=torch.uint8)})
+    except BaseException:
+        for p in written:
+            (path.parent / p.file).unlink(missing_ok=True)
+        raise
+    keep = {p.file for p in written}
+    for old in path.parent.glob(f"{_part_prefix(path)}*.pt"):
+        if old.name not in keep:
+            old.unlink(missing_ok=True)
+    return dataclasses.replace(snap, device_states=StateParts(path.parent, written))
+
+
+def _parts(path: Path, raw: dict[str, Any]) -> StateParts:
+    """The main file's parts, each checked (present, and its SHA-256) before any is read."""
+    parts = [Part(str(p["file"]), str(p["sha256"]), tuple(int(d) for d in p["devices"])) for p in raw["device_parts"]]
+    for p in parts:
+        if Path(p.file).name != p.file or not p.file.startswith(_part_prefix(path)):
+            raise CheckpointError(f"checkpoint {path} names a part {p.file!r} outside its folder")
+        file = path.parent / p.file
+        if not file.is_file():
+            raise CheckpointError(f"checkpoint {path} is damaged: its part {file} is missing")
+        if _sha256_of(file) != p.sha256:
+            raise CheckpointError(f"checkpoint {path} is damaged: its part {file} does not match its SHA-256")
+    return StateParts(path.parent, parts)
 
 
 def load(path: str | Path) -> Snapshot:
@@ -135,10 +267,10 @@ def load(path: str | Path) -> Snapshot:
         raw = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:
         raise CheckpointError(f"cannot read checkpoint {path} (damaged or not a checkpoint): {exc}") from None
-    if not isinstance(raw, dict) or raw.get("format") not in (1, FORMAT_VERSION):
+    if not isinstance(raw, dict) or raw.get("format") not in (1, 2, FORMAT_VERSION):
         fmt = raw.get("format") if isinstance(raw, dict) else type(raw).__name__
         raise CheckpointError(f"checkpoint {path} has format {fmt!r}, expected {FORMAT_VERSION}")
-    if raw["format"] == FORMAT_VERSION:
+    if raw["format"] >= 2:
         body = raw.get("body")
         if not isinstance(body, torch.Tensor) or body.dtype != torch.uint8:
             raise CheckpointError(f"checkpoint {path} is damaged: no content")
@@ -153,7 +285,7 @@ def load(path: str | Path) -> Snapshot:
         return Snapshot(
             next_round=int(raw["next_round"]),
             server_state=decode(raw["server_state"]),
-            device_states=decode(raw["device_states"]),
+            device_states=_parts(path, raw) if "device_parts" in raw else decode(raw["device_states"]),
             history=decode(raw["history"]),
             config_digest=str(raw["config_digest"]),
             tracking=decode(raw["tracking"]),

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, TypeVar, runtime_checkable
@@ -56,14 +56,19 @@ class Server(Protocol[PlanT]):
 
 class DevicePool(Protocol[PlanIn]):
     """Hosts the devices: trains the round's participants (whatever ``train`` returns goes to the
-    server's ``aggregate``), evaluates, and gives their states and personalized models."""
+    server's ``aggregate``), evaluates, and gives their states and personalized models.
+
+    States go in and out a part at a time (``iter_states``; ``set_states`` and ``recover`` read a
+    checkpoint's :class:`~lcfed.checkpoint.StateParts` part by part): a checkpoint never gathers
+    every device's state in the driver."""
 
     def train(self, plan: PlanIn) -> Any: ...
     def evaluate(self, payload: Any, devices: Sequence[int] | None = None) -> dict[int, EvalResult]: ...
     def personalized(self, payload: Any) -> dict[int, torch.Tensor]: ...
     def get_states(self) -> dict[int, Any]: ...
-    def set_states(self, states: dict[int, Any]) -> None: ...
-    def recover(self, states: dict[int, Any] | None) -> None: ...
+    def iter_states(self) -> Iterator[dict[int, Any]]: ...
+    def set_states(self, states: Mapping[int, Any]) -> None: ...
+    def recover(self, states: Mapping[int, Any] | None) -> None: ...
     def join(self, devices: Sequence[int], newcomer: Newcomer) -> dict[int, EvalResult]: ...
 
 
@@ -416,15 +421,15 @@ def _save(
     observers: Sequence[Observer],
     trained: np.ndarray,
 ) -> checkpoint.Snapshot:
-    """Checkpoint the state before ``next_round``, with where the observers log the run."""
+    """Checkpoint the state before ``next_round``, with where the observers log the run; the device
+    states are written as the pool hands them over, and the snapshot returned reads them back from disk."""
     tracking: dict[str, str] = {}
     for obs in observers:
         if isinstance(obs, LocatingObserver):
             tracking.update(obs.location())
-    snap = checkpoint.Snapshot(next_round, server.get_state(), pool.get_states(), history, cfg.digest(), tracking,
+    snap = checkpoint.Snapshot(next_round, server.get_state(), {}, history, cfg.digest(), tracking,
                                tuple(int(d) for d in np.flatnonzero(trained)))
-    checkpoint.save(path, snap)
-    return snap
+    return checkpoint.write(path, snap, pool.iter_states())
 
 
 def _loop(

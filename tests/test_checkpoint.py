@@ -43,6 +43,42 @@ def test_a_damaged_checkpoint_is_refused_naming_the_file(tmp_path, where):
         checkpoint.load(path)
 
 
+def test_device_states_are_written_part_by_part_and_read_when_used(tmp_path):
+    handed = []
+
+    def parts():  # a pool hands its states over one host at a time
+        for chunk in ({1: torch.full((3,), 1.0), 4: torch.full((3,), 4.0)}, {}, {9: torch.full((3,), 9.0)}):
+            handed.append(sorted(chunk))
+            yield chunk
+
+    path = tmp_path / "latest.pt"
+    snap = checkpoint.write(path, checkpoint.Snapshot(2, None, {}, [], "d", trained=(1, 4, 9)), parts())
+    assert handed == [[1, 4], [], [9]]
+    files = sorted(f.name for f in tmp_path.glob("latest.states-*.pt"))
+    assert len(files) == 2 and [p.devices for p in snap.device_states.parts] == [(1, 4), (9,)]
+    back = checkpoint.load(path)
+    assert isinstance(back.device_states, checkpoint.StateParts) and sorted(back.device_states) == [1, 4, 9]
+    assert torch.equal(back.device_states[9], torch.full((3,), 9.0))
+    assert [sorted(c) for c in checkpoint.state_chunks(back.device_states)] == [[1, 4], [9]]
+    # the next checkpoint's parts replace these once its main file is in place
+    checkpoint.save(path, checkpoint.Snapshot(3, None, {2: torch.zeros(2)}, [], "d"))
+    assert [f.name for f in tmp_path.glob("latest.states-*.pt")] != files
+    assert len(list(tmp_path.glob("latest.states-*.pt"))) == 1 and dict(checkpoint.load(path).device_states).keys() == {2}
+
+
+def test_a_damaged_or_missing_part_is_refused_before_any_state_is_read(tmp_path):
+    path = checkpoint.save(tmp_path / "latest.pt", checkpoint.Snapshot(1, None, {0: torch.arange(4000.0)}, [], "d"))
+    (part,) = tmp_path.glob("latest.states-*.pt")
+    data = bytearray(part.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    part.write_bytes(bytes(data))
+    with pytest.raises(checkpoint.CheckpointError, match=f"{path} is damaged: its part {part} does not match"):
+        checkpoint.load(path)
+    part.unlink()
+    with pytest.raises(checkpoint.CheckpointError, match=f"its part {part} is missing"):
+        checkpoint.load(path)
+
+
 def test_a_checkpoint_of_the_wrong_structure_is_refused(tmp_path):
     for bad in ({"format": 1, "next_round": 2}, [1, 2], {"format": 1, "next_round": "x", "server_state": None,
                                                          "device_states": {}, "history": [], "config_digest": "",

@@ -18,6 +18,7 @@ from actors.ray_engine import (
     fits,
     pool_layout,
 )
+from lcfed import checkpoint
 from lcfed.config import ConfigError, EngineConfig
 from lcfed.engines.local import HostedDevices, run_local
 from lcfed.federation import prepare
@@ -251,3 +252,7 @@ def test_lost_actor_is_restarted_and_results_equal(ray_cluster, tmp_path, which,
     assert len(faulty.failures) == 1
     assert faulty.failures[0]["replayed_from"] == replayed_from
     assert ("server actor" if which == "server" else "device actor 1") in faulty.failures[0]["error"]
+    if extra:  # the checkpoint holds the device states one actor at a time: a part per actor with trained devices
+        parts = checkpoint.load(tmp_path / "latest.pt").device_states.parts
+        blocks = [set(b) for b in fed.layout.blocks]
+        assert len(parts) >= 2 and all(sum(set(p.devices) <= b for b in blocks) == 1 for p in parts)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import os
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any, TypeVar
@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from lcfed import numerics
-from lcfed.checkpoint import Snapshot
+from lcfed.checkpoint import PART_DEVICES, Snapshot, state_chunks
 from lcfed.config import ExperimentConfig
 from lcfed.device_states import DeviceStates
 from lcfed.federation import Setup, device_data, load, local_work, make_network, make_strategy, prepare, resolve_device
@@ -193,14 +193,22 @@ class HostedDevices:
         """The states of the hosted devices that have trained (the others hold their initial state)."""
         return self.states.stored()
 
-    def set_states(self, states: dict[int, Any]) -> None:
-        self.states.update({d: s for d, s in states.items() if d in self.data})
+    def iter_states(self) -> Iterator[dict[int, Any]]:
+        """:meth:`get_states` in parts of :data:`~lcfed.checkpoint.PART_DEVICES` devices (spilled ones
+        read back only for their part)."""
+        ids = sorted(self.states.stored_ids())
+        for start in range(0, len(ids), PART_DEVICES):
+            yield {d: self.states.get(d) for d in ids[start : start + PART_DEVICES]}
+
+    def set_states(self, states: Mapping[int, Any]) -> None:
+        for chunk in state_chunks(states):
+            self.states.update({d: s for d, s in chunk.items() if d in self.data})
 
     def reset(self) -> None:
         """Every hosted device back to its state before round 0."""
         self.states.clear()
 
-    def recover(self, states: dict[int, Any] | None) -> None:
+    def recover(self, states: Mapping[int, Any] | None) -> None:
         """After a lost host: every hosted device back to its state before round 0, then to ``states``
         (a checkpoint's) where given."""
         self.reset()
@@ -299,10 +307,10 @@ class DeviceHost:
     def get_states(self) -> dict[int, Any]:
         return self.hosted.get_states()
 
-    def set_states(self, states: dict[int, Any]) -> None:
+    def set_states(self, states: Mapping[int, Any]) -> None:
         self.hosted.set_states(states)
 
-    def recover(self, states: dict[int, Any] | None) -> None:
+    def recover(self, states: Mapping[int, Any] | None) -> None:
         self.hosted.recover(states)
 
 
@@ -314,6 +322,9 @@ class LocalPool(DeviceHost):
 
     def train(self, plan: RoundPlan) -> list[Message]:
         return self.hosted.train(plan.rnd, plan.devices, plan.payload, dict(plan.instructions))
+
+    def iter_states(self) -> Iterator[dict[int, Any]]:
+        return self.hosted.iter_states()
 
 
 class LocalFederation:

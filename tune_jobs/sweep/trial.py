@@ -173,9 +173,9 @@ def run_trial(config: dict[str, Any], sources: dict[Any, Any] | None = None) -> 
         dataset = load(cfg, (sources or {}).get(source_key(cfg)))
         resume = None
         prior = tune.get_checkpoint()
-        if prior is not None:
-            with prior.as_directory() as d:
-                resume = checkpoint.load(Path(d) / "latest.pt")
+        if prior is not None:  # into the trial's own folder: the states are read from their part files when used
+            prior.to_directory(work)
+            resume = checkpoint.load(Path(work) / "latest.pt")
         fed = _trial_federation(cfg, dataset)
         try:
             placement = {"engine": cfg.engine.kind, "trial_node": ray.get_runtime_context().get_node_id(),
