@@ -94,7 +94,7 @@ def driver(m: int, args: argparse.Namespace) -> dict[str, Any]:
             eval_s = time.perf_counter() - t
         finally:
             fed.close()
-        ckpt_mb = (Path(ckpt) / "latest.pt").stat().st_size / 2**20
+        ckpt_mb = sum(f.stat().st_size for f in Path(ckpt).glob("latest*.pt")) / 2**20  # with its state parts
     actors = held["device_actors"]
     return {
         "devices": m, "participants": args.participants, "samples": args.samples_per_device * m, "startup_s": startup,

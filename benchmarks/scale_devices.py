@@ -79,7 +79,7 @@ def one(m: int, args: argparse.Namespace) -> dict[str, Any]:
             stored, spilled = len(fed.hosted.states), fed.hosted.states.spilled
         finally:
             fed.close()
-        ckpt_mb = (Path(ckpt) / "latest.pt").stat().st_size / 2**20
+        ckpt_mb = sum(f.stat().st_size for f in Path(ckpt).glob("latest*.pt")) / 2**20  # with its state parts
     rounds = [float(r["round_seconds"]) for r in res.history]
     rounds[-1] -= eval_s[-1]  # the last round without its evaluation of every device
     return {
