@@ -96,6 +96,9 @@ class DataConfig:
     testbed: str = "none"
     testbed_groups: int = 4
     synthetic_samples: int = 0
+    synthetic_alpha: float = 1.0
+    synthetic_beta: float = 1.0
+    synthetic_clusters: int = 0
 
     @property
     def training_devices(self) -> int:
@@ -121,9 +124,7 @@ class DataConfig:
             0 < self.test_fraction < 1, f"{prefix}.test_fraction", self.test_fraction, "must be in (0, 1)"
         )
         require(self.subset >= 0, f"{prefix}.subset", self.subset, "must be >= 0 (0 = every sample)")
-        require(self.synthetic_samples >= 0 and (self.synthetic_samples == 0 or self.dataset == "synthetic"),
-                f"{prefix}.synthetic_samples", self.synthetic_samples,
-                "must be >= 0, and 0 unless data.dataset is synthetic (samples to generate; 0 = the 60,000)")
+        self._validate_generated(prefix)
         q = self.samples_per_device
         require(
             q == () or (len(q) == 2 and all(isinstance(v, int) and not isinstance(v, bool) for v in q)
@@ -178,6 +179,31 @@ class DataConfig:
                 f"must be < data.min_samples ({self.min_samples}), or the smallest devices keep no training sample: "
                 f"raise data.min_samples to at least {self.min_test_samples + 1} or lower the floor",
             )
+
+    def _validate_generated(self, prefix: str) -> None:
+        """The generators' fields: ``synthetic``'s sample count, ``leaf_synthetic``'s (README section 2)."""
+        generated = self.dataset == "leaf_synthetic"
+        require(self.synthetic_samples >= 0 and (self.synthetic_samples == 0 or self.dataset == "synthetic" or generated),
+                f"{prefix}.synthetic_samples", self.synthetic_samples,
+                "must be >= 0, and 0 unless data.dataset is synthetic or leaf_synthetic (samples to generate; 0 = "
+                "synthetic's 60,000, or 40 per device)")
+        if generated:
+            require(self.partition == "natural", f"{prefix}.partition", self.partition,
+                    "must be natural with data.dataset=leaf_synthetic, which generates each device's samples itself")
+            require(self.synthetic_samples == 0 or self.synthetic_samples >= self.num_devices * self.min_samples,
+                    f"{prefix}.synthetic_samples", self.synthetic_samples,
+                    f"must be 0 (40 per device) or >= num_devices x min_samples ({self.num_devices} x {self.min_samples})")
+        for name, default in (("synthetic_alpha", 1.0), ("synthetic_beta", 1.0), ("synthetic_clusters", 0)):
+            value = getattr(self, name)
+            require(value == default or generated, f"{prefix}.{name}", value,
+                    f"is read only by data.dataset=leaf_synthetic (data.dataset is {self.dataset!r})")
+        for name in ("synthetic_alpha", "synthetic_beta"):
+            value = getattr(self, name)
+            require(math.isfinite(value) and value >= 0, f"{prefix}.{name}", value,
+                    "must be a finite number >= 0 (the standard deviation of the devices' "
+                    + ("model means)" if name == "synthetic_alpha" else "input means)"))
+        require(0 <= self.synthetic_clusters <= self.num_devices, f"{prefix}.synthetic_clusters", self.synthetic_clusters,
+                f"must be in [0, num_devices = {self.num_devices}] (0: a model per device; G: G known clusters)")
 
     def _validate_sources(self, prefix: str) -> None:
         """The fields of file datasets, natural partitions and testbeds (README section 2)."""
@@ -537,7 +563,7 @@ def from_dict(raw: Mapping[str, Any]) -> ExperimentConfig:
 LATER_DEFAULTS: dict[str, dict[str, Any]] = {"data": {
     "val_fraction": 0.0, "holdout_fraction": 0.0, "path": "", "format": "auto", "label_column": "label",
     "device_column": "device", "image_size": (), "user_selection": "largest", "testbed": "none", "testbed_groups": 4,
-    "synthetic_samples": 0,
+    "synthetic_samples": 0, "synthetic_alpha": 1.0, "synthetic_beta": 1.0, "synthetic_clusters": 0,
 }}
 
 

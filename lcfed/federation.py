@@ -27,6 +27,7 @@ from lcfed.data import (
     partition_stats,
     split_validation,
 )
+from lcfed.data.generated import GENERATED, leaf_synthetic
 from lcfed.data.sources import synthetic_dataset
 from lcfed.data.testbeds import apply_testbed
 from lcfed.local_update import DeviceData, LocalWork
@@ -57,17 +58,24 @@ def file_source(cfg: ExperimentConfig) -> FileSource | None:
     return FileSource(d.path, d.format, d.label_column, d.device_column, tuple(d.image_size))
 
 
-def source_key(cfg: ExperimentConfig) -> tuple[str, str, bool, FileSource | None, int]:
-    """What decides which files are read: configs with equal keys share one loaded dataset. The
-    directory as written (``~`` unexpanded): the key must match on nodes whose home differs."""
-    return cfg.data.dataset, cfg.data.data_dir, cfg.data.download, file_source(cfg), cfg.data.synthetic_samples
+def source_key(cfg: ExperimentConfig) -> tuple[Any, ...]:
+    """What decides which files are read (or what is generated): configs with equal keys share one loaded
+    dataset. The directory as written (``~`` unexpanded): the key must match on nodes whose home differs."""
+    d = cfg.data
+    generated = ((d.num_devices, d.synthetic_alpha, d.synthetic_beta, d.synthetic_clusters, d.min_samples)
+                 if d.dataset == GENERATED else ())
+    return d.dataset, d.data_dir, d.download, file_source(cfg), d.synthetic_samples, generated
 
 
 def load_source(cfg: ExperimentConfig) -> Dataset:
     """The configured dataset's every sample, read from ``data.data_dir`` (or embedded, or generated:
     ``data.synthetic_samples``)."""
-    if cfg.data.dataset == "synthetic" and cfg.data.synthetic_samples:
-        return synthetic_dataset(cfg.data.synthetic_samples)
+    d = cfg.data
+    if d.dataset == "synthetic" and d.synthetic_samples:
+        return synthetic_dataset(d.synthetic_samples)
+    if d.dataset == GENERATED:
+        return leaf_synthetic(d.num_devices, d.synthetic_alpha, d.synthetic_beta, d.synthetic_clusters,
+                              d.synthetic_samples, d.min_samples)
     return load_dataset(cfg.data.dataset, data_dir(cfg), cfg.data.download, file_source(cfg))
 
 
@@ -140,6 +148,8 @@ def partition(cfg: ExperimentConfig, ds: Dataset) -> Partition:
             user_selection=d.user_selection,
             testbed=d.testbed,
             testbed_groups=d.testbed_groups,
+            sample_groups=ds.groups,
+            group_kind=ds.name,
         )
         # carved after the partition, from its own stream: devices and test sets stay as without it
         return split_validation(part, d.val_fraction, cfg.seed) if d.val_fraction > 0 else part

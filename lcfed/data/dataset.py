@@ -23,6 +23,8 @@ class Dataset:
     ``x`` is either images, uint8 (N, C, H, W), or feature vectors, float32 (N, F) (tables: CSV,
     parquet, an ``.npz`` of vectors). ``device_ids`` (N,) int64, when the source has them, is the
     device (user, writer, client) each sample came from: what ``data.partition: natural`` splits by.
+    ``groups`` (N,) int64, when a generator knows them, is the true cluster of each sample's device: a
+    natural partition's ground truth.
     """
 
     name: str
@@ -30,6 +32,7 @@ class Dataset:
     y: np.ndarray
     num_classes: int
     device_ids: np.ndarray | None = None
+    groups: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         if not ((self.x.ndim == 4 and self.x.dtype == np.uint8) or (self.x.ndim == 2 and self.x.dtype == np.float32)):
@@ -40,6 +43,9 @@ class Dataset:
         if self.device_ids is not None and (self.device_ids.shape != (len(self.x),) or self.device_ids.dtype != np.int64):
             raise ValueError(f"{self.name}: device_ids must be int64 ({len(self.x)},), "
                              f"got {self.device_ids.dtype} {self.device_ids.shape}")
+        if self.groups is not None and (self.device_ids is None or self.groups.shape != (len(self.x),)
+                                        or self.groups.dtype != np.int64):
+            raise ValueError(f"{self.name}: groups must be int64 ({len(self.x)},), beside device_ids")
         if len(self.y) and (int(self.y.min()) < 0 or int(self.y.max()) >= self.num_classes):
             bad = int(self.y.min()) if int(self.y.min()) < 0 else int(self.y.max())
             raise DataError(f"{self.name}: label {bad} in the files; labels must be 0-{self.num_classes - 1} "
@@ -56,9 +62,10 @@ class Dataset:
         return tuple(int(s) for s in self.x.shape[1:])
 
     def take(self, rows: np.ndarray) -> Dataset:
-        """The samples ``rows`` (their device ids too), as a new dataset of the same name and classes."""
+        """The samples ``rows`` (their device ids and groups too), as a new dataset of the same name and classes."""
         ids = None if self.device_ids is None else np.ascontiguousarray(self.device_ids[rows])
-        return Dataset(self.name, self.x[rows], self.y[rows], self.num_classes, ids)
+        groups = None if self.groups is None else np.ascontiguousarray(self.groups[rows])
+        return Dataset(self.name, self.x[rows], self.y[rows], self.num_classes, ids, groups)
 
 
 def _stamp(folder: Path) -> list[list[object]] | None:

@@ -172,6 +172,8 @@ def make_partition(
     user_selection: str = "largest",
     testbed: str = "none",
     testbed_groups: int = 4,
+    sample_groups: np.ndarray | None = None,
+    group_kind: str = "",
 ) -> Partition:
     """Partition ``labels`` across devices with ``scheme``, then split each device into train/test.
 
@@ -184,6 +186,8 @@ def make_partition(
     a ``testbed`` (any name but ``none``), the devices and samples first form ``testbed_groups`` groups
     (:func:`group_layout`), ``scheme`` splits each group's samples over the group's devices (with a
     seed of its own), and each device's group is its ground truth (``group_kind`` = ``testbed``).
+    A ``natural`` partition of a generated dataset that knows its devices' true clusters
+    (``sample_groups``, per sample) takes them as its ground truth, named ``group_kind``.
     """
     try:
         partitioner = _natural_scheme if scheme == NATURAL else PARTITIONERS[scheme]
@@ -199,6 +203,9 @@ def make_partition(
         kind = testbed
     else:
         devices, groups = partitioner(labels, params)
+        if partitioner is _natural_scheme and sample_groups is not None:
+            groups = np.asarray([sample_groups[idx[0]] if len(idx) else -1 for idx in devices], dtype=np.int64)
+            kind = group_kind or "generated"
     if quantity is not None:
         devices = quantity_skew(devices, int(quantity[0]), int(quantity[1]), seed)
     train, test = split_train_test(devices, labels, test_fraction, _split_seed(seed), min_test_samples)

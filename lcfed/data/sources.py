@@ -27,6 +27,7 @@ import torch
 from lcfed import registry
 from lcfed.data.dataset import CACHE_DIR, DataError, Dataset, _stamp
 from lcfed.data.formats import FileSource, load_file
+from lcfed.data.generated import GENERATED, leaf_synthetic
 
 __all__ = ["CACHE_DIR", "SOURCES", "DataError", "Dataset", "Scaling", "load_dataset", "to_float"]
 
@@ -310,9 +311,18 @@ def _load_file(data_dir: Path, download: bool) -> Dataset:
                     "(an .npz, .csv or .parquet file, or an ImageFolder directory; relative to data.data_dir)")
 
 
+def _load_leaf_synthetic(data_dir: Path, download: bool) -> Dataset:
+    """LEAF's synthetic(alpha, beta): 60 features, 10 classes, a softmax model and an input distribution
+    per device (or per known cluster: data.synthetic_clusters), generated for data.num_devices devices
+    (data.synthetic_alpha, data.synthetic_beta, data.synthetic_samples); use data.partition=natural.
+    Called without a config: 100 devices, alpha = beta = 1."""
+    return leaf_synthetic(100)
+
+
 SOURCES: dict[str, Callable[[Path, bool], Dataset]] = {
     "digits": _load_digits,
     "synthetic": _load_synthetic,
+    GENERATED: _load_leaf_synthetic,
     "mnist": _mnist_loader("mnist", "MNIST"),
     "fashion_mnist": _mnist_loader("fashion_mnist", "FashionMNIST"),
     "cifar10": _cifar_loader("cifar10", "CIFAR10", 10),
