@@ -6,7 +6,8 @@ process group on this machine, stopped by process group at the end (never ``ray 
 serves every m; each m's driver is a process of its own, attached through ``RAY_ADDRESS``.
 
 Workload as ``scale_devices.py`` (synthetic data, 10 samples per device, LeNet-5, LCFed K = 10, D = 10,
-100 participants per round x 5 steps), on the Ray engine with one device actor per worker.
+100 participants per round x 5 steps; ``--data leaf``: ``leaf_synthetic`` and the MLP), on the Ray engine
+with one device actor per worker.
 ``--rounds`` rounds without evaluation, then the run is stopped at the round boundary (which writes
 the checkpoint) instead of evaluating every device; then one evaluation of ``--eval-devices`` sampled
 devices is timed, from which the final evaluation of all m is extrapolated.
@@ -143,7 +144,7 @@ def run_one(cluster: Any, m: int, args: argparse.Namespace) -> dict[str, Any]:
     idle = {name: NodeMemory.tree_rss(pid) for name, pid in nodes.items()}
     cmd = [sys.executable, str(Path(__file__).resolve()), "--driver", str(m), "--participants", str(args.participants),
            "--samples-per-device", str(args.samples_per_device), "--rounds", str(args.rounds),
-           "--eval-devices", str(args.eval_devices)]
+           "--eval-devices", str(args.eval_devices), "--data", args.data]
     env = cluster.client_env(cluster.head.home, RAY_ADDRESS=cluster.gcs)
     proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     with NodeMemory({**nodes, "driver": proc.pid}) as mem:
@@ -168,6 +169,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--eval-devices", type=int, default=1000, help="devices of the one timed evaluation")
     ap.add_argument("--workers", type=int, default=3, help="worker nodes of 1 CPU, one device actor each")
+    ap.add_argument("--data", choices=["images", "leaf"], default="images",
+                    help="synthetic images and LeNet-5, or leaf_synthetic and the MLP (240 bytes a sample: 10^6 devices)")
     ap.add_argument("--object-store-mb", type=int, default=512, help="each node's object store")
     ap.add_argument("--driver", type=int, default=0, help=argparse.SUPPRESS)  # the driver process's m
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))

@@ -1,7 +1,8 @@
 """Cost against the number of devices m at a fixed number of participants per round (in-process engine).
 
 Workload: synthetic 1x28x28 data, ``--samples-per-device`` x m samples (``data.synthetic_samples``) split
-pathologically (2 classes per device, a third of each device's samples for its test set), LeNet-5,
+pathologically (2 classes per device, a third of each device's samples for its test set), LeNet-5
+(``--data leaf``: ``leaf_synthetic``'s 60 features, a natural partition and the MLP instead),
 LCFed with K = 10 and D = 10, ``--participants`` devices per round x 5 local steps x batch 32,
 ``--rounds`` rounds, the last of which evaluates every device (streamed in chunks); a checkpoint after
 the last round. Each m runs in a process of its own, so its peak RSS (``ru_maxrss``; the in-process
@@ -39,10 +40,12 @@ def config(m: int, args: argparse.Namespace, ckpt: str, extra: list[str] | None 
     """The workload for m devices; ``extra`` overrides come last and win."""
     from lcfed.config import load_config
 
+    data = (["data.dataset=synthetic", "data.partition=pathological", "data.classes_per_device=2", "model.name=lenet5"]
+            if getattr(args, "data", "images") == "images" else
+            ["data.dataset=leaf_synthetic", "data.partition=natural", "model.name=mlp"])
     return load_config(None, [
-        "data.dataset=synthetic", f"data.synthetic_samples={args.samples_per_device * m}", f"data.num_devices={m}",
-        "data.partition=pathological", "data.classes_per_device=2", "data.min_samples=4", "data.test_fraction=0.34",
-        "data.min_test_samples=1", "model.name=lenet5",
+        *data, f"data.synthetic_samples={args.samples_per_device * m}", f"data.num_devices={m}",
+        "data.min_samples=4", "data.test_fraction=0.34", "data.min_test_samples=1",
         "method.name=lcfed", "method.num_clusters=10", "method.rank=10", "method.mu=1.0", "method.lam=0.1",
         f"train.rounds={args.rounds}", f"train.participation={args.participants / m}", "train.local_steps=5",
         "train.batch_size=32", "train.lr=0.05", f"train.eval_every={args.rounds}",
@@ -106,6 +109,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--samples-per-device", type=int, default=10)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--state-mb", type=float, default=0.0, help="engine.state_memory_mb (0 = no limit)")
+    ap.add_argument("--data", choices=["images", "leaf"], default="images",
+                    help="synthetic images and LeNet-5, or leaf_synthetic and the MLP")
     ap.add_argument("--one", type=int, default=0, help=argparse.SUPPRESS)  # the child process's m
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     args = ap.parse_args(argv)
@@ -117,7 +122,7 @@ def main(argv: list[str] | None = None) -> None:
     for m in args.devices:
         cmd = [sys.executable, str(Path(__file__).resolve()), "--one", str(m), "--participants", str(args.participants),
                "--samples-per-device", str(args.samples_per_device), "--rounds", str(args.rounds),
-               "--state-mb", str(args.state_mb)]
+               "--state-mb", str(args.state_mb), "--data", args.data]
         out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
         rows.append(json.loads(out.strip().splitlines()[-1]))
         r = rows[-1]
