@@ -1,10 +1,8 @@
 """The round loop, written once. It drives a server and a device pool, in-process or on Ray.
 
-``Server`` and ``DevicePool`` are the two seams: :mod:`lcfed.engines.local` implements them in-process,
-:mod:`actors.ray_engine` with Ray actors. Observers (progress bar, MLflow, Tune) receive each round's
-metrics; the loop itself never knows about them. Everything the loop calls on these objects is in
-the Protocols below; an observer's optional hooks are Protocols of their own, with the default the
-loop applies when an observer has not got one.
+What it calls on them and on its observers is in :mod:`lcfed.contracts`; what it returns, in
+:mod:`lcfed.run_result` (both re-exported here, where engines and observers have always found them).
+The stop flag that signal handlers set lives here, beside the loop that reads it.
 """
 
 from __future__ import annotations
@@ -12,113 +10,40 @@ from __future__ import annotations
 import math
 import time
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, TypeVar, runtime_checkable
+from typing import Any
 
 import numpy as np
-import torch
 
 from lcfed import checkpoint
 from lcfed.config import ExperimentConfig
+from lcfed.contracts import (
+    MAX_PERSONAL_BYTES,
+    DevicePool,
+    ErrorObserver,
+    LocatingObserver,
+    ModelsObserver,
+    Observer,
+    PersonalLimit,
+    Plan,
+    PlanT,
+    Server,
+)
 from lcfed.faults import ClusterLost
 from lcfed.local_update import EvalResult
 from lcfed.methods.base import Federation, RoundStats
 from lcfed.metrics import accuracy_metrics, label_homogeneity
-from lcfed.models import ParamSpec
 from lcfed.recovery import adjusted_rand_index, normalized_mutual_info
+from lcfed.run_result import SERVER_MODELS, FinalModels, Newcomer, RunResult, newcomer, newcomer_metrics
 
-
-class Plan(Protocol):
-    """What the loop reads of a round's plan (a :class:`~lcfed.methods.base.RoundPlan`, or an engine's
-    handle on one): the participants."""
-
-    @property
-    def devices(self) -> tuple[int, ...]: ...
-
-
-PlanT = TypeVar("PlanT", bound=Plan)
-PlanIn = TypeVar("PlanIn", bound=Plan, contravariant=True)
-
-
-class Server(Protocol[PlanT]):
-    """Holds the server state and applies the strategy's server-side hooks; ``PlanT`` is what its
-    ``configure`` hands the device pool."""
-
-    def configure(self, rnd: int) -> PlanT: ...
-    def aggregate(self, plan: PlanT, msgs: Any) -> RoundStats: ...
-    def eval_payload(self) -> Any: ...
-    def get_state(self) -> Any: ...
-    def set_state(self, state: Any) -> None: ...
-    def recover(self, state: Any | None) -> None: ...
-
-
-class DevicePool(Protocol[PlanIn]):
-    """Hosts the devices: trains the round's participants (whatever ``train`` returns goes to the
-    server's ``aggregate``), evaluates, and gives their states and personalized models.
-
-    States go in and out a part at a time (``iter_states``; ``set_states`` and ``recover`` read a
-    checkpoint's :class:`~lcfed.checkpoint.StateParts` part by part): a checkpoint never gathers
-    every device's state in the driver."""
-
-    def train(self, plan: PlanIn) -> Any: ...
-    def evaluate(self, payload: Any, devices: Sequence[int] | None = None) -> dict[int, EvalResult]: ...
-    def personalized(self, payload: Any) -> dict[int, torch.Tensor]: ...
-    def get_states(self) -> dict[int, Any]: ...
-    def iter_states(self) -> Iterator[dict[int, Any]]: ...
-    def set_states(self, states: Mapping[int, Any]) -> None: ...
-    def recover(self, states: Mapping[int, Any] | None) -> None: ...
-    def join(self, devices: Sequence[int], newcomer: Newcomer) -> dict[int, EvalResult]: ...
-
-
-class Observer(Protocol):
-    """Hears a run: its start, every round's metrics and its result (the three hooks every observer has).
-
-    An observer may also implement any of :class:`ErrorObserver`, :class:`LocatingObserver` and
-    :class:`ModelsObserver`; where it does not, the loop uses the default each names.
-    """
-
-    def on_start(self, cfg: ExperimentConfig, fed: Federation) -> None: ...
-    def on_round(self, rnd: int, metrics: dict[str, float], stats: RoundStats) -> None: ...
-    def on_end(self, result: RunResult) -> None: ...
-
-
-@runtime_checkable
-class ErrorObserver(Protocol):
-    """Optional: told when the run fails, before the exception propagates (MLflow marks its run FAILED).
-    Default: not told."""
-
-    def on_error(self, exc: BaseException) -> None: ...
-
-
-@runtime_checkable
-class LocatingObserver(Protocol):
-    """Optional: where it logs the run (e.g. the MLflow run id), saved with every checkpoint so that a
-    resumed run logs there too. Default: nothing."""
-
-    def location(self) -> dict[str, str]: ...
-
-
-@runtime_checkable
-class ModelsObserver(Protocol):
-    """Optional: whether it wants the final models in ``RunResult.models`` (read after the last round,
-    so ``on_start`` may decide). Default: False."""
-
-    wants_models: bool
-
-
-@runtime_checkable
-class PersonalLimit(Protocol):
-    """Optional, beside ``wants_models``: the most bytes of personal models (m models of float32) the
-    observer will use; past it the engine builds none (a model per device of 10^5 devices is GBs).
-    Default: no limit."""
-
-    max_personal_bytes: float
-
-
-#: the personal models' size past which observers with a :class:`PersonalLimit` get none
-MAX_PERSONAL_BYTES = 512 * 2**20
+__all__ = [
+    "MAX_PERSONAL_BYTES", "SERVER_MODELS", "STOP", "DevicePool", "DivergenceError", "ErrorObserver", "FinalModels",
+    "HostFailure", "LocatingObserver", "ModelsObserver", "Newcomer", "Observer", "PersonalLimit", "Plan", "RunResult",
+    "Server", "StopRequest", "Stopped", "checkpoint_path", "eval_sample", "evaluate_round", "final_models",
+    "load_resume", "newcomer", "newcomer_metrics", "run_rounds", "should_evaluate", "simulated_seconds",
+]
 
 
 class DivergenceError(RuntimeError):
@@ -154,76 +79,6 @@ STOP = StopRequest()
 
 class HostFailure(RuntimeError):
     """A process hosting devices or the server was lost; the engine restarts it and replays."""
-
-
-@dataclass
-class RunResult:
-    """A finished run: the last evaluation, every round's metrics and the final assignment."""
-
-    final: dict[str, float]
-    history: list[dict[str, float]] = field(default_factory=list)
-    assignment: np.ndarray | None = None
-    wall_seconds: float = 0.0
-    round_seconds: float = 0.0
-    tracking: dict[str, str] = field(default_factory=dict)
-    failures: list[dict[str, Any]] = field(default_factory=list)
-    placement: dict[str, Any] = field(default_factory=dict)  # where an engine ran it (Ray: nodes, GPUs)
-    provenance: dict[str, str] = field(default_factory=dict)  # what produced the numbers (lcfed.numerics)
-    # the last evaluation per device and which devices had trained by then (the devices acc_mean counts)
-    evaluation: dict[int, EvalResult] = field(default_factory=dict)
-    trained: np.ndarray | None = None
-    models: FinalModels | None = None  # only when an observer asks (``wants_models``)
-
-
-@dataclass
-class FinalModels:
-    """The models at the end of a run: the server's state and each device's personalized weights
-    (those it is evaluated with; empty when the pool cannot give them)."""
-
-    server_state: Any
-    personal: dict[int, Any]
-
-
-#: server-state fields that hold final models, and their names (``models/<name>`` in MLflow)
-SERVER_MODELS = {"weights": "global", "centers": "clusters", "embedding": "embedding"}
-
-
-@dataclass(frozen=True)
-class Newcomer:
-    """What a held-out device finds when it joins after the last round: the server's full-size
-    models to choose from (``models``, (n, dim)), else the embedding it holds (or None), which the
-    device completes from the initial model and trains for one round's local work."""
-
-    models: torch.Tensor | None
-    embedding: torch.Tensor | None = None
-
-
-def newcomer(state: Any, spec: ParamSpec) -> Newcomer:
-    """The :data:`SERVER_MODELS` of ``state`` a newcomer may adopt (as :func:`final_models` hands them
-    to the tracking): its global model and cluster models, else its embedding."""
-    full, embedding = [], None
-    for name in SERVER_MODELS:
-        value = getattr(state, name, None)
-        if not isinstance(value, torch.Tensor):
-            continue
-        if value.dim() == 1 and value.numel() == spec.size:
-            full.append(value[None])
-        elif value.dim() == 2 and value.shape[1] == spec.size:
-            full.append(value)
-        elif value.dim() == 1 and value.numel() == spec.embedding_size:
-            embedding = value.detach().float().cpu()
-    if full:
-        return Newcomer(torch.cat([w.detach().float().cpu() for w in full]))
-    return Newcomer(None, embedding)
-
-
-def newcomer_metrics(results: dict[int, EvalResult]) -> dict[str, float]:
-    """``acc_new_mean`` / ``acc_new_weighted``: the held-out devices' test accuracy once joined."""
-    rows = [r for r in results.values() if r.total > 0]
-    if not rows:
-        return {"acc_new_mean": float("nan"), "acc_new_weighted": float("nan")}
-    return {"acc_new_mean": float(np.mean([r.correct / r.total for r in rows])),
-            "acc_new_weighted": sum(r.correct for r in rows) / sum(r.total for r in rows)}
 
 
 def final_models(server: Server[Any], pool: DevicePool[Any], personal: bool = True) -> FinalModels:
@@ -432,6 +287,47 @@ def _save(
     return checkpoint.write(path, snap, pool.iter_states())
 
 
+@dataclass
+class _Played:
+    """One round played, not yet taken into the result: its metrics, what trained, what it scored."""
+
+    stats: RoundStats
+    metrics: dict[str, float]
+    trained: np.ndarray
+    evaluation: dict[int, EvalResult] | None
+
+
+def _play(
+    cfg: ExperimentConfig, fed: Federation, server: Server[PlanT], pool: DevicePool[PlanT], rnd: int,
+    trained: np.ndarray, totals: dict[str, float],
+) -> _Played:
+    """Round ``rnd``: train its participants, aggregate, evaluate when due, and the round's metrics
+    (the held-out devices join after the last round)."""
+    t0 = time.perf_counter()
+    plan = server.configure(rnd)
+    stats = server.aggregate(plan, pool.train(plan))
+    now_trained = trained.copy()
+    now_trained[list(plan.devices)] = True
+    evaluation = evaluate_round(cfg, rnd, server, pool, now_trained) if should_evaluate(cfg, rnd) else None
+    if not np.isfinite(stats.train_loss):
+        raise DivergenceError(f"round {rnd}: training loss is {stats.train_loss}; lower train.lr or check the data")
+    metrics = _metrics(cfg, rnd, stats, evaluation, fed, totals, now_trained)
+    if fed.held_out and rnd == cfg.train.rounds - 1:
+        metrics.update(newcomer_metrics(pool.join(fed.held_out, newcomer(server.get_state(), fed.spec))))
+    metrics["round_seconds"] = time.perf_counter() - t0
+    return _Played(stats, metrics, now_trained, evaluation)
+
+
+def _take(result: RunResult, rnd: int, played: _Played, history: list[dict[str, float]]) -> None:
+    """Round ``rnd``'s outcome into ``result``: its history, assignment and, if it evaluated, the final scores."""
+    result.history = history
+    if played.stats.assignment is not None:
+        result.assignment = played.stats.assignment
+    if played.evaluation is not None:
+        result.final = dict(played.metrics)
+        result.evaluation, result.trained = played.evaluation, played.trained
+
+
 def _loop(
     cfg: ExperimentConfig,
     fed: Federation,
@@ -446,29 +342,16 @@ def _loop(
     trained = np.zeros(fed.num_devices, dtype=bool)
     rnd, totals = _restore(result, resume, trained)
     ckpt = checkpoint_path(cfg)
-    # the state to fall back to when a host is lost: the last checkpoint, else the start
-    last_snap = resume
+    last_snap = resume  # the state to fall back to when a host is lost: the last checkpoint, else the start
     reported = rnd  # rounds below this were already passed to the observers
     failures = 0
-    round_times = []
+    round_times = []  # the rounds this call played (not a resumed run's earlier ones)
     while rnd < cfg.train.rounds:
-        t0 = time.perf_counter()
         try:
-            plan = server.configure(rnd)
-            stats = server.aggregate(plan, pool.train(plan))
-            now_trained = trained.copy()
-            now_trained[list(plan.devices)] = True
-            evaluation = evaluate_round(cfg, rnd, server, pool, now_trained) if should_evaluate(cfg, rnd) else None
-            if not np.isfinite(stats.train_loss):
-                raise DivergenceError(f"round {rnd}: training loss is {stats.train_loss}; lower train.lr or check the data")
-            metrics = _metrics(cfg, rnd, stats, evaluation, fed, totals, now_trained)
-            if fed.held_out and rnd == cfg.train.rounds - 1:  # the held-out devices join the final models
-                joined = pool.join(fed.held_out, newcomer(server.get_state(), fed.spec))
-                metrics.update(newcomer_metrics(joined))
-            metrics["round_seconds"] = time.perf_counter() - t0
-            history = [*result.history, metrics]
+            played = _play(cfg, fed, server, pool, rnd, trained, totals)
+            history = [*result.history, played.metrics]
             if ckpt is not None and ((rnd + 1) % cfg.checkpoint.every == 0 or rnd == cfg.train.rounds - 1):
-                last_snap = _save(ckpt, cfg, rnd + 1, server, pool, history, observers, now_trained)
+                last_snap = _save(ckpt, cfg, rnd + 1, server, pool, history, observers, played.trained)
         except ClusterLost as exc:  # nothing to restart hosts on: stop, saying where the run can go on from
             exc.during(rnd, last_snap.next_round if last_snap is not None else 0, ckpt)
             raise
@@ -483,18 +366,13 @@ def _loop(
             result.failures.append({"round": rnd, "replayed_from": back_to, "error": str(exc)})
             rnd, totals = _restore(result, last_snap, trained)
             continue
-        totals = {k: metrics[k] for k in TOTALS}
-        trained = now_trained
-        result.history = history
-        round_times.append(metrics["round_seconds"])
-        if stats.assignment is not None:
-            result.assignment = stats.assignment
-        if evaluation is not None:
-            result.final = dict(metrics)
-            result.evaluation, result.trained = evaluation, now_trained
+        totals = {k: played.metrics[k] for k in TOTALS}
+        trained = played.trained
+        round_times.append(played.metrics["round_seconds"])
+        _take(result, rnd, played, history)
         if rnd >= reported:  # a replayed round reproduces what observers already have
             for obs in observers:
-                obs.on_round(rnd, metrics, stats)
+                obs.on_round(rnd, played.metrics, played.stats)
             reported = rnd + 1
         rnd += 1
         if STOP.reason is not None and rnd < cfg.train.rounds:
