@@ -1,1 +1,2 @@
-"""Ray layer: device-actor pool, server actor and the Ray engine. Holds no algorithm."""
+"""Ray layer: the Ray engine (ray_engine), its actors (hosts), the cluster's nodes (nodes) and the placement
+arithmetic (placement). Holds no algorithm."""

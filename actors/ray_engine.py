@@ -1,149 +1,39 @@
 """The Ray engine: a pool of DeviceActors hosting virtual devices, and a ServerActor.
 
-No algorithm lives here: actors wrap :class:`lcfed.engines.local.HostedDevices` and
-:class:`lcfed.engines.local.LocalServer`, and the round loop is :func:`lcfed.loop.run_rounds`. What moves:
+The actors and their restarts are :mod:`actors.hosts`, the nodes and the reservation :mod:`actors.nodes`,
+the placement arithmetic :mod:`actors.placement`; this module is the driver's side: the handles that
+implement the round loop's seams (:func:`lcfed.loop.run_rounds`) and the federation's life. What moves:
 the server ``ray.put``\\ s each round's broadcast once and actors resolve that one object; device
 messages go from the actors straight to the ServerActor as object refs, never through the driver.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import os
-import pickle
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import ray
 import torch
-from ray.util.placement_group import placement_group, remove_placement_group
-from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
+from ray.util.placement_group import remove_placement_group
 
-from actors.connect import ClusterError, ensure_ray
-from actors.liveness import alive, check_cluster, get
-from actors.placement import NodeResources, PoolLayout, cluster_layout, fits, pool_layout
+from actors.connect import ensure_ray
+from actors.hosts import Hosts, fast_tensor_transfer
+from actors.liveness import get
+from actors.nodes import PlacementError, alive_nodes, alive_nodes_info, head_node_id, place_pool
+from actors.placement import NodeResources, cluster_layout, fits, pool_layout
 from lcfed import numerics
 from lcfed.checkpoint import Snapshot, state_chunks
 from lcfed.config import ExperimentConfig
-from lcfed.data import Dataset, Partition
-from lcfed.engines.local import DeviceHost, HostedDevices, LocalServer, auto_workers
-from lcfed.federation import Setup, load, make_strategy, prepare, resolve_device, shard
+from lcfed.data import Dataset
+from lcfed.federation import Setup, load, prepare, shard
 from lcfed.local_update import EvalResult
-from lcfed.loop import HostFailure, Newcomer, Observer, RunResult, run_rounds
-from lcfed.methods.base import Message, RoundPlan, RoundStats, tensor_bytes
+from lcfed.loop import Newcomer, Observer, RunResult, run_rounds
+from lcfed.methods.base import RoundPlan, RoundStats
 
-_NUMPY_DTYPES = frozenset(
-    {torch.float32, torch.float64, torch.float16, torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool}
-)
-
-
-def _tensor_to_wire(t: torch.Tensor) -> Any:
-    """A CPU tensor as a numpy array, which Ray ships as one out-of-band buffer; torch's own pickling
-    goes through ``torch.save`` per storage, which costs ~15 ms more for a round's 25 LeNet-5 models.
-    Anything else (CUDA, autograd, bfloat16, sparse) keeps torch's pickling."""
-    if t.device.type == "cpu" and not t.requires_grad and t.layout == torch.strided and t.dtype in _NUMPY_DTYPES:
-        return t.contiguous().numpy()
-    return pickle.dumps(t)
-
-
-def _tensor_from_wire(obj: Any) -> torch.Tensor:
-    if isinstance(obj, bytes):
-        return pickle.loads(obj)
-    return torch.from_numpy(obj.copy())  # a writable copy: the buffer is the read-only object store
-
-
-def fast_tensor_transfer() -> None:
-    """Ship CPU tensors through Ray as numpy buffers from this process (registration is per process;
-    the receiving side needs nothing, the deserializer travels with the data)."""
-    ray.util.register_serializer(torch.Tensor, serializer=_tensor_to_wire, deserializer=_tensor_from_wire)
-
-
-class DeviceActor(DeviceHost):
-    """Hosts a block of virtual devices: their data (sent once by the process that loaded the
-    dataset, placed on the GPU if one is assigned) and their personal states, which never leave the actor.
-    Answers the pool's calls as :class:`lcfed.engines.local.DeviceHost` does in-process."""
-
-    def __init__(
-        self, cfg: ExperimentConfig, setup: Setup, devices: Sequence[int], shard: tuple[Dataset, Partition],
-        cpus: float = 1.0,
-    ) -> None:
-        numerics.activate(cfg.engine.numerics)
-        fast_tensor_transfer()
-        self.devices = tuple(devices)
-        workers = auto_workers(cfg, cpus, resolve_device(cfg.engine.device))
-        ds, part = shard  # this actor's devices' samples, from the process that loaded the dataset
-        self.hosted = HostedDevices(cfg, replace(setup, partition=part), self.devices, ds, workers=workers)
-
-    def info(self) -> dict[str, Any]:
-        return {
-            "devices": len(self.devices),
-            "torch_device": str(self.hosted.where),
-            "workers": self.hosted.workers,
-            "gpu_ids": ray.get_gpu_ids(),
-            "node_id": ray.get_runtime_context().get_node_id(),
-            "pid": os.getpid(),
-            "kernels": numerics.state()["level"],
-            "gpu": torch.cuda.get_device_name(self.hosted.where) if self.hosted.where.type == "cuda" else "",
-        }
-
-    def train(self, rnd: int, devices: Sequence[int], payload: Any, instructions: dict[int, Any]) -> list[Message]:
-        return self.hosted.train(rnd, devices, payload, instructions)
-
-    def holdings(self) -> dict[str, Any]:
-        """Its devices' samples and states (:meth:`HostedDevices.holdings`) and where it runs."""
-        return {**self.hosted.holdings(), "node_id": ray.get_runtime_context().get_node_id(), "pid": os.getpid()}
-
-
-class ServerActor:
-    """Holds the strategy's server state; does the clustering and aggregation."""
-
-    def __init__(self, cfg: ExperimentConfig, setup: Setup) -> None:
-        numerics.activate(cfg.engine.numerics)
-        fast_tensor_transfer()
-        torch.set_num_threads(cfg.engine.torch_threads)
-        self.server = LocalServer(make_strategy(cfg, setup.federation))
-
-    def configure(self, rnd: int) -> tuple[RoundPlan, Any]:
-        plan = self.server.configure(rnd)
-        # the broadcast is stored once; every device actor resolves the same object
-        return replace(plan, payload=None), [ray.put(plan.payload)]
-
-    def aggregate(self, plan: RoundPlan, *msg_lists: list[Message]) -> RoundStats:
-        msgs = [m for batch in msg_lists for m in batch]
-        return self.server.aggregate(plan, msgs)
-
-    def eval_payload(self) -> list[Any]:
-        return [ray.put(self.server.eval_payload())]
-
-    def node_id(self) -> str:
-        return ray.get_runtime_context().get_node_id()
-
-    def holdings(self) -> dict[str, Any]:
-        """Where it runs, the server state's tensor bytes, and the state's fields with one row per device
-        (``per_device``: name -> bytes; e.g. an assignment, never a model per device)."""
-        state, m = self.server.state, self.server.strategy.fed.num_devices
-        fields = {f.name: getattr(state, f.name) for f in dataclasses.fields(state)} if dataclasses.is_dataclass(state) else {}
-        per_device = {k: tensor_bytes(v) for k, v in fields.items()
-                      if isinstance(v, (torch.Tensor, np.ndarray)) and v.ndim and v.shape[0] == m}
-        return {"node_id": self.node_id(), "pid": os.getpid(), "state_bytes": tensor_bytes(state),
-                "per_device": per_device}
-
-    def get_state(self) -> Any:
-        return self.server.get_state()
-
-    def set_state(self, state: Any) -> None:
-        self.server.set_state(state)
-
-    def recover(self, state: Any | None) -> None:
-        self.server.recover(state)
-
-
-#: the two actor classes as Ray starts them (what ``@ray.remote`` would make of the classes, named so
-#: that type checkers see it: they do not apply class decorators)
-RemoteDevice = ray.remote(DeviceActor)
-RemoteServer = ray.remote(ServerActor)
+#: besides the engine's own: the names callers have found here (the cluster's nodes and the placement)
+__all__ = ["NodeResources", "PlacementError", "RayFederation", "RayPlan", "RayPool", "RayServer", "alive_nodes",
+           "cluster_layout", "fits", "head_node_id", "place_pool", "pool_layout", "run_ray"]
 
 
 @dataclass(frozen=True)
@@ -155,71 +45,6 @@ class RayPlan:
     def devices(self) -> tuple[int, ...]:
         """The round's participants, as :class:`RoundPlan` names them (the engine counts coverage)."""
         return self.plan.devices
-
-
-class Hosts:
-    """The federation's actors, with the means to notice lost ones and start them again.
-
-    Device actors live in the bundles of one placement group (``placement``; None inside a Tune
-    trial, whose own group captures them); each receives its devices' samples as an object ref.
-    The ServerActor asks for no CPU and, outside a trial, prefers the head node (where drivers run
-    on a cluster; GPU workers are left to device actors).
-    """
-
-    def __init__(
-        self, cfg: ExperimentConfig, setup_ref: Any, layout: PoolLayout, shard_refs: Sequence[Any],
-        placement: Any = None,
-    ) -> None:
-        self.cfg = cfg
-        self.setup_ref = setup_ref
-        self.layout = layout
-        self.shard_refs = list(shard_refs)
-        self.placement = placement
-        self.server = self._new_server()
-        self.devices = [self._new_device(i) for i in range(len(layout.blocks))]
-
-    def _new_server(self) -> Any:
-        opts: dict[str, Any] = {"num_cpus": 0}
-        if self.placement is not None:
-            # hard: Ray's soft affinity was seen to spill a 0-CPU actor onto a worker under load; the
-            # head outlives every federation (a cluster whose head is gone is gone)
-            node = head_node_id()
-            if node is not None:
-                opts["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node, soft=False)
-        return RemoteServer.options(**opts).remote(self.cfg, self.setup_ref)
-
-    def _new_device(self, i: int) -> Any:
-        opts: dict[str, Any] = {"num_cpus": self.layout.cpus_per_actor, "num_gpus": self.layout.gpus_per_actor}
-        if self.placement is not None:
-            opts["scheduling_strategy"] = PlacementGroupSchedulingStrategy(self.placement, placement_group_bundle_index=i)
-        block = self.layout.blocks[i]
-        return RemoteDevice.options(**opts).remote(self.cfg, self.setup_ref, block, self.shard_refs[i],
-                                                   self.layout.cpus_per_actor)
-
-    @staticmethod
-    def _alive(actor: Any) -> bool:
-        return alive(actor, timeout=60)
-
-    def call(self, fn: Any) -> Any:
-        """Run ``fn`` (which does ``ray.get``); a lost actor becomes :class:`HostFailure`, a lost private
-        Ray :class:`~lcfed.faults.ClusterLost`."""
-        try:
-            return fn()
-        except ray.exceptions.RayError as exc:
-            check_cluster()  # an actor on a node without its raylet cannot be restarted: no HostFailure then
-            lost = [i for i, a in enumerate(self.devices) if not self._alive(a)]
-            server_lost = not self._alive(self.server)
-            if not lost and not server_lost:
-                raise
-            what = (["server actor"] if server_lost else []) + [f"device actor {i}" for i in lost]
-            raise HostFailure(f"lost {', '.join(what)} ({type(exc).__name__})") from exc
-
-    def restart_lost(self) -> None:
-        if not self._alive(self.server):
-            self.server = self._new_server()
-        for i, actor in enumerate(self.devices):
-            if not self._alive(actor):
-                self.devices[i] = self._new_device(i)
 
 
 class RayServer:
@@ -321,64 +146,6 @@ class RayPool:
             self._send(states)
 
 
-def _alive_nodes_info() -> list[dict[str, Any]]:
-    return [n for n in ray.nodes() if n.get("Alive")]
-
-
-def head_node_id() -> str | None:
-    """The head node's id (Ray gives the head the resource ``node:__internal_head__``)."""
-    for n in _alive_nodes_info():
-        if "node:__internal_head__" in n.get("Resources", {}):
-            return str(n["NodeID"])
-    return None
-
-
-class PlacementError(ClusterError):
-    """The cluster cannot place the federation's actors: what was asked, what the cluster has."""
-
-
-def alive_nodes() -> list[NodeResources]:
-    return [NodeResources(n["Resources"].get("CPU", 0.0), n["Resources"].get("GPU", 0.0))
-            for n in _alive_nodes_info()]
-
-
-def _describe_cluster() -> str:
-    nodes = _alive_nodes_info()
-    avail = ray.available_resources()
-    per_node = "; ".join(
-        f"node {n['NodeManagerAddress']} {n['NodeID'][:8]}: CPU {n['Resources'].get('CPU', 0):g}, GPU {n['Resources'].get('GPU', 0):g}"
-        for n in nodes
-    )
-    return (f"{len(nodes)} alive node(s) [{per_node}]; available now: CPU {avail.get('CPU', 0):g}, "
-            f"GPU {avail.get('GPU', 0):g}")
-
-
-def place_pool(layout: PoolLayout, timeout_s: float, can_grow: bool) -> Any:
-    """Reserve every device actor's bundle at once (all or nothing), or raise :class:`PlacementError`.
-
-    A cluster that cannot grow (a private local Ray) fails at once when its nodes cannot hold the
-    bundles; one that may (an autoscaler starting workers for the pending demand) gets ``timeout_s``.
-    """
-    bundles = layout.bundles()
-    ask = (f"{len(bundles)} device actor(s) x {{CPU: {layout.cpus_per_actor:g}"
-           + (f", GPU: {layout.gpus_per_actor:g}" if layout.gpus_per_actor > 0 else "") + "}")
-    fix = ("set engine.cpus_per_actor / engine.actors_per_gpu / engine.num_actors / engine.gpus to fit, "
-           "or add nodes")
-    if not can_grow and not fits(layout, alive_nodes()):
-        raise PlacementError(f"cannot place the federation: asked for {ask}, more than the nodes hold; "
-                             f"the cluster has {_describe_cluster()}; {fix}")
-    pg = placement_group(bundles, strategy="PACK")
-    try:
-        ray.get(pg.ready(), timeout=timeout_s)
-    except ray.exceptions.GetTimeoutError:
-        remove_placement_group(pg)
-        raise PlacementError(
-            f"cannot place the federation within {timeout_s:g} s (engine.placement_timeout_s): asked for {ask}; "
-            f"the cluster has {_describe_cluster()}; {fix}"
-        ) from None
-    return pg
-
-
 class RayFederation:
     """A federation deployed on Ray: the actors exist until :meth:`close`.
 
@@ -421,7 +188,7 @@ class RayFederation:
         """Where the federation runs: each device actor's node (with that node's resources), GPU ids,
         ask and device count, and the server's node."""
         assert self.hosts is not None
-        nodes = {n["NodeID"]: n for n in _alive_nodes_info()}
+        nodes = {n["NodeID"]: n for n in alive_nodes_info()}
 
         def node(node_id: str) -> dict[str, Any]:
             res = nodes.get(node_id, {}).get("Resources", {})

@@ -9,15 +9,8 @@ import pytest
 import ray
 import torch
 
-from actors.ray_engine import (
-    NodeResources,
-    RayFederation,
-    _tensor_to_wire,
-    cluster_layout,
-    fast_tensor_transfer,
-    fits,
-    pool_layout,
-)
+from actors.hosts import _tensor_to_wire, fast_tensor_transfer
+from actors.ray_engine import NodeResources, RayFederation, cluster_layout, fits, pool_layout
 from lcfed import checkpoint
 from lcfed.config import ConfigError, EngineConfig
 from lcfed.engines.local import HostedDevices, run_local

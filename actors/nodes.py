@@ -1,0 +1,71 @@
+"""The cluster as Ray reports it, and the reservation of a federation's device actors on it (the
+arithmetic of what fits where is :mod:`actors.placement`, which does not import Ray)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ray
+from ray.util.placement_group import placement_group, remove_placement_group
+
+from actors.connect import ClusterError
+from actors.placement import NodeResources, PoolLayout, fits
+
+
+def alive_nodes_info() -> list[dict[str, Any]]:
+    """Ray's record of each alive node (``ray.nodes()``: id, address, resources)."""
+    return [n for n in ray.nodes() if n.get("Alive")]
+
+
+def head_node_id() -> str | None:
+    """The head node's id (Ray gives the head the resource ``node:__internal_head__``)."""
+    for n in alive_nodes_info():
+        if "node:__internal_head__" in n.get("Resources", {}):
+            return str(n["NodeID"])
+    return None
+
+
+class PlacementError(ClusterError):
+    """The cluster cannot place the federation's actors: what was asked, what the cluster has."""
+
+
+def alive_nodes() -> list[NodeResources]:
+    return [NodeResources(n["Resources"].get("CPU", 0.0), n["Resources"].get("GPU", 0.0))
+            for n in alive_nodes_info()]
+
+
+def _describe_cluster() -> str:
+    nodes = alive_nodes_info()
+    avail = ray.available_resources()
+    per_node = "; ".join(
+        f"node {n['NodeManagerAddress']} {n['NodeID'][:8]}: CPU {n['Resources'].get('CPU', 0):g}, GPU {n['Resources'].get('GPU', 0):g}"
+        for n in nodes
+    )
+    return (f"{len(nodes)} alive node(s) [{per_node}]; available now: CPU {avail.get('CPU', 0):g}, "
+            f"GPU {avail.get('GPU', 0):g}")
+
+
+def place_pool(layout: PoolLayout, timeout_s: float, can_grow: bool) -> Any:
+    """Reserve every device actor's bundle at once (all or nothing), or raise :class:`PlacementError`.
+
+    A cluster that cannot grow (a private local Ray) fails at once when its nodes cannot hold the
+    bundles; one that may (an autoscaler starting workers for the pending demand) gets ``timeout_s``.
+    """
+    bundles = layout.bundles()
+    ask = (f"{len(bundles)} device actor(s) x {{CPU: {layout.cpus_per_actor:g}"
+           + (f", GPU: {layout.gpus_per_actor:g}" if layout.gpus_per_actor > 0 else "") + "}")
+    fix = ("set engine.cpus_per_actor / engine.actors_per_gpu / engine.num_actors / engine.gpus to fit, "
+           "or add nodes")
+    if not can_grow and not fits(layout, alive_nodes()):
+        raise PlacementError(f"cannot place the federation: asked for {ask}, more than the nodes hold; "
+                             f"the cluster has {_describe_cluster()}; {fix}")
+    pg = placement_group(bundles, strategy="PACK")
+    try:
+        ray.get(pg.ready(), timeout=timeout_s)
+    except ray.exceptions.GetTimeoutError:
+        remove_placement_group(pg)
+        raise PlacementError(
+            f"cannot place the federation within {timeout_s:g} s (engine.placement_timeout_s): asked for {ask}; "
+            f"the cluster has {_describe_cluster()}; {fix}"
+        ) from None
+    return pg
