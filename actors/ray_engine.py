@@ -10,9 +10,10 @@ messages go from the actors straight to the ServerActor as object refs, never th
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
+import numpy as np
 import ray
 import torch
 from ray.util.placement_group import remove_placement_group
@@ -25,7 +26,7 @@ from actors.placement import NodeResources, cluster_layout, fits, pool_layout
 from lcfed import numerics
 from lcfed.checkpoint import Snapshot, state_chunks
 from lcfed.config import ExperimentConfig
-from lcfed.data import Dataset
+from lcfed.data import Dataset, Partition
 from lcfed.federation import Setup, load, prepare, shard
 from lcfed.local_update import EvalResult
 from lcfed.loop import Newcomer, Observer, RunResult, run_rounds
@@ -178,7 +179,10 @@ class RayFederation:
                 self.layout = cluster_layout(cfg.engine, n, alive_nodes())
                 self.group = place_pool(self.layout, cfg.engine.placement_timeout_s, can_grow=not self.started_ray)
             shards = [ray.put(shard(ds, self.setup.partition, block)) for block in self.layout.blocks]
-            self.hosts = Hosts(cfg, ray.put(self.setup), self.layout, shards, self.group)
+            # each device actor's partition comes with its shard: the setup every actor gets holds none (at
+            # m = 10^6 the whole partition is 2 x 10^6 index arrays, which each actor would unpickle)
+            shared = replace(self.setup, partition=Partition((), (), np.zeros(0, dtype=np.int64)))
+            self.hosts = Hosts(cfg, ray.put(shared), self.layout, shards, self.group)
             self.actor_info = get([a.info.remote() for a in self.hosts.devices])
         except BaseException:
             self.close()

@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -180,6 +181,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     from tests.raycluster import LocalCluster
 
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a stopped benchmark still stops its cluster
     load0 = os.getloadavg()
     rows = []
     cluster = LocalCluster.start(0, [(1, 0)] * args.workers, dashboard=False, object_store_mb=args.object_store_mb)
