@@ -29,7 +29,8 @@ from lcfed.data import Dataset, Partition
 from lcfed.engines.local import DeviceHost, HostedDevices, LocalServer, auto_workers
 from lcfed.federation import Setup, make_strategy, resolve_device
 from lcfed.loop import HostFailure
-from lcfed.methods.base import Message, RoundPlan, RoundStats, tensor_bytes
+from lcfed.methods.base import Message, RoundPlan, RoundStats
+from lcfed.methods.traffic import tensor_bytes
 
 _NUMPY_DTYPES = frozenset(
     {torch.float32, torch.float64, torch.float16, torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool}

@@ -31,7 +31,8 @@ from lcfed.config import ExperimentConfig, from_dict, resolve
 from lcfed.engines.local import LocalFederation, LocalPool, LocalServer
 from lcfed.federation import load, make_strategy
 from lcfed.loop import RunResult, load_resume, run_rounds
-from lcfed.methods.base import Message, Strategy, tensor_bytes
+from lcfed.methods.base import Message, Strategy
+from lcfed.methods.traffic import tensor_bytes
 
 PROPERTIES = ("seeded", "pure", "priced", "resumable", "engines")
 #: the hooks whose arguments must come back unchanged, by argument position

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from lcfed.methods.base import tensor_bytes
+from lcfed.methods.traffic import tensor_bytes
 
 #: bytes of one memory-mapped chunk of a slab (its file is sparse until slots are written)
 CHUNK_BYTES = 64 * 2**20

@@ -7,7 +7,7 @@ import torch
 
 from lcfed.engines.local import run_local
 from lcfed.federation import prepare
-from lcfed.methods.base import downlink_traffic, layer_traffic
+from lcfed.methods.traffic import downlink_traffic, layer_traffic
 from lcfed.models import build_network
 from tests.conftest import tiny_config
 

@@ -125,6 +125,26 @@ def test_imports_inside_functions_close_no_cycle_but_the_registry_look_ups():
     assert cycles(graph) == []
 
 
+def test_split_modules_sit_below_the_modules_they_came_from():
+    graph = import_graph(functions=True)
+    # the config's checks and helpers: imported by the config, never importing it back
+    assert "lcfed.config_rules" in graph["lcfed.config"] and "lcfed.config" not in graph["lcfed.config_rules"]
+    # what clustered methods share builds on the base; the base prices traffic and knows no clustered method
+    assert {"lcfed.methods.base"} <= graph["lcfed.methods.clustered"]
+    assert "lcfed.methods.traffic" in graph["lcfed.methods.base"]
+    assert not graph["lcfed.methods.base"] & {"lcfed.methods.clustered", "lcfed.methods"}
+    # DC-PFL's constants live with its steps, which no longer import the strategy module
+    assert "lcfed.methods.dcpfl" not in import_graph(functions=False)["lcfed.methods.dcpfl_steps"]
+    assert "lcfed.data.cache" in graph["lcfed.data.formats"]
+
+
+def test_the_server_group_module_is_stdlib_only():
+    code = ("import sys, tune_jobs.server_group; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('lcfed', 'mlflow', 'ray', 'torch')))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True, timeout=60)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
 def test_the_cycle_finder_finds_a_cycle():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 

@@ -1,11 +1,15 @@
-"""The ``lcfed`` command: run experiments, import datasets, show resolved configs."""
+"""The ``lcfed`` command: the parser (one-line usage errors), the dispatch to each command with its exit
+code, and the small commands (``lcfed config``, ``lcfed table``, ``lcfed tracking replay``).
+
+Each other command registers itself with an ``add_parser(sub)``: ``lcfed run`` in
+:mod:`tune_jobs.run_command`, ``lcfed methods/check/models/datasets`` in :mod:`tune_jobs.catalog`, ``lcfed data``
+in :mod:`tune_jobs.data_command`, the sweep, reproduce, compare, mlflow-server, job and head commands in theirs.
+"""
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
-import re
 import signal
 import sys
 import textwrap
@@ -17,19 +21,18 @@ from typing import Any, NoReturn
 import yaml
 
 from actors.connect import ClusterError
-from lcfed import conformance, logs, numerics, registry
+from lcfed import logs, numerics
 from lcfed.checkpoint import CheckpointError
-from lcfed.config import ConfigError, did_you_mean, load_config, require, to_dict
-from lcfed.data import DataError, format_groups, format_stats, import_idx, import_leaf, partition_stats
+from lcfed.config import ConfigError, did_you_mean, load_config, to_dict
+from lcfed.data import DataError
 from lcfed.faults import ClusterLost
-from lcfed.federation import check_against_data, load
 from lcfed.loop import DivergenceError
 from lcfed.output_paths import check_output_dir
 from lcfed.stop import Stopped
 from lcfed.tracking import TrackingError, replay
-from tune_jobs import compare, head, jobs, mlflow_server, reproduce, run_command
+from tune_jobs import catalog, compare, data_command, head, jobs, mlflow_server, reproduce, run_command
 from tune_jobs.options import add_actions, config_options, examples, verbosity_of
-from tune_jobs.run_command import partition_label, resume_command
+from tune_jobs.run_command import resume_command
 from tune_jobs.sweep import command as sweep
 from tune_jobs.sweep.errors import SweepFailed
 
@@ -112,7 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action=_Versions, help="print the versions of lcfed, torch, Ray and MLflow")
     sub = add_actions(parser, "command", "COMMAND")
 
-    for add in (run_command.add_parser, _add_config, _add_methods, _add_check, _add_components, _add_data, _add_tracking,
+    for add in (run_command.add_parser, _add_config, catalog.add_parser, data_command.add_parser, _add_tracking,
                 _add_table, sweep.add_parser, reproduce.add_parser, compare.add_parser, mlflow_server.add_parser,
                 jobs.add_parser, head.add_parser):
         add(sub)
@@ -129,97 +132,6 @@ def _add_config(sub: Any) -> None:
                         "lcfed config --config configs/demo.yaml --set data.alpha=0.1 > my.yaml"))
     config_options(show)
     show.set_defaults(func=cmd_config)
-
-
-def _add_methods(sub: Any) -> None:
-    """lcfed methods: the registered methods and their parameters."""
-    methods = sub.add_parser(
-        "methods", help="list the registered methods and their parameters",
-        description="List the registered methods (the values of method.name), each with its description "
-        "and its parameters (method.<param>) with their defaults.",
-        epilog=examples("lcfed methods", "lcfed run --set method.name=ifca --set method.num_clusters=3"))
-    methods.set_defaults(func=cmd_methods)
-
-
-def _add_check(sub: Any) -> None:
-    """lcfed check: a method's conformance to the Strategy contract."""
-    check = sub.add_parser(
-        "check", help="check that a method keeps the Strategy contract (seeded, pure, priced, resumable, Ray = local)",
-        description="Run a method on a small federation and check the contract every built-in keeps: the same "
-        "numbers for the same seed, no hook changing its arguments in place, every uploaded tensor priced, "
-        "resuming from a checkpoint bit-identical, and (--ray) the Ray engine giving the in-process numbers. "
-        "Exit 1 when a property fails; the report names it.",
-        epilog=examples("lcfed check fedavg", "lcfed check mypackage.strategies:FedProx --ray",
-                        "lcfed check lcfed fedac --rounds 6"))
-    check.add_argument("methods", nargs="+", metavar="METHOD", help="a method name or a package.module:attr path")
-    check.add_argument("--ray", action="store_true", help="also compare the Ray engine with the in-process one")
-    check.add_argument("--rounds", type=int, default=2, help="rounds of the small federation (default: %(default)s)")
-    check.set_defaults(func=cmd_check)
-
-
-def _add_components(sub: Any) -> None:
-    """lcfed models / lcfed datasets: the names each accepts."""
-    for kind, what in (("model", "models"), ("dataset", "datasets")):
-        listing = sub.add_parser(
-            what, help=f"list the {what}: built-in, installed plugins (entry points lcfed.{what}) and where each comes from",
-            description=f"List every {kind} name that {'model.name' if kind == 'model' else 'data.dataset'} accepts "
-                        f"without a path: the built-in ones, then those installed packages register under the "
-                        f"entry-point group lcfed.{what}. A package.module:attr path names any other.",
-            epilog=examples(f"lcfed {what}", f"lcfed run --set {'model.name' if kind == 'model' else 'data.dataset'}"
-                                             f"=mypackage.module:{'build' if kind == 'model' else 'load'}"))
-        listing.set_defaults(func=cmd_components, kind=kind)
-
-
-def _add_data(sub: Any) -> None:
-    """lcfed data import / stats."""
-    data = sub.add_parser("data", help="dataset utilities", description="Dataset utilities: place IDX files where "
-                          "torchvision expects them, turn LEAF's JSON files into an .npz, or print the partition a "
-                          "config makes.",
-                          epilog=examples("lcfed data import --from /tmp/mnist-idx",
-                                          "lcfed data stats --config configs/mnist_dirichlet.yaml"))
-    data_sub = add_actions(data, "data_command")
-    imp = data_sub.add_parser(
-        "import",
-        help="place MNIST / Fashion-MNIST IDX files found on this machine where torchvision expects them, "
-             "or merge LEAF JSON files into an .npz (--leaf)",
-        description="Place MNIST / Fashion-MNIST IDX files (.gz or not) found on this machine where "
-        "torchvision reads them under --data-dir, after checking each file (magic number, size, labels). "
-        "With --leaf: merge LEAF's JSON files (FEMNIST, Synthetic, ...) into --data-dir/NAME.npz with each "
-        "sample's user as its device id, for data.dataset=file and data.partition=natural.",
-        epilog=examples("lcfed data import --data-dir ~/.cache/lcfed --from /tmp/mnist-idx",
-                        "lcfed run --set data.dataset=mnist --set data.data_dir=~/.cache/lcfed   # then",
-                        "lcfed data import --leaf leaf/data/femnist/data/train --leaf leaf/data/femnist/data/test "
-                        "--name femnist",
-                        "lcfed run --set data.dataset=file --set data.path=femnist.npz --set data.partition=natural"),
-    )
-    imp.add_argument("--data-dir", default="~/.cache/lcfed", help="destination data directory (default: %(default)s)")
-    imp.add_argument(
-        "--from",
-        dest="sources",
-        action="append",
-        default=[],
-        metavar="DIR",
-        help="directory holding IDX files (.gz or not); repeatable. Default search: "
-        "/usr/share/datasets/fashion-mnist and $LCFED_IDX_DIRS",
-    )
-    imp.add_argument("--leaf", action="append", default=[], metavar="PATH",
-                     help="a LEAF JSON file or a directory of them (its *.json); repeatable: train and test files "
-                          "are merged, the same user keeping one device id")
-    imp.add_argument("--name", default="leaf", help="with --leaf: the .npz written under --data-dir is NAME.npz "
-                                                     "(default: %(default)s)")
-    imp.add_argument("--shape", default=None, metavar="C,H,W",
-                     help="with --leaf: read each sample as an image of this shape, values in [0, 1] (default: 784 "
-                          "values are FEMNIST's 1,28,28; other lengths stay feature vectors)")
-    imp.set_defaults(func=cmd_data_import)
-    stats = data_sub.add_parser(
-        "stats", help="print the config's partition: train/test sizes and classes per device (what a run starts with)",
-        description="Partition the config's dataset as a run would and print the devices' train/test sizes "
-        "and classes per device, without training.",
-        epilog=examples("lcfed data stats --config configs/mnist_dirichlet.yaml",
-                        "lcfed data stats --set data.partition=pathological --set data.classes_per_device=2"),
-    )
-    config_options(stats)
-    stats.set_defaults(func=cmd_data_stats)
 
 
 def _add_tracking(sub: Any) -> None:
@@ -277,16 +189,6 @@ def cmd_table(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_data_stats(args: argparse.Namespace) -> int:
-    cfg = load_config(args.config, args.set)
-    ds = load(cfg)
-    part = check_against_data(cfg, ds)
-    print(f"{partition_label(cfg)}:\n  {format_stats(partition_stats(part, ds.y))}")
-    if part.group_kind:  # a testbed's known clusters: each device's true group
-        print(f"  {format_groups(part)}")
-    return 0
-
-
 def cmd_tracking_replay(args: argparse.Namespace) -> int:
     run_id, count = replay(args.file)
     print(f"sent {count} metric points to run {run_id}")
@@ -297,90 +199,6 @@ def cmd_config(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, args.set)
     check_output_dir(cfg.checkpoint.dir, "checkpoint.dir")
     print(yaml.safe_dump(to_dict(cfg), sort_keys=False), end="")
-    return 0
-
-
-def cmd_methods(args: argparse.Namespace) -> int:
-    """Every method by name (built-in, then installed plugins, with where each comes from) and its
-    parameters with their defaults."""
-    for entry in registry.names("method"):
-        try:
-            spec = registry.method(entry.name)
-        except registry.PluginError as exc:
-            print(f"{entry.name:<12} ({entry.origin}) cannot be used: {exc}")
-            continue
-        fields = ", ".join(f"{f.name}={f.default!r}" for f in dataclasses.fields(spec.params))
-        print(f"{entry.name:<12} {_first_line(spec.strategy)}")
-        if entry.origin != "built-in":
-            print(f"{'':<12} from: {entry.origin}")
-        if fields:
-            print(f"{'':<12} params: {fields}")
-    return 0
-
-
-def cmd_check(args: argparse.Namespace) -> int:
-    """The conformance report of each method; exit 1 when a property fails."""
-    require(args.rounds >= 2, "--rounds", args.rounds, "must be >= 2 (resuming needs a round before the last)")
-    configs = [conformance.small_config(name, **{"train.rounds": args.rounds}) for name in args.methods]
-    failed = 0
-    for name, cfg in zip(args.methods, configs, strict=True):
-        findings = conformance.check(name, ray=args.ray, cfg=cfg,
-                                     progress=lambda what, n=name: print(f"{n}: checking {what}", file=sys.stderr))
-        print(conformance.report(name, findings), flush=True)
-        failed += not all(f.ok for f in findings)
-    return 1 if failed else 0
-
-
-def cmd_components(args: argparse.Namespace) -> int:
-    """``lcfed models`` / ``lcfed datasets``: every name, its first docstring line and where it comes from."""
-    for entry in registry.names(args.kind):
-        try:
-            obj = getattr(registry, args.kind)(entry.name)
-        except registry.PluginError as exc:
-            print(f"{entry.name:<14} ({entry.origin}) cannot be used: {exc}")
-            continue
-        origin = "" if entry.origin == "built-in" else f"  [{entry.origin}]"
-        print(f"{entry.name:<14} {_first_line(obj)}{origin}")
-    return 0
-
-
-def _first_line(obj: Any) -> str:
-    """The first paragraph of ``obj``'s docstring (its module's for a class without one), as one line."""
-    doc = obj.__doc__ if obj.__doc__ and not isinstance(obj, type) else sys.modules[obj.__module__].__doc__
-    return " ".join((doc or "").strip().split("\n\n")[0].split())
-
-
-def cmd_data_import(args: argparse.Namespace) -> int:
-    check_output_dir(args.data_dir, "--data-dir")
-    if args.leaf:
-        return _import_leaf(args)
-    require(args.shape is None and args.name == "leaf", "--shape" if args.shape is not None else "--name",
-            args.shape if args.shape is not None else args.name, "is read with --leaf only")
-    placed = import_idx(Path(args.data_dir).expanduser(), args.sources)
-    for name, dest in placed:
-        print(f"{name}: {dest}")
-    print(f"use with: --set data.data_dir={Path(args.data_dir).expanduser()}")
-    return 0
-
-
-def _import_leaf(args: argparse.Namespace) -> int:
-    """``lcfed data import --leaf``: LEAF JSON files -> ``--data-dir/NAME.npz`` with device ids."""
-
-    require(not args.sources, "--from", args.sources, "reads IDX files; give it or --leaf (LEAF JSON), not both")
-    require(re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}", args.name) is not None, "--name", args.name,
-            "must be 1-100 letters, digits, '.', '_' or '-', starting with a letter or digit (it names the .npz file)")
-    shape = None
-    if args.shape is not None:
-        parts = args.shape.replace("x", ",").split(",")
-        require(len(parts) == 3 and all(p.strip().isdigit() and int(p) > 0 for p in parts), "--shape", args.shape,
-                "must be C,H,W: three positive integers, e.g. 1,28,28")
-        shape = tuple(int(p) for p in parts)
-    out = Path(args.data_dir).expanduser() / f"{args.name}.npz"
-    done = import_leaf(args.leaf, out, shape)
-    kind = "images of " + "x".join(map(str, done.shape)) if done.images else f"feature vectors of {done.shape[0]}"
-    print(f"{args.name}: {done.users:,} users, {done.samples:,} samples ({kind}), labels 0-{done.num_classes - 1}: "
-          f"{done.path}")
-    print(f"use with: --set data.dataset=file --set data.path={done.path} --set data.partition=natural")
     return 0
 
 

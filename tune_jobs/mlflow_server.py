@@ -11,7 +11,8 @@ cluster head.
 
 The server runs in its own process group (``mlflow server`` starts uvicorn, which starts workers). A
 watchdog process ties that group to its starter: however the starter ends (a signal it handles, or
-``kill -9``, which no handler sees), the group is stopped and the port freed.
+``kill -9``, which no handler sees), the group is stopped and the port freed
+(:mod:`tune_jobs.server_group`: the group, the watchdog and :func:`stop`).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from lcfed.logs import server_environment
 from lcfed.output_paths import check_output_dir
 from lcfed.tracking import resolve_tracking_uri
 from tune_jobs.options import examples, verbosity_options
+from tune_jobs.server_group import spawn_watched, stop  # stop: start_mlflow_server's pair, imported from here
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 5000
@@ -43,94 +45,6 @@ ALL_INTERFACES = ("0.0.0.0", "::", "[::]")
 
 class MlflowServerError(RuntimeError):
     """The server could not be started (port taken, process died, never became healthy)."""
-
-
-#: seconds the server's group gets to stop on SIGTERM before SIGKILL, when the watchdog stops it
-WATCHDOG_GRACE_S = 10.0
-
-#: The watchdog (stdlib only, run with ``python -I -S -c``): reads the server's process group id from
-#: stdin, a pipe whose only write end its starter holds. EOF on that pipe means the starter is gone,
-#: however it died (the kernel closes a SIGKILLed process's pipes): SIGTERM the group, SIGKILL what is
-#: left after the grace period. ``q`` on the pipe means :func:`stop` took the server down itself.
-#: (PR_SET_PDEATHSIG on ``mlflow server`` is not enough: its uvicorn child outlives a SIGKILL of it, and
-#: the signal follows the thread, not the process, that started it.)
-_WATCHDOG = """# lcfed mlflow-server watchdog
-import os, signal, sys, time
-for s in (signal.SIGINT, signal.SIGHUP):
-    signal.signal(s, signal.SIG_IGN)
-line = sys.stdin.buffer.readline()
-if not line.strip().isdigit():
-    sys.exit(0)
-pgid = int(line)
-if sys.stdin.buffer.read(1) == b"q":
-    sys.exit(0)
-def alive():
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-for sig, wait in ((signal.SIGTERM, float(sys.argv[1])), (signal.SIGKILL, 5.0)):
-    try:
-        os.killpg(pgid, sig)
-    except ProcessLookupError:
-        break
-    deadline = time.monotonic() + wait
-    while alive() and time.monotonic() < deadline:
-        time.sleep(0.1)
-    if not alive():
-        break
-"""
-
-
-class ServerProcess(subprocess.Popen):  # type: ignore[type-arg]
-    """The ``mlflow server`` process, with the watchdog that stops its group if we die first."""
-
-    watchdog: subprocess.Popen[bytes] | None = None
-
-
-def _start_watchdog() -> subprocess.Popen[bytes] | None:
-    """Start the watchdog before the server (no window where a server exists unwatched); None on
-    platforms without process groups."""
-    if not hasattr(os, "killpg"):
-        return None
-    return subprocess.Popen(
-        [sys.executable, "-I", "-S", "-c", _WATCHDOG, str(WATCHDOG_GRACE_S)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,  # out of the terminal's reach: Ctrl-C / hangup of our group must not stop it
-    )
-
-
-def _watch(watchdog: subprocess.Popen[bytes] | None, pgid: int) -> None:
-    if watchdog is None or watchdog.stdin is None:
-        return
-    try:
-        watchdog.stdin.write(f"{pgid}\n".encode())
-        watchdog.stdin.flush()
-    except OSError:  # it died; stop() and our signal handlers still cover the normal exits
-        pass
-
-
-def _release_watchdog(proc: subprocess.Popen[Any]) -> None:
-    """Tell the watchdog the server is down (``q``) and reap it."""
-    watchdog = getattr(proc, "watchdog", None)
-    if watchdog is None:
-        return
-    try:
-        if watchdog.stdin is not None:
-            watchdog.stdin.write(b"q")
-            watchdog.stdin.close()
-    except OSError:
-        pass
-    try:
-        watchdog.wait(timeout=5.0)
-    except subprocess.TimeoutExpired:
-        watchdog.kill()
-        watchdog.wait()
 
 
 def _url_host(host: str) -> str:
@@ -243,6 +157,17 @@ def wait_healthy(proc: subprocess.Popen[Any], url: str, timeout: float, log_path
     raise MlflowServerError(f"mlflow server at {url} not healthy after {timeout:.0f} s\n{_tail(log_path)}")
 
 
+def store_locations(
+    store_dir: str | Path | None, backend_store_uri: str | None, artifacts_destination: str | None,
+) -> tuple[Path, str, str]:
+    """The store directory (default: the current one), the backend store URI (default: its
+    ``mlflow.db``) and the artifact destination (default: its ``mlartifacts/``), local paths absolute."""
+    base = Path(store_dir if store_dir is not None else Path.cwd()).expanduser().resolve()
+    backend = absolute_store_uri(backend_store_uri or f"sqlite:///{base / 'mlflow.db'}")
+    artifacts = absolute_artifacts_destination(artifacts_destination or str(base / "mlartifacts"))
+    return base, backend, artifacts
+
+
 def start_mlflow_server(
     host: str = DEFAULT_HOST,
     port: int = DEFAULT_PORT,
@@ -261,9 +186,7 @@ def start_mlflow_server(
     (a path, an open file, or None = ``<store_dir>/mlflow-server.log``). Returns the process
     (stop it with :func:`stop`) and the URL clients use (``tracking.uri``).
     """
-    base = Path(store_dir if store_dir is not None else Path.cwd()).expanduser().resolve()
-    backend = absolute_store_uri(backend_store_uri or f"sqlite:///{base / 'mlflow.db'}")
-    artifacts = absolute_artifacts_destination(artifacts_destination or str(base / "mlartifacts"))
+    base, backend, artifacts = store_locations(store_dir, backend_store_uri, artifacts_destination)
     if backend.startswith("sqlite:///"):
         Path(backend[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
     if "://" not in artifacts:
@@ -280,75 +203,17 @@ def start_mlflow_server(
     elif isinstance(log, Path):
         log_path = log
     out: Any = open(log_path, "ab") if log_path is not None else log  # noqa: SIM115 (child keeps it)
-    watchdog = _start_watchdog()
     try:
-        proc = ServerProcess(
-            server_command(host, port, backend, artifacts, workers),
-            env=server_env(),
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,  # own process group: stop() and the watchdog reach uvicorn's workers too
-        )
-    except BaseException:
-        if watchdog is not None:
-            watchdog.kill()
-            watchdog.wait()
-        raise
+        proc = spawn_watched(server_command(host, port, backend, artifacts, workers), server_env(), out)
     finally:
         if log_path is not None:
             out.close()
-    proc.watchdog = watchdog
-    _watch(watchdog, proc.pid)
     try:
         wait_healthy(proc, url, timeout, log_path)
     except BaseException:
         stop(proc)
         raise
     return proc, url
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def stop(proc: subprocess.Popen[Any], timeout: float = 20.0) -> None:
-    """Stop a server started by :func:`start_mlflow_server`: SIGTERM its group, SIGKILL if it lingers.
-
-    Only that process group is signalled (never other MLflow servers on the machine). A group whose
-    leader already exited is still stopped: uvicorn outlives a killed ``mlflow server`` and holds the port.
-    """
-    try:
-        _stop_group(proc, timeout)
-    finally:
-        _release_watchdog(proc)
-
-
-def _stop_group(proc: subprocess.Popen[Any], timeout: float) -> None:
-    pgid = proc.pid  # start_new_session: the server leads its own group
-    if proc.poll() is not None and not _group_alive(pgid):
-        return
-    for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 5.0)):
-        try:
-            os.killpg(pgid, sig)
-        except ProcessLookupError:
-            return
-        deadline = time.monotonic() + wait
-        try:
-            proc.wait(timeout=wait)
-        except subprocess.TimeoutExpired:
-            continue
-        # the leader is gone; its workers get what is left of the wait, then SIGKILL
-        while _group_alive(pgid) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        if not _group_alive(pgid):
-            return
 
 
 def _warn_binding(host: str, port: int) -> None:
@@ -403,9 +268,8 @@ def cmd_mlflow_server(args: argparse.Namespace) -> int:
     """Run the server in the foreground until Ctrl-C (or SIGTERM, SIGHUP); exit 2 if it cannot start."""
     check_args(args)
     _warn_binding(args.host, args.port)
-    store_dir = Path(args.store_dir).expanduser().resolve()
-    backend = absolute_store_uri(args.backend_store_uri or f"sqlite:///{store_dir / 'mlflow.db'}")
-    artifacts = absolute_artifacts_destination(args.artifacts_destination or str(store_dir / "mlartifacts"))
+    store_dir, backend, artifacts = store_locations(args.store_dir, args.backend_store_uri,
+                                                    args.artifacts_destination)
     url = server_url(args.host, args.port)
     print(f"lcfed: starting MLflow server on {args.host}:{args.port}", flush=True)
     print(f"  backend store: {backend}\n  artifacts:     {artifacts}", flush=True)

@@ -13,17 +13,14 @@ A relative ``data.path`` lies under ``data.data_dir`` (where the built-in datase
 is checked before anything is built, and a bad one is a :class:`DataError` naming the file and the
 problem. ``data.image_size: [H, W]`` resizes images (PIL, bilinear); without it an ImageFolder's images
 must share one size. As for the torchvision datasets, the decoded arrays are cached under
-``DATA_DIR/.lcfed-cache/`` and memory-mapped afterwards, keyed by the source files' names, sizes and
-mtimes (and the options that read them).
+``DATA_DIR/.lcfed-cache/`` (:mod:`lcfed.data.cache`) and memory-mapped afterwards, keyed by the source
+files' names, sizes and mtimes (and the options that read them).
 """
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import json
-import os
-import uuid
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,7 +28,8 @@ from typing import Any
 
 import numpy as np
 
-from lcfed.data.dataset import CACHE_DIR, DataError, Dataset, _stamp
+from lcfed.data.cache import digest, file_stamp, write_arrays
+from lcfed.data.dataset import CACHE_DIR, DataError, Dataset
 
 __all__ = ["FILE_FORMATS", "IMAGE_EXTENSIONS", "MAX_CLASSES", "FileSource", "load_file"]
 
@@ -92,13 +90,13 @@ def load_file(source: FileSource, data_dir: Path) -> Dataset:
     options = {"format": fmt, "label_column": source.label_column, "device_column": source.device_column,
                "image_size": list(source.image_size)}
     where = str(path.absolute())
-    key = {"path": where, "options": options, "files": _file_stamp(path)}
-    cache = Path(data_dir).expanduser() / CACHE_DIR / f"file-{path.name}-{_digest(where)}"
+    key = {"path": where, "options": options, "files": file_stamp(path)}
+    cache = Path(data_dir).expanduser() / CACHE_DIR / f"file-{path.name}-{digest(where)}"
     hit = _read_cache(cache, key, path.name)
     if hit is not None:
         return hit
     ds = _DECODERS[fmt](path, source)
-    _write_cache(cache, {**key, "files": _file_stamp(path)}, ds)
+    _write_cache(cache, {**key, "files": file_stamp(path)}, ds)
     return ds
 
 
@@ -355,18 +353,6 @@ def _device_ids(path: Path, what: str, values: np.ndarray, n: int) -> np.ndarray
 # ---------------------------------------------------------------- the cache
 
 
-def _digest(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()[:12]
-
-
-def _file_stamp(path: Path) -> list[list[object]]:
-    """(name, size, mtime) of the file, or of every file under the folder."""
-    if path.is_dir():
-        return _stamp(path) or []
-    st = path.stat()
-    return [[path.name, st.st_size, st.st_mtime_ns]]
-
-
 def _read_cache(cache: Path, key: dict[str, Any], name: str) -> Dataset | None:
     try:
         meta = json.loads((cache / "stamp.json").read_text())
@@ -381,22 +367,7 @@ def _read_cache(cache: Path, key: dict[str, Any], name: str) -> Dataset | None:
 
 
 def _write_cache(cache: Path, key: dict[str, Any], ds: Dataset) -> None:
-    """Best effort (a read-only data dir just means no cache); each file replaced atomically, the stamp
-    last, so a reader never pairs a stamp with other arrays."""
     arrays = {"x.npy": ds.x, "y.npy": ds.y}
     if ds.device_ids is not None:
         arrays["device.npy"] = ds.device_ids
-    try:
-        cache.mkdir(parents=True, exist_ok=True)
-        (cache / "stamp.json").unlink(missing_ok=True)
-        for fname, arr in arrays.items():
-            tmp = cache / f"{fname}.{uuid.uuid4().hex}.tmp"
-            with tmp.open("wb") as f:
-                np.save(f, arr)
-            os.replace(tmp, cache / fname)
-        meta = {"source": key, "num_classes": ds.num_classes, "device": ds.device_ids is not None}
-        tmp = cache / f"stamp.json.{uuid.uuid4().hex}.tmp"
-        tmp.write_text(json.dumps(meta))
-        os.replace(tmp, cache / "stamp.json")
-    except OSError:
-        pass
+    write_arrays(cache, arrays, {"source": key, "num_classes": ds.num_classes, "device": ds.device_ids is not None})

@@ -35,39 +35,14 @@ def split_train_test(
     rng = np.random.default_rng(seed)
     sizes = np.fromiter((len(d) for d in device_indices), dtype=np.int64, count=m)
     if min_test > 0 and m and sizes.min() <= min_test:
-        small = int(np.argmin(sizes))
-        raise PartitionError(
-            "min_test_samples",
-            f"device {small} holds {sizes[small]} samples, so a test set of min_test_samples ({min_test}) would "
-            f"leave it no training sample ({int(np.count_nonzero(sizes <= min_test))} of {m} devices hold <= "
-            f"{min_test}): lower data.min_test_samples, or give every device more samples (data.min_samples for "
-            "dirichlet, fewer data.num_devices)",
-        )
-    flat = np.concatenate([np.asarray(d, dtype=np.int64) for d in device_indices] + [np.empty(0, np.int64)])
-    dev = np.repeat(np.arange(m), sizes)
-    lab = labels[flat]
-    # Group samples by (device, label), in random order within each group.
-    order = np.lexsort((rng.random(len(flat)), lab, dev))
-    flat, dev, lab = flat[order], dev[order], lab[order]
-    starts_mask = np.ones(len(flat), dtype=bool)
-    starts_mask[1:] = (dev[1:] != dev[:-1]) | (lab[1:] != lab[:-1])
-    starts = np.flatnonzero(starts_mask)
-    group_of = np.cumsum(starts_mask) - 1
-    rank = np.arange(len(flat)) - starts[group_of]
+        raise _floor_error(sizes, min_test)
+    flat, dev, lab, starts, group_of, rank = _class_groups(device_indices, sizes, labels, rng)
     group_size = np.diff(np.append(starts, len(flat)))
     group_dev = dev[starts]
     n_test = np.floor(group_size * test_fraction + 0.5).astype(np.int64)
 
     if test_fraction > 0 and len(starts):
-        # Each device's largest group (first on ties): where a forced move comes from.
-        by_size = np.lexsort((-group_size, group_dev))
-        first = np.ones(len(by_size), dtype=bool)
-        first[1:] = group_dev[by_size[1:]] != group_dev[by_size[:-1]]
-        largest = by_size[first]  # one group per non-empty device, in device order
-        dev_test = np.bincount(group_dev, weights=n_test, minlength=m).astype(np.int64)
-        owners = group_dev[largest]
-        n_test[largest[(dev_test[owners] == 0) & (sizes[owners] >= 2)]] += 1
-        n_test[largest[dev_test[owners] == sizes[owners]]] -= 1
+        _one_test_one_train(n_test, group_size, group_dev, sizes)
 
     if min_test > 0 and len(starts):
         _raise_to_floor(n_test, group_size, group_dev, lab[starts], sizes, min_test)
@@ -76,6 +51,51 @@ def split_train_test(
     train = _by_device(flat[~is_test], dev[~is_test], m, rng)
     test = _by_device(flat[is_test], dev[is_test], m, rng)
     return train, test
+
+
+def _floor_error(sizes: np.ndarray, min_test: int) -> PartitionError:
+    """The error for devices too small to keep ``min_test`` test samples and one for training."""
+    small = int(np.argmin(sizes))
+    return PartitionError(
+        "min_test_samples",
+        f"device {small} holds {sizes[small]} samples, so a test set of min_test_samples ({min_test}) would "
+        f"leave it no training sample ({int(np.count_nonzero(sizes <= min_test))} of {len(sizes)} devices hold <= "
+        f"{min_test}): lower data.min_test_samples, or give every device more samples (data.min_samples for "
+        "dirichlet, fewer data.num_devices)",
+    )
+
+
+def _class_groups(
+    device_indices: Sequence[np.ndarray], sizes: np.ndarray, labels: np.ndarray, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Every device's samples grouped by (device, label), in random order within each group: the sample
+    indices, their devices and labels in that order, where each group starts, each sample's group and
+    its rank within it."""
+    m = len(device_indices)
+    flat = np.concatenate([np.asarray(d, dtype=np.int64) for d in device_indices] + [np.empty(0, np.int64)])
+    dev = np.repeat(np.arange(m), sizes)
+    lab = labels[flat]
+    order = np.lexsort((rng.random(len(flat)), lab, dev))
+    flat, dev, lab = flat[order], dev[order], lab[order]
+    starts_mask = np.ones(len(flat), dtype=bool)
+    starts_mask[1:] = (dev[1:] != dev[:-1]) | (lab[1:] != lab[:-1])
+    starts = np.flatnonzero(starts_mask)
+    group_of = np.cumsum(starts_mask) - 1
+    rank = np.arange(len(flat)) - starts[group_of]
+    return flat, dev, lab, starts, group_of, rank
+
+
+def _one_test_one_train(n_test: np.ndarray, group_size: np.ndarray, group_dev: np.ndarray, sizes: np.ndarray) -> None:
+    """Adjust (in place) the per-(device, class) test counts: a device with >= 2 samples but no test sample
+    moves one of its largest class (first on ties) to test; a device all in test keeps one of it for training."""
+    by_size = np.lexsort((-group_size, group_dev))
+    first = np.ones(len(by_size), dtype=bool)
+    first[1:] = group_dev[by_size[1:]] != group_dev[by_size[:-1]]
+    largest = by_size[first]  # one group per non-empty device, in device order
+    dev_test = np.bincount(group_dev, weights=n_test, minlength=len(sizes)).astype(np.int64)
+    owners = group_dev[largest]
+    n_test[largest[(dev_test[owners] == 0) & (sizes[owners] >= 2)]] += 1
+    n_test[largest[dev_test[owners] == sizes[owners]]] -= 1
 
 
 def _raise_to_floor(

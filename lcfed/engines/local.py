@@ -20,16 +20,8 @@ from lcfed.device_states import DeviceStates
 from lcfed.federation import Setup, device_data, load, local_work, make_network, make_strategy, prepare, resolve_device
 from lcfed.local_update import EvalResult, batch_rng, evaluate, local_update
 from lcfed.loop import DivergenceError, Newcomer, Observer, RunResult, run_rounds
-from lcfed.methods.base import (
-    DeviceContext,
-    Message,
-    RoundPlan,
-    RoundStats,
-    Strategy,
-    downlink_traffic,
-    layer_traffic,
-    tensor_bytes,
-)
+from lcfed.methods.base import DeviceContext, Message, RoundPlan, RoundStats, Strategy
+from lcfed.methods.traffic import downlink_traffic, layer_traffic, tensor_bytes
 from lcfed.vectorized import BatchedNet, StepBatcher
 
 

@@ -1,4 +1,9 @@
-"""Method registry: name -> (Strategy class, typed hyper-parameters). Explicit, no discovery magic."""
+"""Method registry: name -> (Strategy class, typed hyper-parameters). Explicit, no discovery magic.
+
+One module a method; what they build on: :mod:`~lcfed.methods.base` (the Strategy, the round's messages
+and plans, device selection), :mod:`~lcfed.methods.clustered` (ClusteredStrategy: K cluster models and
+an assignment) and :mod:`~lcfed.methods.traffic` (bytes moved, per layer).
+"""
 
 from __future__ import annotations
 

@@ -3,25 +3,32 @@
 A round is ``configure -> local (per device, where its data lives) -> aggregate``; evaluation asks
 each device for its personalized model. The round loop exists once (:mod:`lcfed.loop`) and only
 calls these hooks, in-process or on Ray.
+
+What clustered methods share is in :mod:`lcfed.methods.clustered`; pricing what a round moves in
+:mod:`lcfed.methods.traffic` (its three functions stay importable from here, where the engines take them).
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar, cast
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar, cast
 
 import numpy as np
 import torch
 
-from lcfed.errors import require
 from lcfed.local_update import DeviceData, LocalResult, LocalWork, Proximal, batch_rng, local_update
+from lcfed.methods.traffic import tensor_bytes
 from lcfed.models import Model, ParamSpec
 
 if TYPE_CHECKING:  # annotations only: lcfed.config finds the methods through the registry
     from lcfed.config import ExperimentConfig
     from lcfed.data.sources import Scaling
+
+__all__ = [
+    "D", "M", "P", "S", "DeviceContext", "Federation", "Message", "MethodSpec", "ModelMessage", "PersonalModel",
+    "RoundPlan", "RoundStats", "Strategy", "devices_per_round", "select_devices", "tensor_bytes",
+]
 
 
 @dataclass(frozen=True)
@@ -121,97 +128,12 @@ class RoundStats:
     participants: int = 0
 
 
-def tensor_bytes(obj: Any) -> int:
-    """Bytes of every tensor/array reachable in ``obj`` (dataclasses, mappings, sequences)."""
-    if isinstance(obj, torch.Tensor):
-        return obj.numel() * obj.element_size()
-    if isinstance(obj, np.ndarray):
-        return int(obj.nbytes)
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return sum(tensor_bytes(getattr(obj, f.name)) for f in dataclasses.fields(obj))
-    if isinstance(obj, Mapping):
-        return sum(tensor_bytes(v) for v in obj.values())
-    if isinstance(obj, (list, tuple)):
-        return sum(tensor_bytes(v) for v in obj)
-    return 0
-
-
 @dataclass(frozen=True)
 class PersonalModel:
     """A device's own model, held where the device lives; ``trained`` once it has had a round."""
 
     weights: torch.Tensor
     trained: bool = False
-
-
-@dataclass(frozen=True)
-class EvalPayload:
-    """What clustered methods send for evaluation: the cluster models and who belongs where."""
-
-    centers: torch.Tensor
-    assignment: np.ndarray
-
-
-def own_or_cluster_model(device: int, dev: PersonalModel, payload: EvalPayload) -> torch.Tensor:
-    """A device's own model once it has trained; before that its cluster's model (or the mean of
-    the cluster models while it is unassigned)."""
-    if dev.trained:
-        return dev.weights
-    k = int(payload.assignment[device])
-    return payload.centers[k] if k >= 0 else payload.centers.mean(0)
-
-
-def layer_traffic(spec: ParamSpec, obj: Any) -> dict[str, int]:
-    """Bytes of ``obj`` per model layer (``spec.layers()`` names), the rest under ``"other"``.
-
-    A 1-D tensor the size of the whole model, of the embedding or of the decision part is split
-    over those layers; a 2-D tensor of such rows likewise, row by row; a mapping keyed by layer
-    names counts each value under its layer. Codes, projections and anything else are ``"other"``.
-    """
-    out: dict[str, int] = {}
-    layers = spec.layers()
-    emb = spec.embedding_size
-    parts = {
-        spec.size: list(layers.items()),
-        emb: [(n, sl) for n, sl in layers.items() if sl.stop <= emb],
-        spec.decision_size: [(n, sl) for n, sl in layers.items() if sl.start >= emb],
-    }
-
-    def add(key: str, nbytes: int) -> None:
-        if nbytes:
-            out[key] = out.get(key, 0) + nbytes
-
-    def walk(o: Any) -> None:
-        if isinstance(o, torch.Tensor) and o.dim() in (1, 2) and o.shape[-1] in parts and parts[o.shape[-1]]:
-            rows = 1 if o.dim() == 1 else o.shape[0]
-            for name, sl in parts[o.shape[-1]]:
-                add(name, rows * (sl.stop - sl.start) * o.element_size())
-        elif isinstance(o, (torch.Tensor, np.ndarray)):
-            add("other", tensor_bytes(o))
-        elif dataclasses.is_dataclass(o) and not isinstance(o, type):
-            for f in dataclasses.fields(o):
-                walk(getattr(o, f.name))
-        elif isinstance(o, Mapping):
-            for k, v in o.items():
-                if k in layers and isinstance(v, torch.Tensor):
-                    add(str(k), tensor_bytes(v))
-                else:
-                    walk(v)
-        elif isinstance(o, (list, tuple)):
-            for v in o:
-                walk(v)
-
-    walk(obj)
-    return out
-
-
-def downlink_traffic(spec: ParamSpec, downlink: Sequence[tuple[Any, int]]) -> dict[str, int]:
-    """Per-layer bytes of a plan's downlink: each object's traffic times its number of receivers."""
-    out: dict[str, int] = {}
-    for obj, count in downlink:
-        for k, v in layer_traffic(spec, obj).items():
-            out[k] = out.get(k, 0) + v * int(count)
-    return out
 
 
 def select_devices(
@@ -347,77 +269,3 @@ def devices_per_round(cfg: ExperimentConfig) -> int:
     return max(1, int(np.ceil(cfg.train.participation * cfg.data.training_devices - 1e-9)))
 
 
-def require_clusters_per_round(num_clusters: int, cfg: ExperimentConfig, prefix: str, why: str) -> None:
-    """``num_clusters`` in [1, devices per round], for methods whose first clustering is of one round's
-    participants; ``why`` ends the message."""
-    per_round = devices_per_round(cfg)
-    require(1 <= num_clusters <= per_round, f"{prefix}.num_clusters", num_clusters,
-            f"must be in [1, devices per round = {per_round}] ({why})")
-
-
-class ClusteredState(Protocol):
-    """What a clustered method's server state holds: K cluster models and every device's cluster."""
-
-    @property
-    def centers(self) -> torch.Tensor: ...  # Ω, (K, dim)
-
-    @property
-    def assignment(self) -> np.ndarray: ...  # (m,), -1 = not yet assigned
-
-
-CS = TypeVar("CS", bound=ClusteredState)
-
-
-class ClusteredStrategy(Strategy[CS, PersonalModel, M, P]):
-    """A method whose devices keep their own model and whose server keeps K cluster models and
-    an assignment (state fields ``centers`` and ``assignment``): the hooks and the local update they
-    all share. Generic over the server state, the message and the round payload.
-
-    ``configure`` by default sends the cluster models, each assigned participant downloading its own.
-    On the device, :meth:`train_own` is the shared body of ``local``: the local update from a start
-    model with proximal terms (:meth:`cluster_proximal`), kept as the device's model and uploaded.
-    """
-
-    def unassigned(self) -> np.ndarray:
-        """The assignment before any clustering: -1 for every device."""
-        return np.full(self.fed.num_devices, -1, dtype=np.int64)
-
-    def configure(self, state: CS, rnd: int) -> RoundPlan:
-        devices = self.participants(rnd)
-        instructions = self.cluster_instructions(state.assignment, devices)
-        return self.plan(rnd, devices, state.centers, instructions, [(state.centers[0], self.assigned(instructions))])
-
-    def init_device(self, device: int, init: torch.Tensor) -> PersonalModel:
-        return PersonalModel(init.clone())
-
-    def eval_payload(self, state: CS) -> EvalPayload:
-        return EvalPayload(state.centers, state.assignment)
-
-    def personalized(self, ctx: DeviceContext, dev: PersonalModel, payload: EvalPayload) -> torch.Tensor:
-        return own_or_cluster_model(ctx.device, dev, payload)
-
-    @staticmethod
-    def cluster_proximal(ctx: DeviceContext, centers: torch.Tensor, cluster: int, mu: float) -> list[Proximal]:
-        """The pull ``μ/2 ‖ω − Ω_k‖²`` towards the device's cluster model ``centers[cluster]``; none while
-        the device has no cluster (``cluster`` = -1) or μ = 0."""
-        return [Proximal(centers[cluster].to(ctx.data.x_train.device), mu)] if cluster >= 0 and mu > 0 else []
-
-    @staticmethod
-    def train_own(
-        ctx: DeviceContext, start: torch.Tensor, proximal: Sequence[Proximal] = ()
-    ) -> tuple[PersonalModel, ModelMessage]:
-        """The shared local update from ``start`` with ``proximal`` terms: the device keeps the trained
-        model as its own and uploads it."""
-        res = ctx.local_update(start, proximal)
-        weights = res.weights.cpu()
-        return PersonalModel(weights, True), ModelMessage(ctx.device, ctx.data.num_train, res.loss, weights)
-
-    @staticmethod
-    def cluster_instructions(assignment: np.ndarray, devices: Sequence[int]) -> dict[int, int]:
-        """Each participant's cluster id (-1 while unassigned): what it is told in ``configure``."""
-        return {d: int(assignment[d]) for d in devices}
-
-    @staticmethod
-    def assigned(instructions: Mapping[int, int]) -> int:
-        """How many of a round's participants have a cluster (instruction >= 0)."""
-        return sum(1 for k in instructions.values() if k >= 0)

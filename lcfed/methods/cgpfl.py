@@ -30,15 +30,8 @@ import torch
 
 from lcfed.clustering import assign_by_cosine, cluster_means, kmeans_labels
 from lcfed.errors import require
-from lcfed.methods.base import (
-    ClusteredStrategy,
-    DeviceContext,
-    ModelMessage,
-    PersonalModel,
-    RoundPlan,
-    RoundStats,
-    require_clusters_per_round,
-)
+from lcfed.methods.base import DeviceContext, ModelMessage, PersonalModel, RoundPlan, RoundStats
+from lcfed.methods.clustered import ClusteredStrategy, require_clusters_per_round
 from lcfed.methods.fesem import span_coordinates
 
 if TYPE_CHECKING:  # annotations only: lcfed.config finds the methods through the registry

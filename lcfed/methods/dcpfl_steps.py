@@ -1,18 +1,68 @@
-"""DC-PFL's pure steps (:mod:`lcfed.methods.dcpfl`): the model discrepancy (Eq. 3) and its layer-wise
-form (Eq. 5), layers' aggregation intervals (Eq. 6), the average-linkage dendrogram and its cut, and the
-rapid-decrease period's end (Sec. III-C). Each is a function of arrays, tested by hand in
-tests/test_dcpfl.py."""
+"""DC-PFL's constants and pure steps (:mod:`lcfed.methods.dcpfl`): :class:`DCPFLParams` (the paper's
+values as defaults, and their validation), the model discrepancy (Eq. 3) and its layer-wise form (Eq. 5),
+layers' aggregation intervals (Eq. 6), the average-linkage dendrogram and its cut, and the rapid-decrease
+period's end (Sec. III-C). Each step is a function of arrays, tested by hand in tests/test_dcpfl.py."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
-if TYPE_CHECKING:  # annotations only: the strategy module imports this one
-    from lcfed.methods.dcpfl import DCPFLParams
+from lcfed.errors import require
+
+if TYPE_CHECKING:  # annotations only: lcfed.config finds the methods through the registry
+    from lcfed.config import ExperimentConfig
+
+
+@dataclass(frozen=True)
+class DCPFLParams:
+    """Warm-up rounds averaging the discrepancy (T_start), smoothing window (s), rounds the knee must
+    lie behind the latest round (t_obv), rounds before a rejected split is retried (t_sp), gamma~ step
+    (λ_γ), base aggregation interval (τ), interval factor of low-discrepancy layers (α), low-layer
+    ratio; the rapid-decrease detector's smallest drop (relative, and in noise standard deviations)
+    and smallest bend (not in the paper: see :func:`rdp_end`)."""
+
+    t_start: int = 5
+    window: int = 5
+    t_obv: int = 3
+    t_sp: int = 6
+    gamma_step: float = 0.2
+    tau: int = 5
+    alpha: int = 3
+    low_ratio: float = 0.1
+    min_drop: float = 0.05
+    min_snr: float = 8.0
+    min_bend: float = 0.25
+
+    def validate(self, cfg: ExperimentConfig, prefix: str = "method") -> None:
+        require(self.t_start >= 1, f"{prefix}.t_start", self.t_start, "must be >= 1 (rounds averaging the discrepancy)")
+        require(self.window >= 1, f"{prefix}.window", self.window, "must be >= 1")
+        require(self.t_obv >= 1, f"{prefix}.t_obv", self.t_obv, "must be >= 1")
+        require(self.t_sp >= 1, f"{prefix}.t_sp", self.t_sp, "must be >= 1")
+        require(0 < self.gamma_step <= 1, f"{prefix}.gamma_step", self.gamma_step, "must be in (0, 1]")
+        require(self.tau >= 1, f"{prefix}.tau", self.tau, "must be >= 1 (rounds)")
+        require(self.alpha >= 1, f"{prefix}.alpha", self.alpha, "must be >= 1 (1 = no layer-wise aggregation)")
+        require(self.low_ratio >= 0, f"{prefix}.low_ratio", self.low_ratio, "must be >= 0")
+        require(0 <= self.min_drop < 1, f"{prefix}.min_drop", self.min_drop, "must be in [0, 1) (fraction of the loss)")
+        require(self.min_snr >= 0, f"{prefix}.min_snr", self.min_snr, "must be >= 0 (noise standard deviations)")
+        require(0 < self.min_bend < 1, f"{prefix}.min_bend", self.min_bend, "must be in (0, 1) (gap below the chord)")
+        require(
+            cfg.train.participation == 1,
+            "train.participation",
+            cfg.train.participation,
+            "must be 1 for dcpfl (its loss curve and discrepancy matrix average over every device each round)",
+        )
+        require(
+            cfg.data.holdout_fraction == 0,
+            "data.holdout_fraction",
+            cfg.data.holdout_fraction,
+            "must be 0 for dcpfl (its discrepancy matrix and groups cover every device from the first round)",
+        )
+
 
 
 def minmax_scale(w: torch.Tensor) -> torch.Tensor:

@@ -43,7 +43,8 @@ import torch
 
 from lcfed.clustering import cluster_means, kmeans_labels
 from lcfed.errors import require
-from lcfed.methods.base import DeviceContext, EvalPayload, ModelMessage, RoundPlan, RoundStats, Strategy
+from lcfed.methods.base import DeviceContext, ModelMessage, RoundPlan, RoundStats, Strategy
+from lcfed.methods.clustered import EvalPayload
 from lcfed.similarity import cosine_matrix
 
 if TYPE_CHECKING:  # annotations only: lcfed.config finds the methods through the registry

@@ -27,15 +27,8 @@ import numpy as np
 import torch
 
 from lcfed.clustering import cluster_means
-from lcfed.methods.base import (
-    ClusteredStrategy,
-    DeviceContext,
-    ModelMessage,
-    PersonalModel,
-    RoundPlan,
-    RoundStats,
-    require_clusters_per_round,
-)
+from lcfed.methods.base import DeviceContext, ModelMessage, PersonalModel, RoundPlan, RoundStats
+from lcfed.methods.clustered import ClusteredStrategy, require_clusters_per_round
 from lcfed.similarity import sq_l2_matrix
 
 if TYPE_CHECKING:  # annotations only: lcfed.config finds the methods through the registry

@@ -25,16 +25,8 @@ import torch
 from lcfed.clustering import assign_by_cosine, cluster_means, kmeans_labels, weighted_mean
 from lcfed.errors import require
 from lcfed.local_update import Proximal
-from lcfed.methods.base import (
-    ClusteredStrategy,
-    DeviceContext,
-    Message,
-    PersonalModel,
-    RoundPlan,
-    RoundStats,
-    devices_per_round,
-    require_clusters_per_round,
-)
+from lcfed.methods.base import DeviceContext, Message, PersonalModel, RoundPlan, RoundStats, devices_per_round
+from lcfed.methods.clustered import ClusteredStrategy, require_clusters_per_round
 from lcfed.similarity import Projector, fit_projector
 
 if TYPE_CHECKING:  # annotations only: lcfed.config finds the methods through the registry

@@ -184,6 +184,12 @@ def _address_arg(p: argparse.ArgumentParser) -> None:
 
 def add_parser(sub: Any) -> None:
     """Register ``lcfed submit`` and ``lcfed job {status,logs,stop,list}`` on the CLI's subparsers."""
+    _add_submit(sub)
+    _add_job(sub)
+
+
+def _add_submit(sub: Any) -> None:
+    """``lcfed submit [options] -- COMMAND``."""
     submit = sub.add_parser(
         "submit",
         help="run an lcfed command on a Ray cluster as a Ray job (ships this directory)",
@@ -223,6 +229,9 @@ def add_parser(sub: Any) -> None:
                         help="the command to run on the cluster, after `--`")
     submit.set_defaults(func=cmd_submit)
 
+
+def _add_job(sub: Any) -> None:
+    """``lcfed job {status,logs,stop,list}``."""
     job = sub.add_parser("job", help="inspect and control Ray jobs (status, logs, stop, list)",
                          description="Inspect and control the Ray jobs on a cluster (`lcfed submit` starts them).",
                          epilog=examples("lcfed job list", "lcfed job logs JOB_ID --follow"))

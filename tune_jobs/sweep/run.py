@@ -131,21 +131,29 @@ def run_sweep(
               f"{plan.exp_path}", file=sys.stderr, flush=True)
     hint = f"; the Tune state is saved: continue with --resume --name {plan.name}"
     with ParentRun(base.engine, uri, hint, stop_reason=_stop_reason) as parent:
-        check_storage(plan.storage_uri)
-        engine = resolve_trial_engine(trial_engine, gpus_per_trial, len(alive_nodes()))
-        parent.connect(base.tracking.experiment)  # once, before any trial
-        _open_parent(parent, plan, engine, parent_run_id)
-        tracker = TrialTracker(uri, parent.experiment_id, parent.run_id, plan.name, base.train.rounds, plan.swept,
-                               plan.named)
-        results = _fit(_tuner(plan, engine, parent.run_id, sources, tracker), tracker, plan.name)
-        best = best_result(results, obj.metric, obj.mode, trial_order(results))
-        summary = _summary(plan, results, best, engine, parent)
-        log_parent(parent.client, parent.run_id, parent.experiment_id, results, best, summary["best_config"], space,
-                   obj.metric, obj.mode)
-        wanted = log_models or register is not None
-        summary.update(_best_models(parent, uri, best, register) if wanted else {"best_models": {}, "registered": None})
-        prune_models(results, best if wanted else None)
-        return summary
+        return _run_under(parent, plan, uri, sources, trial_engine, parent_run_id,
+                          log_models or register is not None, register)
+
+
+def _run_under(parent: ParentRun, plan: SweepPlan, uri: str, sources: Any, trial_engine: str,
+               parent_run_id: str | None, wanted: bool, register: str | None) -> dict[str, Any]:
+    """The checked sweep under its open parent run: the trials, then the best one logged on the parent
+    (and, if ``wanted``, its models on its child run, ``register``ed under that name)."""
+    base, obj = plan.base, plan.objective
+    check_storage(plan.storage_uri)
+    engine = resolve_trial_engine(trial_engine, plan.gpus_per_trial, len(alive_nodes()))
+    parent.connect(base.tracking.experiment)  # once, before any trial
+    _open_parent(parent, plan, engine, parent_run_id)
+    tracker = TrialTracker(uri, parent.experiment_id, parent.run_id, plan.name, base.train.rounds, plan.swept,
+                           plan.named)
+    results = _fit(_tuner(plan, engine, parent.run_id, sources, tracker), tracker, plan.name)
+    best = best_result(results, obj.metric, obj.mode, trial_order(results))
+    summary = _summary(plan, results, best, engine, parent)
+    log_parent(parent.client, parent.run_id, parent.experiment_id, results, best, summary["best_config"], plan.space,
+               obj.metric, obj.mode)
+    summary.update(_best_models(parent, uri, best, register) if wanted else {"best_models": {}, "registered": None})
+    prune_models(results, best if wanted else None)
+    return summary
 
 
 def _best_models(parent: ParentRun, uri: str, best: Any, register: str | None) -> dict[str, Any]:

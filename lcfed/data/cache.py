@@ -1,0 +1,51 @@
+"""The decoded-array cache under ``DATA_DIR/.lcfed-cache/``: each entry a folder of ``.npy`` arrays
+(memory-mapped when read back) and a ``stamp.json`` that says what they were decoded from.
+
+Writing is best effort (a read-only data dir just means no cache) and atomic file by file, the stamp
+last, so a reader never pairs a stamp with other arrays; processes, even on other nodes, may fill one
+entry at once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import uuid
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from lcfed.data.dataset import _stamp
+
+
+def digest(text: str) -> str:
+    """A short stable name for ``text`` (e.g. a source's absolute path) in a cache folder's name."""
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def file_stamp(path: Path) -> list[list[object]]:
+    """(name, size, mtime) of the file, or of every file under the folder."""
+    if path.is_dir():
+        return _stamp(path) or []
+    st = path.stat()
+    return [[path.name, st.st_size, st.st_mtime_ns]]
+
+
+def write_arrays(cache: Path, arrays: Mapping[str, np.ndarray], stamp: Any) -> None:
+    """Save ``arrays`` (file name -> array) under ``cache``, then ``stamp`` (JSON) as ``stamp.json``."""
+    try:
+        cache.mkdir(parents=True, exist_ok=True)
+        (cache / "stamp.json").unlink(missing_ok=True)
+        for fname, arr in arrays.items():
+            tmp = cache / f"{fname}.{uuid.uuid4().hex}.tmp"
+            with tmp.open("wb") as f:
+                np.save(f, arr)
+            os.replace(tmp, cache / fname)
+        tmp = cache / f"stamp.json.{uuid.uuid4().hex}.tmp"
+        tmp.write_text(json.dumps(stamp))
+        os.replace(tmp, cache / "stamp.json")
+    except OSError:
+        pass

@@ -1,0 +1,108 @@
+"""What the names resolve to and whether a method keeps the contract: ``lcfed methods``, ``lcfed check``,
+``lcfed models`` and ``lcfed datasets`` (built-ins, installed plugins and where each comes from)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from typing import Any
+
+from lcfed import conformance, registry
+from lcfed.config import require
+from tune_jobs.options import examples
+
+
+def add_parser(sub: Any) -> None:
+    """Register ``lcfed methods``, ``lcfed check``, ``lcfed models`` and ``lcfed datasets`` on the CLI's subparsers."""
+    for add in (_add_methods, _add_check, _add_components):
+        add(sub)
+
+
+def _add_methods(sub: Any) -> None:
+    """lcfed methods: the registered methods and their parameters."""
+    methods = sub.add_parser(
+        "methods", help="list the registered methods and their parameters",
+        description="List the registered methods (the values of method.name), each with its description "
+        "and its parameters (method.<param>) with their defaults.",
+        epilog=examples("lcfed methods", "lcfed run --set method.name=ifca --set method.num_clusters=3"))
+    methods.set_defaults(func=cmd_methods)
+
+
+def _add_check(sub: Any) -> None:
+    """lcfed check: a method's conformance to the Strategy contract."""
+    check = sub.add_parser(
+        "check", help="check that a method keeps the Strategy contract (seeded, pure, priced, resumable, Ray = local)",
+        description="Run a method on a small federation and check the contract every built-in keeps: the same "
+        "numbers for the same seed, no hook changing its arguments in place, every uploaded tensor priced, "
+        "resuming from a checkpoint bit-identical, and (--ray) the Ray engine giving the in-process numbers. "
+        "Exit 1 when a property fails; the report names it.",
+        epilog=examples("lcfed check fedavg", "lcfed check mypackage.strategies:FedProx --ray",
+                        "lcfed check lcfed fedac --rounds 6"))
+    check.add_argument("methods", nargs="+", metavar="METHOD", help="a method name or a package.module:attr path")
+    check.add_argument("--ray", action="store_true", help="also compare the Ray engine with the in-process one")
+    check.add_argument("--rounds", type=int, default=2, help="rounds of the small federation (default: %(default)s)")
+    check.set_defaults(func=cmd_check)
+
+
+def _add_components(sub: Any) -> None:
+    """lcfed models / lcfed datasets: the names each accepts."""
+    for kind, what in (("model", "models"), ("dataset", "datasets")):
+        listing = sub.add_parser(
+            what, help=f"list the {what}: built-in, installed plugins (entry points lcfed.{what}) and where each comes from",
+            description=f"List every {kind} name that {'model.name' if kind == 'model' else 'data.dataset'} accepts "
+                        f"without a path: the built-in ones, then those installed packages register under the "
+                        f"entry-point group lcfed.{what}. A package.module:attr path names any other.",
+            epilog=examples(f"lcfed {what}", f"lcfed run --set {'model.name' if kind == 'model' else 'data.dataset'}"
+                                             f"=mypackage.module:{'build' if kind == 'model' else 'load'}"))
+        listing.set_defaults(func=cmd_components, kind=kind)
+
+
+def cmd_methods(args: argparse.Namespace) -> int:
+    """Every method by name (built-in, then installed plugins, with where each comes from) and its
+    parameters with their defaults."""
+    for entry in registry.names("method"):
+        try:
+            spec = registry.method(entry.name)
+        except registry.PluginError as exc:
+            print(f"{entry.name:<12} ({entry.origin}) cannot be used: {exc}")
+            continue
+        fields = ", ".join(f"{f.name}={f.default!r}" for f in dataclasses.fields(spec.params))
+        print(f"{entry.name:<12} {_first_line(spec.strategy)}")
+        if entry.origin != "built-in":
+            print(f"{'':<12} from: {entry.origin}")
+        if fields:
+            print(f"{'':<12} params: {fields}")
+    return 0
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    """The conformance report of each method; exit 1 when a property fails."""
+    require(args.rounds >= 2, "--rounds", args.rounds, "must be >= 2 (resuming needs a round before the last)")
+    configs = [conformance.small_config(name, **{"train.rounds": args.rounds}) for name in args.methods]
+    failed = 0
+    for name, cfg in zip(args.methods, configs, strict=True):
+        findings = conformance.check(name, ray=args.ray, cfg=cfg,
+                                     progress=lambda what, n=name: print(f"{n}: checking {what}", file=sys.stderr))
+        print(conformance.report(name, findings), flush=True)
+        failed += not all(f.ok for f in findings)
+    return 1 if failed else 0
+
+
+def cmd_components(args: argparse.Namespace) -> int:
+    """``lcfed models`` / ``lcfed datasets``: every name, its first docstring line and where it comes from."""
+    for entry in registry.names(args.kind):
+        try:
+            obj = getattr(registry, args.kind)(entry.name)
+        except registry.PluginError as exc:
+            print(f"{entry.name:<14} ({entry.origin}) cannot be used: {exc}")
+            continue
+        origin = "" if entry.origin == "built-in" else f"  [{entry.origin}]"
+        print(f"{entry.name:<14} {_first_line(obj)}{origin}")
+    return 0
+
+
+def _first_line(obj: Any) -> str:
+    """The first paragraph of ``obj``'s docstring (its module's for a class without one), as one line."""
+    doc = obj.__doc__ if obj.__doc__ and not isinstance(obj, type) else sys.modules[obj.__module__].__doc__
+    return " ".join((doc or "").strip().split("\n\n")[0].split())
