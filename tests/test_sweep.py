@@ -13,11 +13,24 @@ import yaml
 from lcfed.config import ConfigError, to_dict
 from lcfed.federation import load, prepare
 from lcfed.tracking import mlflow_key
-from tests.conftest import tiny_config
+from tests.conftest import start_test_ray, tiny_config
 from tune_jobs.cli import main
 from tune_jobs.sweep.run import restore_results, run_sweep
 from tune_jobs.sweep.space import load_space
 from tune_jobs.sweep.trial import MODELS_FILE
+
+
+@pytest.fixture(scope="module")
+def shared_ray():
+    """One Ray for the module's in-process sweeps (a start costs seconds): they run on it as a sweep in a Ray
+    job runs on its cluster. A sweep's own private Ray: the signal test's ``lcfed sweep`` process."""
+    import ray
+
+    start_test_ray()
+    try:
+        yield
+    finally:
+        ray.shutdown()
 
 
 def test_space_files_are_validated_against_the_base_config(tmp_path):
@@ -36,7 +49,7 @@ def test_space_files_are_validated_against_the_base_config(tmp_path):
         load_space(bad, base)
 
 
-def test_sweep_of_four_trials_logs_children_and_parent(tmp_path, tracking_uri, monkeypatch):
+def test_sweep_of_four_trials_logs_children_and_parent(shared_ray, tmp_path, tracking_uri, monkeypatch):
     monkeypatch.setenv("MLFLOW_TRACKING_URI", tracking_uri)  # models:/ URIs (registered ones too) resolve against it
     base = tiny_config("train.rounds=3", "engine.num_cpus=2", "tracking.enabled=true", f"tracking.uri={tracking_uri}",
                        "tracking.experiment=sweep-test")
@@ -126,7 +139,7 @@ def _kept_checkpoints_and_the_registered_model(tmp_path, uri, base, summary, bes
     assert sum(accs) / len(accs) == pytest.approx(best_child.data.metrics[mlflow_key("acc_mean")], abs=1e-12)
 
 
-def test_a_diverging_trial_fails_alone_and_the_sweep_exits_1(tmp_path, tracking_uri, capsys):
+def test_a_diverging_trial_fails_alone_and_the_sweep_exits_1(shared_ray, tmp_path, tracking_uri, capsys):
     base = tiny_config("train.rounds=2", "engine.num_cpus=2", "tracking.enabled=true", f"tracking.uri={tracking_uri}",
                        "tracking.experiment=sweep-nan")
     config, space = tmp_path / "base.yaml", tmp_path / "space.yaml"
@@ -149,7 +162,7 @@ def test_a_diverging_trial_fails_alone_and_the_sweep_exits_1(tmp_path, tracking_
     assert "DivergenceError" in children["1000000.0"].data.tags["failure_reason"]
 
 
-def test_asha_on_a_loss_stops_the_worse_trial_early_and_finished(tmp_path, tracking_uri):
+def test_asha_on_a_loss_stops_the_worse_trial_early_and_finished(shared_ray, tmp_path, tracking_uri):
     """--metric test_loss (mode min by default) drives ASHA (grace period 1), the best trial, the summary and
     the parent run; the stopped trial ends FINISHED, tagged stopped_early with its round, not KILLED."""
     base = tiny_config("train.rounds=3", "engine.num_cpus=2", "tracking.enabled=true", f"tracking.uri={tracking_uri}",
@@ -199,7 +212,7 @@ def _proposals(storage: str) -> list[dict]:
 
 
 @pytest.mark.slow  # ~45 s; ASHA: test_asha_on_a_loss...; --search choices: tests/test_bad_inputs.py
-def test_an_optuna_sweep_with_asha_is_seeded_and_prints_one_table(tmp_path, tracking_uri, capsys):
+def test_an_optuna_sweep_with_asha_is_seeded_and_prints_one_table(shared_ray, tmp_path, tracking_uri, capsys):
     """--search optuna: Tune's OptunaSearch seeded by the config's seed (the same proposals again), ASHA stops
     trials at the half-way rung, the best trial is one that ran every round, and the console has a line per
     reported round (no terminal) and one final table, never the base config."""
@@ -258,7 +271,7 @@ def test_fedac_and_dcpfl_spaces():
 
 
 @pytest.mark.slow
-def test_a_fedac_sweep(tmp_path, tracking_uri):
+def test_a_fedac_sweep(shared_ray, tmp_path, tracking_uri):
     from ray import tune
 
     base = tiny_config("method.name=fedac", "train.rounds=2", "engine.num_cpus=2", "tracking.enabled=true",
@@ -274,7 +287,7 @@ def test_a_fedac_sweep(tmp_path, tracking_uri):
 
 
 @pytest.mark.parametrize("sig", ["SIGTERM"])
-def test_a_signal_stops_the_sweep_killed_with_a_reason_and_resume_finishes_it(tmp_path, tracking_uri, sig):
+def test_a_signal_stops_the_sweep_killed_with_a_reason_and_resume_finishes_it(shared_ray, tmp_path, tracking_uri, sig):
     import signal
     import subprocess
     import sys
@@ -352,7 +365,7 @@ def test_a_local_trial_asks_for_its_threads_and_gpu_share_in_one_bundle():
 
 
 @pytest.mark.parametrize("engine", ["local", pytest.param("ray", marks=pytest.mark.slow)])  # ray: test_multinode too
-def test_trials_equal_lcfed_run_of_the_same_config_and_name_their_engine(tmp_path, tracking_uri, engine):
+def test_trials_equal_lcfed_run_of_the_same_config_and_name_their_engine(shared_ray, tmp_path, tracking_uri, engine):
     """Every trial's numbers are those of ``lcfed run`` (run_local) of its config, on either trial
     engine; two trials one after the other: the second reuses the first's warm process (local)."""
     from ray import tune
