@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from lcfed.config import ConfigError, to_dict
+from lcfed.engines.local import run_local
 from lcfed.federation import load, prepare
 from lcfed.tracking import mlflow_key
 from tests.conftest import start_test_ray, tiny_config
@@ -70,6 +71,15 @@ def test_sweep_of_four_trials_logs_children_and_parent(shared_ray, tmp_path, tra
         assert child.data.params["method.mu"] == child.data.tags["space.method.mu"]
     mus = {c.data.params["method.mu"] for c in children}
     assert len(mus) == 4  # four different samples
+    # on one node each trial runs its federation in its own (reused) process: the numbers of `lcfed run`
+    assert summary["trial_engine"] == "local" and parent[0].data.params["trial_engine"] == "local"
+    for child in children:
+        assert child.data.params["engine.kind"] == "local" and child.data.tags["engine"] == "local"
+        assert child.data.tags["placement.device_nodes"] == child.data.tags["placement.trial_node"]
+        swept = {k: float(child.data.params[k]) for k in ("method.mu", "method.lam")}
+        ref = run_local(base.replace(**swept, **{"engine.kind": "local", "tracking.enabled": False}))
+        for key in ("acc_mean", "train_loss"):
+            assert child.data.metrics[mlflow_key(key)] == ref.final[key], (swept, key)
     plots = {a.path for a in client.list_artifacts(parent[0].info.run_id, "plots")}
     assert plots == {"plots/top_trials.png", "plots/mu_lambda_heatmap.png", "plots/assignment_heatmap.png"}
     assert parent[0].data.tags["best.method.mu"] == str(summary["best_config"]["method.mu"])
@@ -364,13 +374,12 @@ def test_a_local_trial_asks_for_its_threads_and_gpu_share_in_one_bundle():
     assert trial_config({**config, "__sweep__": meta}, "t1").engine.kind == "ray"  # a sweep from before
 
 
-@pytest.mark.parametrize("engine", ["local", pytest.param("ray", marks=pytest.mark.slow)])  # ray: test_multinode too
+@pytest.mark.slow  # ~20 s each; local: the four-trial sweep checks its trials' numbers and engine; ray: test_multinode
+@pytest.mark.parametrize("engine", ["local", "ray"])
 def test_trials_equal_lcfed_run_of_the_same_config_and_name_their_engine(shared_ray, tmp_path, tracking_uri, engine):
     """Every trial's numbers are those of ``lcfed run`` (run_local) of its config, on either trial
     engine; two trials one after the other: the second reuses the first's warm process (local)."""
     from ray import tune
-
-    from lcfed.engines.local import run_local
 
     base = tiny_config("train.rounds=2", "engine.num_cpus=2", "tracking.enabled=true", f"tracking.uri={tracking_uri}",
                        "tracking.experiment=sweep-eq")
