@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import re
 from pathlib import Path
@@ -149,48 +151,48 @@ def _kept_checkpoints_and_the_registered_model(tmp_path, uri, base, summary, bes
     assert sum(accs) / len(accs) == pytest.approx(best_child.data.metrics[mlflow_key("acc_mean")], abs=1e-12)
 
 
-def test_a_diverging_trial_fails_alone_and_the_sweep_exits_1(shared_ray, tmp_path, tracking_uri, capsys):
-    base = tiny_config("train.rounds=2", "engine.num_cpus=2", "tracking.enabled=true", f"tracking.uri={tracking_uri}",
-                       "tracking.experiment=sweep-nan")
-    config, space = tmp_path / "base.yaml", tmp_path / "space.yaml"
+@pytest.fixture(scope="module")
+def asha_sweep(shared_ray, tmp_path_factory):
+    """One ``lcfed sweep`` for the two tests below: ASHA on ``--metric test_loss`` (grace period 1) over a
+    learning rate that learns (0.05), one that barely does (1e-5: stopped at the rung) and one that diverges
+    (1e6: fails in round 0); trials one at a time. Its exit code, stderr, summary, store and storage."""
+    tmp = tmp_path_factory.mktemp("asha")
+    uri = f"sqlite:///{tmp / 'mlflow.db'}"
+    base = tiny_config("train.rounds=3", "engine.num_cpus=2", "tracking.enabled=true", f"tracking.uri={uri}",
+                       "tracking.experiment=sweep-asha")
+    config, space = tmp / "base.yaml", tmp / "space.yaml"
     config.write_text(yaml.safe_dump(to_dict(base)))
-    space.write_text("train.lr: {grid: [0.05, 1000000.0]}\n")
-    out = tmp_path / "summary.json"
-    code = main(["sweep", "-c", str(config), "--space", str(space), "--scheduler", "fifo", "--max-concurrent", "1",
-                 "--name", "nan", "--storage", str(tmp_path / "tune"), "--json", str(out)])
-    assert code == 1
-    assert "1 of 2 trials failed; first: lcfed.loop.DivergenceError: round 0" in capsys.readouterr().err
-    summary = json.loads(out.read_text())
-    assert summary["trials"] == 2 and summary["errors"] == 1
-    assert summary["best_config"] == {"train.lr": 0.05}
-    client = mlflow.MlflowClient(tracking_uri=tracking_uri)
-    exp = client.get_experiment_by_name("sweep-nan")
+    space.write_text("train.lr: {grid: [0.05, 0.00001, 1000000.0]}\n")
+    out = tmp / "summary.json"
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        code = main(["sweep", "-c", str(config), "--space", str(space), "--metric", "test_loss", "--grace-period", "1",
+                     "--max-concurrent", "1", "--name", "asha", "--storage", str(tmp / "tune"), "--json", str(out)])
+    client = mlflow.MlflowClient(tracking_uri=uri)
+    exp = client.get_experiment_by_name("sweep-asha")
     children = {r.data.params["train.lr"]: r for r in client.search_runs([exp.experiment_id])
                 if "mlflow.parentRunId" in r.data.tags}
-    assert children["0.05"].info.status == "FINISHED"
+    return code, err.getvalue(), json.loads(out.read_text()), client, children
+
+
+def test_a_diverging_trial_fails_alone_and_the_sweep_exits_1(asha_sweep):
+    code, err, summary, _, children = asha_sweep
+    assert code == 1
+    assert "1 of 3 trials failed; first: lcfed.loop.DivergenceError: round 0" in err
+    assert summary["trials"] == 3 and summary["errors"] == 1
+    assert summary["best_config"] == {"train.lr": 0.05}
+    assert children["0.05"].info.status == "FINISHED" and children["1e-05"].info.status == "FINISHED"
     assert children["1000000.0"].info.status == "FAILED"
     assert "DivergenceError" in children["1000000.0"].data.tags["failure_reason"]
 
 
-def test_asha_on_a_loss_stops_the_worse_trial_early_and_finished(shared_ray, tmp_path, tracking_uri):
+def test_asha_on_a_loss_stops_the_worse_trial_early_and_finished(asha_sweep):
     """--metric test_loss (mode min by default) drives ASHA (grace period 1), the best trial, the summary and
     the parent run; the stopped trial ends FINISHED, tagged stopped_early with its round, not KILLED."""
-    base = tiny_config("train.rounds=3", "engine.num_cpus=2", "tracking.enabled=true", f"tracking.uri={tracking_uri}",
-                       "tracking.experiment=sweep-asha")
-    config, space = tmp_path / "base.yaml", tmp_path / "space.yaml"
-    config.write_text(yaml.safe_dump(to_dict(base)))
-    space.write_text("train.lr: {grid: [0.05, 0.00001]}\n")  # the second barely learns: stopped at the rung
-    out = tmp_path / "summary.json"
-    assert main(["sweep", "-c", str(config), "--space", str(space), "--metric", "test_loss", "--grace-period", "1",
-                 "--max-concurrent", "1", "--name", "asha", "--storage", str(tmp_path / "tune"), "--json", str(out)]) == 0
-    summary = json.loads(out.read_text())
+    _, _, summary, client, children = asha_sweep
     assert (summary["metric"], summary["mode"], summary["scheduler"]) == ("test_loss", "min", "asha")
     assert (summary["grace_period"], summary["max_t"]) == (1, 3)
-    assert summary["best_config"] == {"train.lr": 0.05} and summary["errors"] == 0
-    client = mlflow.MlflowClient(tracking_uri=tracking_uri)
-    exp = client.get_experiment_by_name("sweep-asha")
-    children = {r.data.params["train.lr"]: r for r in client.search_runs([exp.experiment_id])
-                if "mlflow.parentRunId" in r.data.tags}
+    assert summary["best_config"] == {"train.lr": 0.05}
     kept, stopped = children["0.05"], children["1e-05"]
     assert kept.info.status == "FINISHED" and "stopped_early" not in kept.data.tags
     assert stopped.info.status == "FINISHED"
@@ -199,7 +201,8 @@ def test_asha_on_a_loss_stops_the_worse_trial_early_and_finished(shared_ray, tmp
     assert (kept.info.run_name, stopped.info.run_name) == ("lcfed lr=0.05 · digits path2 · s0",
                                                            "lcfed lr=1e-05 · digits path2 · s0")
     parent = client.get_run(summary["parent_run_id"])
-    assert parent.data.params["train.lr"] == "0.05" and parent.data.params["space.train.lr"] == "grid([0.05, 1e-05])"
+    assert parent.data.params["train.lr"] == "0.05"
+    assert parent.data.params["space.train.lr"] == "grid([0.05, 1e-05, 1000000.0])"
     assert (parent.data.params["metric"], parent.data.params["mode"], parent.data.params["grace_period"],
             parent.data.params["max_t"]) == ("test_loss", "min", "1", "3")
     assert parent.data.metrics["loss/test_loss"] == kept.data.metrics["loss/test_loss"] == summary["best_test_loss"]
