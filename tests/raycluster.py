@@ -10,6 +10,7 @@ this cluster's processes, so stopping it signals only them (never ``ray stop``).
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import secrets
 import shutil
@@ -19,6 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -70,7 +72,8 @@ class Node:
 
 @dataclass
 class LocalCluster:
-    """Start with :meth:`start`; ``gcs`` is the address to attach to; stop with :meth:`stop`."""
+    """Start with :meth:`start`; ``gcs`` is the address to attach to, ``dashboard`` the head's job server (empty
+    without one); stop with :meth:`stop`."""
 
     base: Path
     token: Path
@@ -148,7 +151,7 @@ class LocalCluster:
             "--head", "--port", str(port), "--temp-dir", str(temp), "--include-dashboard", str(dashboard).lower(),
             "--dashboard-host", "127.0.0.1", "--dashboard-port", str(dash),
             "--ray-client-server-port", str(free_port())], cpus, 0, extra)
-        self.dashboard = f"http://127.0.0.1:{dash}"
+        self.dashboard = f"http://127.0.0.1:{dash}" if dashboard else ""
         address_file = temp / "ray_current_cluster"
         deadline = time.monotonic() + timeout
         while not address_file.is_file() or not address_file.read_text().strip():
@@ -165,19 +168,37 @@ class LocalCluster:
 
     def wait_nodes(self, count: int, timeout: float, starting: list[Node]) -> None:
         """Until the GCS sees ``count`` alive nodes; RuntimeError if a starting node's ``ray start`` exits."""
-        code = (f"import ray; from actors.connect import attach; attach({self.gcs!r}); "
-                "print(sum(1 for n in ray.nodes() if n['Alive']))")
         deadline = time.monotonic() + timeout
         while True:
             for node in starting:
                 self._check_alive(node)
-            out = subprocess.run([sys.executable, "-c", code], env=self.client_env(), capture_output=True, text=True,
-                                 timeout=timeout, cwd=ROOT)
-            if out.returncode == 0 and out.stdout.strip().splitlines()[-1] == str(count):
+            alive, why = self._alive_nodes(timeout)
+            if alive == count:
                 return
             if time.monotonic() > deadline:
-                raise RuntimeError(f"{count} nodes not up after {timeout:.0f} s: {out.stdout[-500:]} {out.stderr[-2000:]}")
-            time.sleep(1)
+                raise RuntimeError(f"{count} nodes not up after {timeout:.0f} s: {why}")
+            time.sleep(0.5 if self.dashboard else 1)
+
+    def _alive_nodes(self, timeout: float) -> tuple[int | None, str]:
+        """The GCS's count of alive nodes (None if not known yet) and what answered. Through the head's
+        dashboard (Ray's state API) when it has one: a driver process per ask costs seconds of CPU that the
+        nodes being started need on a small machine."""
+        if self.dashboard:
+            request = urllib.request.Request(f"{self.dashboard}/api/v0/nodes?limit=1000",
+                                             headers={"Authorization": f"Bearer {self.token.read_text().strip()}"})
+            try:
+                with urllib.request.urlopen(request, timeout=10) as resp:
+                    nodes = json.load(resp)["data"]["result"]["result"]
+            except (OSError, ValueError, KeyError) as exc:  # the dashboard is still starting
+                return None, repr(exc)
+            return sum(1 for n in nodes if n.get("state") == "ALIVE"), json.dumps(nodes)[-500:]
+        code = (f"import ray; from actors.connect import attach; attach({self.gcs!r}); "
+                "print(sum(1 for n in ray.nodes() if n['Alive']))")
+        out = subprocess.run([sys.executable, "-c", code], env=self.client_env(), capture_output=True, text=True,
+                             timeout=timeout, cwd=ROOT)
+        last = out.stdout.strip().splitlines()[-1:] if out.returncode == 0 else []
+        alive = int(last[0]) if last and last[0].isdigit() else None
+        return alive, f"{out.stdout[-500:]} {out.stderr[-2000:]}"
 
     def node_names(self) -> dict[str, str]:
         """Ray node id -> ``head`` / ``w0`` / ``w1`` ... (matched by node-manager port)."""
@@ -185,8 +206,6 @@ class LocalCluster:
         out = subprocess.run([sys.executable, "-c", code], env=self.client_env(), capture_output=True, text=True,
                              timeout=120, cwd=ROOT, check=True)
         by_port = {n.manager_port: n.name for n in [self.head, *self.workers] if n is not None}
-        import json
-
         return {n["NodeID"]: by_port.get(n["NodeManagerPort"], "?") for n in json.loads(out.stdout.splitlines()[-1])}
 
     def stop(self) -> list[int]:

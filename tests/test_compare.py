@@ -1,6 +1,7 @@
-"""`lcfed compare`: a tiny real comparison (3 methods x 2 trials x 2 seeds on digits, read from IDX files),
+"""`lcfed compare`: a tiny real comparison (2 methods x 2 trials x 2 seeds on digits, read from IDX files),
 its report, the MLflow hierarchy, resume, and that phase 1 decides on validation accuracy only (the same
-comparison on files whose test samples are noise chooses the same)."""
+comparison on files whose test samples are noise chooses the same); the report of more methods (the best
+other one of each, the pairs with Standalone) on fixed numbers."""
 
 from __future__ import annotations
 
@@ -23,7 +24,6 @@ from tune_jobs.compare import parse_seeds
 
 SPACES = {
     "lcfed": "train.lr: {loguniform: [0.02, 0.1]}\nmethod.mu: {loguniform: [0.01, 1.0]}\n",
-    "fedavg": "train.lr: {loguniform: [0.02, 0.1]}\n",
     "standalone": "train.lr: {loguniform: [0.02, 0.1]}\n",
 }
 
@@ -62,7 +62,7 @@ def compared(tmp_path_factory):
     spaces.mkdir()
     for m, text in SPACES.items():
         (spaces / f"{m}.yaml").write_text(text)
-    args = ["compare", "-c", str(tmp / "base.yaml"), "--methods", "lcfed,fedavg,standalone", "--budget", "2",
+    args = ["compare", "-c", str(tmp / "base.yaml"), "--methods", "lcfed,standalone", "--budget", "2",
             "--seeds", "2", "--space-dir", str(spaces), "--out", str(tmp / "out"), "--register", "cmp-best",
             "--scheduler", "fifo"]
     assert main(args) == 0
@@ -73,10 +73,10 @@ def test_the_report_has_every_method_with_intervals_and_paired_tests(compared):
     tmp, _, _ = compared
     out = tmp / "out"
     md = (out / "compare.md").read_text()
-    for m in ("lcfed", "fedavg", "standalone"):
+    for m in ("lcfed", "standalone"):
         assert f"| {m} |" in md
     rows = {r["method"]: r for r in csv.DictReader((out / "compare.csv").open())}
-    assert set(rows) == {"lcfed", "fedavg", "standalone"}
+    assert set(rows) == {"lcfed", "standalone"}
     for m, r in rows.items():
         seeds = [float(r["seed_0"]), float(r["seed_1"])]
         assert float(r["test_acc_mean"]) == pytest.approx(sum(seeds) / 2)
@@ -87,7 +87,7 @@ def test_the_report_has_every_method_with_intervals_and_paired_tests(compared):
         float(rows["lcfed"]["test_acc_mean"]) - float(rows["standalone"]["test_acc_mean"]))
     assert (out / "compare.png").stat().st_size > 10_000
     within = md[md.index("Paired over devices"):]
-    assert "| lcfed vs standalone | " in within and "| fedavg vs standalone | " in within
+    assert "| lcfed vs standalone | " in within
     assert "n = 8" in within  # the 8 devices of each seed, paired
     phase1 = json.loads((out / "phase1" / "lcfed.json").read_text())
     assert set(phase1["best_config"]) == {"train.lr", "method.mu"} and phase1["trials"] == 2
@@ -107,7 +107,7 @@ def test_mlflow_holds_one_parent_with_a_sweep_per_method_and_phase(compared):
     pid = parent[0].info.run_id
     assert parent[0].data.params["metric"] == "val_acc_mean"
     sweeps = {r.info.run_name: r for r in runs if r.data.tags.get("mlflow.parentRunId") == pid}
-    assert set(sweeps) == {f"out-{m}-{p}" for m in ("lcfed", "fedavg", "standalone") for p in ("tune", "seeds")}
+    assert set(sweeps) == {f"out-{m}-{p}" for m in ("lcfed", "standalone") for p in ("tune", "seeds")}
     for name, sweep in sweeps.items():
         assert sweep.data.params["metric"] == "val_acc_mean"  # phase 1 decides on validation, never test
         trials = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == sweep.info.run_id]
@@ -133,12 +133,17 @@ def test_mlflow_holds_one_parent_with_a_sweep_per_method_and_phase(compared):
     assert all(("best_models" in r.data.tags) == r.info.run_name.endswith("-seeds") for r in sweeps.values())
 
 
-def test_a_rerun_continues_without_redoing_a_phase(compared, capsys):
+def test_a_rerun_continues_without_redoing_a_phase(compared, capsys, monkeypatch):
     tmp, uri, args = compared
     before = (tmp / "out" / "compare.csv").read_text()
     client = mlflow.MlflowClient(tracking_uri=uri)
     exp = client.get_experiment_by_name("compare")
     count = len(client.search_runs([exp.experiment_id], max_results=1000))
+
+    def no_ray(engine):
+        raise AssertionError("a finished comparison (or one refused) started Ray")
+
+    monkeypatch.setattr("tune_jobs.parent_run.ensure_ray", no_ray)  # nothing left to run: the report only
     assert main(args) == 0
     assert (tmp / "out" / "compare.csv").read_text() == before
     assert len(client.search_runs([exp.experiment_id], max_results=1000)) == count  # no new run
@@ -201,6 +206,29 @@ def test_the_report_by_hand_with_newcomers(tmp_path):
     assert "| lcfed vs standalone | +20.00 (p = 0.074, n = 3) | – |" in report["md"]
     assert "different numerics" not in report["md"]  # none recorded: nothing to tell apart
     assert "averaged over the last 2 evaluations;" in report["md"]  # as many as the runs made
+
+
+def test_the_report_by_hand_picks_each_methods_best_other(tmp_path):
+    """Three methods on fixed numbers: each row's "vs best other" is against the best mean of the other two,
+    and every method but Standalone is paired with Standalone device by device."""
+    from tune_jobs.compare_report import write_report
+
+    def seed(acc):
+        return {"acc_mean": acc, "bytes_up_total": 1e6, "bytes_down_total": 1e6, "curve": [[0, acc, 2e6, 1.0]],
+                "devices": {"0": acc, "1": acc / 2, "2": acc * acc}}
+
+    phase2 = {"lcfed": {0: seed(0.90), 1: seed(0.92)}, "fedavg": {0: seed(0.70), 1: seed(0.74)},
+              "standalone": {0: seed(0.80), 1: seed(0.83)}}
+    phase1 = {m: {"best_config": {}, "val_acc_mean": 0.8, "trials": 2} for m in phase2}
+    report = write_report(tmp_path, list(phase2), [0, 1], phase1, phase2, None, tiny_config())
+    rows = {r["method"]: r for r in report["rows"]}
+    assert {m: r["best_other"] for m, r in rows.items()} == {"lcfed": "standalone", "fedavg": "lcfed",
+                                                            "standalone": "lcfed"}
+    assert rows["lcfed"]["vs_best_other"].diff.mean == pytest.approx(0.095)  # 0.90 - 0.80 and 0.92 - 0.83
+    assert rows["fedavg"]["vs_best_other"].diff.mean == pytest.approx(-0.19)  # against lcfed, not standalone
+    within = report["md"][report["md"].index("Paired over devices"):]
+    assert "| lcfed vs standalone | " in within and "| fedavg vs standalone | " in within
+    assert "| standalone vs" not in within
 
 
 def test_the_report_says_when_its_runs_ran_under_different_numerics(tmp_path):

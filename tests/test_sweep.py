@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import re
 from pathlib import Path
@@ -11,13 +13,27 @@ import pytest
 import yaml
 
 from lcfed.config import ConfigError, to_dict
+from lcfed.engines.local import run_local
 from lcfed.federation import load, prepare
 from lcfed.tracking import mlflow_key
-from tests.conftest import tiny_config
+from tests.conftest import start_test_ray, tiny_config
 from tune_jobs.cli import main
 from tune_jobs.sweep.run import restore_results, run_sweep
 from tune_jobs.sweep.space import load_space
 from tune_jobs.sweep.trial import MODELS_FILE
+
+
+@pytest.fixture(scope="module")
+def shared_ray():
+    """One Ray for the module's in-process sweeps (a start costs seconds): they run on it as a sweep in a Ray
+    job runs on its cluster. A sweep's own private Ray: the signal test's ``lcfed sweep`` process."""
+    import ray
+
+    start_test_ray()
+    try:
+        yield
+    finally:
+        ray.shutdown()
 
 
 def test_space_files_are_validated_against_the_base_config(tmp_path):
@@ -36,7 +52,7 @@ def test_space_files_are_validated_against_the_base_config(tmp_path):
         load_space(bad, base)
 
 
-def test_sweep_of_four_trials_logs_children_and_parent(tmp_path, tracking_uri, monkeypatch):
+def test_sweep_of_four_trials_logs_children_and_parent(shared_ray, tmp_path, tracking_uri, monkeypatch):
     monkeypatch.setenv("MLFLOW_TRACKING_URI", tracking_uri)  # models:/ URIs (registered ones too) resolve against it
     base = tiny_config("train.rounds=3", "engine.num_cpus=2", "tracking.enabled=true", f"tracking.uri={tracking_uri}",
                        "tracking.experiment=sweep-test")
@@ -57,6 +73,15 @@ def test_sweep_of_four_trials_logs_children_and_parent(tmp_path, tracking_uri, m
         assert child.data.params["method.mu"] == child.data.tags["space.method.mu"]
     mus = {c.data.params["method.mu"] for c in children}
     assert len(mus) == 4  # four different samples
+    # on one node each trial runs its federation in its own (reused) process: the numbers of `lcfed run`
+    assert summary["trial_engine"] == "local" and parent[0].data.params["trial_engine"] == "local"
+    for child in children:
+        assert child.data.params["engine.kind"] == "local" and child.data.tags["engine"] == "local"
+        assert child.data.tags["placement.device_nodes"] == child.data.tags["placement.trial_node"]
+        swept = {k: float(child.data.params[k]) for k in ("method.mu", "method.lam")}
+        ref = run_local(base.replace(**swept, **{"engine.kind": "local", "tracking.enabled": False}))
+        for key in ("acc_mean", "train_loss"):
+            assert child.data.metrics[mlflow_key(key)] == ref.final[key], (swept, key)
     plots = {a.path for a in client.list_artifacts(parent[0].info.run_id, "plots")}
     assert plots == {"plots/top_trials.png", "plots/mu_lambda_heatmap.png", "plots/assignment_heatmap.png"}
     assert parent[0].data.tags["best.method.mu"] == str(summary["best_config"]["method.mu"])
@@ -126,48 +151,48 @@ def _kept_checkpoints_and_the_registered_model(tmp_path, uri, base, summary, bes
     assert sum(accs) / len(accs) == pytest.approx(best_child.data.metrics[mlflow_key("acc_mean")], abs=1e-12)
 
 
-def test_a_diverging_trial_fails_alone_and_the_sweep_exits_1(tmp_path, tracking_uri, capsys):
-    base = tiny_config("train.rounds=2", "engine.num_cpus=2", "tracking.enabled=true", f"tracking.uri={tracking_uri}",
-                       "tracking.experiment=sweep-nan")
-    config, space = tmp_path / "base.yaml", tmp_path / "space.yaml"
+@pytest.fixture(scope="module")
+def asha_sweep(shared_ray, tmp_path_factory):
+    """One ``lcfed sweep`` for the two tests below: ASHA on ``--metric test_loss`` (grace period 1) over a
+    learning rate that learns (0.05), one that barely does (1e-5: stopped at the rung) and one that diverges
+    (1e6: fails in round 0); trials one at a time. Its exit code, stderr, summary, store and storage."""
+    tmp = tmp_path_factory.mktemp("asha")
+    uri = f"sqlite:///{tmp / 'mlflow.db'}"
+    base = tiny_config("train.rounds=3", "engine.num_cpus=2", "tracking.enabled=true", f"tracking.uri={uri}",
+                       "tracking.experiment=sweep-asha")
+    config, space = tmp / "base.yaml", tmp / "space.yaml"
     config.write_text(yaml.safe_dump(to_dict(base)))
-    space.write_text("train.lr: {grid: [0.05, 1000000.0]}\n")
-    out = tmp_path / "summary.json"
-    code = main(["sweep", "-c", str(config), "--space", str(space), "--scheduler", "fifo", "--max-concurrent", "1",
-                 "--name", "nan", "--storage", str(tmp_path / "tune"), "--json", str(out)])
-    assert code == 1
-    assert "1 of 2 trials failed; first: lcfed.loop.DivergenceError: round 0" in capsys.readouterr().err
-    summary = json.loads(out.read_text())
-    assert summary["trials"] == 2 and summary["errors"] == 1
-    assert summary["best_config"] == {"train.lr": 0.05}
-    client = mlflow.MlflowClient(tracking_uri=tracking_uri)
-    exp = client.get_experiment_by_name("sweep-nan")
+    space.write_text("train.lr: {grid: [0.05, 0.00001, 1000000.0]}\n")
+    out = tmp / "summary.json"
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        code = main(["sweep", "-c", str(config), "--space", str(space), "--metric", "test_loss", "--grace-period", "1",
+                     "--max-concurrent", "1", "--name", "asha", "--storage", str(tmp / "tune"), "--json", str(out)])
+    client = mlflow.MlflowClient(tracking_uri=uri)
+    exp = client.get_experiment_by_name("sweep-asha")
     children = {r.data.params["train.lr"]: r for r in client.search_runs([exp.experiment_id])
                 if "mlflow.parentRunId" in r.data.tags}
-    assert children["0.05"].info.status == "FINISHED"
+    return code, err.getvalue(), json.loads(out.read_text()), client, children
+
+
+def test_a_diverging_trial_fails_alone_and_the_sweep_exits_1(asha_sweep):
+    code, err, summary, _, children = asha_sweep
+    assert code == 1
+    assert "1 of 3 trials failed; first: lcfed.loop.DivergenceError: round 0" in err
+    assert summary["trials"] == 3 and summary["errors"] == 1
+    assert summary["best_config"] == {"train.lr": 0.05}
+    assert children["0.05"].info.status == "FINISHED" and children["1e-05"].info.status == "FINISHED"
     assert children["1000000.0"].info.status == "FAILED"
     assert "DivergenceError" in children["1000000.0"].data.tags["failure_reason"]
 
 
-def test_asha_on_a_loss_stops_the_worse_trial_early_and_finished(tmp_path, tracking_uri):
+def test_asha_on_a_loss_stops_the_worse_trial_early_and_finished(asha_sweep):
     """--metric test_loss (mode min by default) drives ASHA (grace period 1), the best trial, the summary and
     the parent run; the stopped trial ends FINISHED, tagged stopped_early with its round, not KILLED."""
-    base = tiny_config("train.rounds=3", "engine.num_cpus=2", "tracking.enabled=true", f"tracking.uri={tracking_uri}",
-                       "tracking.experiment=sweep-asha")
-    config, space = tmp_path / "base.yaml", tmp_path / "space.yaml"
-    config.write_text(yaml.safe_dump(to_dict(base)))
-    space.write_text("train.lr: {grid: [0.05, 0.00001]}\n")  # the second barely learns: stopped at the rung
-    out = tmp_path / "summary.json"
-    assert main(["sweep", "-c", str(config), "--space", str(space), "--metric", "test_loss", "--grace-period", "1",
-                 "--max-concurrent", "1", "--name", "asha", "--storage", str(tmp_path / "tune"), "--json", str(out)]) == 0
-    summary = json.loads(out.read_text())
+    _, _, summary, client, children = asha_sweep
     assert (summary["metric"], summary["mode"], summary["scheduler"]) == ("test_loss", "min", "asha")
     assert (summary["grace_period"], summary["max_t"]) == (1, 3)
-    assert summary["best_config"] == {"train.lr": 0.05} and summary["errors"] == 0
-    client = mlflow.MlflowClient(tracking_uri=tracking_uri)
-    exp = client.get_experiment_by_name("sweep-asha")
-    children = {r.data.params["train.lr"]: r for r in client.search_runs([exp.experiment_id])
-                if "mlflow.parentRunId" in r.data.tags}
+    assert summary["best_config"] == {"train.lr": 0.05}
     kept, stopped = children["0.05"], children["1e-05"]
     assert kept.info.status == "FINISHED" and "stopped_early" not in kept.data.tags
     assert stopped.info.status == "FINISHED"
@@ -176,7 +201,8 @@ def test_asha_on_a_loss_stops_the_worse_trial_early_and_finished(tmp_path, track
     assert (kept.info.run_name, stopped.info.run_name) == ("lcfed lr=0.05 · digits path2 · s0",
                                                            "lcfed lr=1e-05 · digits path2 · s0")
     parent = client.get_run(summary["parent_run_id"])
-    assert parent.data.params["train.lr"] == "0.05" and parent.data.params["space.train.lr"] == "grid([0.05, 1e-05])"
+    assert parent.data.params["train.lr"] == "0.05"
+    assert parent.data.params["space.train.lr"] == "grid([0.05, 1e-05, 1000000.0])"
     assert (parent.data.params["metric"], parent.data.params["mode"], parent.data.params["grace_period"],
             parent.data.params["max_t"]) == ("test_loss", "min", "1", "3")
     assert parent.data.metrics["loss/test_loss"] == kept.data.metrics["loss/test_loss"] == summary["best_test_loss"]
@@ -199,7 +225,7 @@ def _proposals(storage: str) -> list[dict]:
 
 
 @pytest.mark.slow  # ~45 s; ASHA: test_asha_on_a_loss...; --search choices: tests/test_bad_inputs.py
-def test_an_optuna_sweep_with_asha_is_seeded_and_prints_one_table(tmp_path, tracking_uri, capsys):
+def test_an_optuna_sweep_with_asha_is_seeded_and_prints_one_table(shared_ray, tmp_path, tracking_uri, capsys):
     """--search optuna: Tune's OptunaSearch seeded by the config's seed (the same proposals again), ASHA stops
     trials at the half-way rung, the best trial is one that ran every round, and the console has a line per
     reported round (no terminal) and one final table, never the base config."""
@@ -258,7 +284,7 @@ def test_fedac_and_dcpfl_spaces():
 
 
 @pytest.mark.slow
-def test_a_fedac_sweep(tmp_path, tracking_uri):
+def test_a_fedac_sweep(shared_ray, tmp_path, tracking_uri):
     from ray import tune
 
     base = tiny_config("method.name=fedac", "train.rounds=2", "engine.num_cpus=2", "tracking.enabled=true",
@@ -274,7 +300,7 @@ def test_a_fedac_sweep(tmp_path, tracking_uri):
 
 
 @pytest.mark.parametrize("sig", ["SIGTERM"])
-def test_a_signal_stops_the_sweep_killed_with_a_reason_and_resume_finishes_it(tmp_path, tracking_uri, sig):
+def test_a_signal_stops_the_sweep_killed_with_a_reason_and_resume_finishes_it(shared_ray, tmp_path, tracking_uri, sig):
     import signal
     import subprocess
     import sys
@@ -351,13 +377,12 @@ def test_a_local_trial_asks_for_its_threads_and_gpu_share_in_one_bundle():
     assert trial_config({**config, "__sweep__": meta}, "t1").engine.kind == "ray"  # a sweep from before
 
 
-@pytest.mark.parametrize("engine", ["local", pytest.param("ray", marks=pytest.mark.slow)])  # ray: test_multinode too
-def test_trials_equal_lcfed_run_of_the_same_config_and_name_their_engine(tmp_path, tracking_uri, engine):
+@pytest.mark.slow  # ~20 s each; local: the four-trial sweep checks its trials' numbers and engine; ray: test_multinode
+@pytest.mark.parametrize("engine", ["local", "ray"])
+def test_trials_equal_lcfed_run_of_the_same_config_and_name_their_engine(shared_ray, tmp_path, tracking_uri, engine):
     """Every trial's numbers are those of ``lcfed run`` (run_local) of its config, on either trial
     engine; two trials one after the other: the second reuses the first's warm process (local)."""
     from ray import tune
-
-    from lcfed.engines.local import run_local
 
     base = tiny_config("train.rounds=2", "engine.num_cpus=2", "tracking.enabled=true", f"tracking.uri={tracking_uri}",
                        "tracking.experiment=sweep-eq")

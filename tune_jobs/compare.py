@@ -129,26 +129,30 @@ def run_compare(
         base.replace(seed=s)
     storage = storage or str(out.resolve() / "tune")
     sweep.load_sources(configs[methods[0]], {})  # a missing dataset fails here, before any run or file exists
-    with ParentRun(base.engine, resolve_tracking_uri(base.tracking.uri), "; rerun the same command to resume") as parent:
-        sweep.check_storage(sweep.storage_location(storage))  # a multi-node cluster needs a storage every node reaches
-        return _run_phases(parent, base, methods, out, configs, spaces, budget=budget, seeds=seeds, search=search,
-                           scheduler=scheduler, max_concurrent=max_concurrent, gpus_per_trial=gpus_per_trial,
-                           storage=storage, target=target, name=name, val_fraction=val_fraction,
-                           keep=keep_checkpoints, register=register)
-
-
-def _run_phases(parent: ParentRun, base: ExperimentConfig, methods: Sequence[str], out: Path,
-                configs: dict[str, ExperimentConfig], spaces: dict[str, Any], *, budget: int, seeds: Sequence[int],
-                search: str, scheduler: str, max_concurrent: int, gpus_per_trial: float, storage: str,
-                target: float | None, name: str, val_fraction: float, keep: int, register: str | None) -> dict[str, Any]:
-    """Under the comparison's parent run (recorded in ``<out>/state.json``), phase 1 then phase 2 for every
-    method not finished before, then the report, also on the parent run."""
-    from ray import tune  # Tune when a comparison runs: `lcfed` imports this module to build its parser
-
     params = {"methods": ",".join(methods), "budget": str(budget), "seeds": ",".join(map(str, seeds)),
               "search": search, "scheduler": scheduler, "metric": METRIC, "val_fraction": str(val_fraction),
               "rounds": str(base.train.rounds), "base_digest": base.digest(), "name": name}
-    state = read_state(out, params, "a comparison")
+    state = read_state(out, params, "a comparison")  # other settings are refused before Ray starts
+    # a rerun of a finished comparison only writes the report again: no sweep, so no Ray to start
+    finished = state is not None and all((out / phase / f"{m}.json").exists()
+                                         for m in methods for phase in ("phase1", "phase2"))
+    with ParentRun(base.engine, resolve_tracking_uri(base.tracking.uri), "; rerun the same command to resume",
+                   ray=not finished) as parent:
+        if not finished:  # a multi-node cluster needs a storage every node reaches
+            sweep.check_storage(sweep.storage_location(storage))
+        return _run_phases(parent, base, methods, out, configs, spaces, params, state, budget=budget, seeds=seeds,
+                           search=search, scheduler=scheduler, max_concurrent=max_concurrent,
+                           gpus_per_trial=gpus_per_trial, storage=storage, target=target, name=name, keep=keep_checkpoints,
+                           register=register)
+
+
+def _run_phases(parent: ParentRun, base: ExperimentConfig, methods: Sequence[str], out: Path,
+                configs: dict[str, ExperimentConfig], spaces: dict[str, Any], params: dict[str, str],
+                state: dict[str, Any] | None, *, budget: int, seeds: Sequence[int], search: str, scheduler: str,
+                max_concurrent: int, gpus_per_trial: float, storage: str, target: float | None, name: str, keep: int,
+                register: str | None) -> dict[str, Any]:
+    """Under the comparison's parent run (``params``; ``state``: what ``<out>/state.json`` recorded), phase 1
+    then phase 2 for every method not finished before, then the report, also on the parent run."""
     out.mkdir(parents=True, exist_ok=True)
     client = parent.connect(base.tracking.experiment)
     parent_id = open_recorded(parent, out, state, name, {"compare_parent": "true"}, params)
@@ -176,6 +180,7 @@ def _run_phases(parent: ParentRun, base: ExperimentConfig, methods: Sequence[str
             phase2[m] = {int(k): v for k, v in json.loads(done.read_text()).items()}
             continue
         print(f"lcfed compare: phase 2, {m} ({i}/{len(methods)}): seeds {list(seeds)}", file=sys.stderr)
+        from ray import tune  # Tune when a phase runs: `lcfed` imports this module to build its parser
         chosen = configs[m].replace(**tracked, **phase1[m]["best_config"])
         summary = sweep.run_sweep(chosen, {"seed": tune.grid_search(list(seeds))}, num_samples=1, scheduler="fifo",
                                   max_concurrent=max_concurrent, gpus_per_trial=gpus_per_trial,

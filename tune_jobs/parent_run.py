@@ -34,12 +34,13 @@ class ParentRun:
 
     ``uri``: the tracking store (None: no parent run, Ray only). ``hint``: what the guard's reason adds
     (how to continue the command). ``stop_reason``: the ``failure_reason`` of a run a ``KeyboardInterrupt``
-    ended (KILLED); other exceptions read as :func:`exception_line`.
+    ended (KILLED); other exceptions read as :func:`exception_line`. ``ray``: False when the command has
+    nothing left to run on Ray (a rerun of a finished command): no Ray is started or attached.
     """
 
     def __init__(self, engine: EngineConfig, uri: str | None = None, hint: str = "",
-                 stop_reason: Callable[[BaseException], str] = exception_line) -> None:
-        self.engine, self.uri, self.hint, self.stop_reason = engine, uri, hint, stop_reason
+                 stop_reason: Callable[[BaseException], str] = exception_line, ray: bool = True) -> None:
+        self.engine, self.uri, self.hint, self.stop_reason, self.ray = engine, uri, hint, stop_reason, ray
         self.client: Any = None
         self.experiment_id = ""
         self.run_id: str | None = None
@@ -47,7 +48,7 @@ class ParentRun:
         self._started = False
 
     def __enter__(self) -> ParentRun:
-        self._started = ensure_ray(self.engine)
+        self._started = self.ray and ensure_ray(self.engine)
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
