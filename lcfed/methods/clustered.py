@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
 import numpy as np
@@ -27,6 +28,12 @@ class EvalPayload:
     centers: torch.Tensor
     assignment: np.ndarray
 
+    @cached_property
+    def mean_center(self) -> torch.Tensor:
+        """The mean of the cluster models, which every unassigned device is evaluated with: computed once
+        per payload, not once per device (at 10^5 never-trained devices it was a fifth of the evaluation)."""
+        return self.centers.mean(0)
+
 
 def own_or_cluster_model(device: int, dev: PersonalModel, payload: EvalPayload) -> torch.Tensor:
     """A device's own model once it has trained; before that its cluster's model (or the mean of
@@ -34,7 +41,7 @@ def own_or_cluster_model(device: int, dev: PersonalModel, payload: EvalPayload) 
     if dev.trained:
         return dev.weights
     k = int(payload.assignment[device])
-    return payload.centers[k] if k >= 0 else payload.centers.mean(0)
+    return payload.centers[k] if k >= 0 else payload.mean_center
 
 
 def require_clusters_per_round(num_clusters: int, cfg: ExperimentConfig, prefix: str, why: str) -> None:

@@ -189,4 +189,4 @@ class FedGroup(Strategy[FedGroupState, None, ModelMessage, FedGroupPayload]):
 
     def personalized(self, ctx: DeviceContext, dev: None, payload: EvalPayload) -> torch.Tensor:
         k = int(payload.assignment[ctx.device])
-        return payload.centers[k] if k >= 0 else payload.centers.mean(0)
+        return payload.centers[k] if k >= 0 else payload.mean_center
