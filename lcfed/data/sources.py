@@ -13,8 +13,6 @@ of its own devices' samples. The cache is keyed by the source files' names, size
 from __future__ import annotations
 
 import json
-import os
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
@@ -25,6 +23,7 @@ import numpy as np
 import torch
 
 from lcfed import registry
+from lcfed.data.cache import write_arrays
 from lcfed.data.dataset import CACHE_DIR, DataError, Dataset, _stamp
 from lcfed.data.formats import FileSource, load_file
 from lcfed.data.generated import GENERATED, leaf_synthetic
@@ -244,20 +243,9 @@ def _read_cache(cache: Path, stamp: list[list[object]]) -> tuple[np.ndarray, np.
 
 def _write_cache(cache: Path, stamp: list[list[object]], ds: Dataset) -> None:
     """Best effort (a read-only data dir just means no cache); each file replaced atomically,
-    the stamp last, so a reader never pairs a stamp with other arrays."""
-    try:
-        cache.mkdir(parents=True, exist_ok=True)
-        (cache / "stamp.json").unlink(missing_ok=True)
-        for fname, arr in (("x.npy", ds.x), ("y.npy", ds.y)):
-            tmp = cache / f"{fname}.{uuid.uuid4().hex}.tmp"  # processes, even on other nodes, may fill it at once
-            with tmp.open("wb") as f:
-                np.save(f, arr)
-            os.replace(tmp, cache / fname)
-        tmp = cache / f"stamp.json.{uuid.uuid4().hex}.tmp"
-        tmp.write_text(json.dumps(stamp))
-        os.replace(tmp, cache / "stamp.json")
-    except OSError:
-        pass
+    the stamp last, so a reader never pairs a stamp with other arrays (processes, even on other
+    nodes, may fill it at once)."""
+    write_arrays(cache, {"x.npy": ds.x, "y.npy": ds.y}, stamp)
 
 
 def _cached(name: str, folder: str, num_classes: int, data_dir: Path, decode: Callable[[], Dataset]) -> Dataset:
