@@ -2,7 +2,7 @@
 
 What it calls on them and on its observers is in :mod:`lcfed.contracts`; what it returns, in
 :mod:`lcfed.run_result` (both re-exported here, where engines and observers have always found them).
-The stop flag that signal handlers set lives here, beside the loop that reads it.
+It checks the stop flag (:mod:`lcfed.stop`) after every round.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from lcfed.methods.base import Federation, RoundStats
 from lcfed.metrics import accuracy_metrics, label_homogeneity
 from lcfed.recovery import adjusted_rand_index, normalized_mutual_info
 from lcfed.run_result import SERVER_MODELS, FinalModels, Newcomer, RunResult, newcomer, newcomer_metrics
+from lcfed.stop import STOP, Stopped, StopRequest
 
 __all__ = [
     "MAX_PERSONAL_BYTES", "SERVER_MODELS", "STOP", "DevicePool", "DivergenceError", "ErrorObserver", "FinalModels",
@@ -48,33 +49,6 @@ __all__ = [
 
 class DivergenceError(RuntimeError):
     """The training loss became NaN or infinite; the run stops with this reason."""
-
-
-class Stopped(KeyboardInterrupt):
-    """The run was asked to stop (e.g. SIGTERM) and ended at a round boundary, checkpointed if
-    ``checkpoint.dir`` is set. ``reason`` names the request."""
-
-    def __init__(self, reason: str, next_round: int, checkpointed: bool) -> None:
-        self.reason, self.next_round, self.checkpointed = reason, next_round, checkpointed
-        saved = "; checkpoint written: continue with --resume" if checkpointed else ""
-        super().__init__(f"{reason}: stopped after round {next_round - 1}{saved}")
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.reason, self.next_round, self.checkpointed))
-
-
-class StopRequest:
-    """Set (e.g. from a signal handler) to end the running loop after its current round."""
-
-    def __init__(self) -> None:
-        self.reason: str | None = None
-
-    def request(self, reason: str) -> None:
-        self.reason = reason
-
-
-#: the process's stop request, checked by the round loop after every round
-STOP = StopRequest()
 
 
 class HostFailure(RuntimeError):

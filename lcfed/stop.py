@@ -1,8 +1,8 @@
-"""Stopping a run on a signal: the handler that sets the process's stop request.
+"""Stopping a run on a signal: the process's stop request, the handler that sets it and the exception
+a stopped run ends with.
 
 The round loop (:func:`lcfed.loop.run_rounds`) checks :data:`STOP` after every round and raises
-:class:`Stopped` at the boundary, checkpointed; :func:`stop_on_signals` is what sets it. The flag and the
-exception still live in :mod:`lcfed.loop`, which checks them.
+:class:`Stopped` at the boundary, checkpointed; :func:`stop_on_signals` is what sets it.
 """
 
 from __future__ import annotations
@@ -12,10 +12,36 @@ import signal
 import sys
 from collections.abc import Iterator
 from types import FrameType
-
-from lcfed.loop import STOP, Stopped, StopRequest
+from typing import Any
 
 __all__ = ["STOP", "Stopped", "StopRequest", "stop_on_signals"]
+
+
+class Stopped(KeyboardInterrupt):
+    """The run was asked to stop (e.g. SIGTERM) and ended at a round boundary, checkpointed if
+    ``checkpoint.dir`` is set. ``reason`` names the request."""
+
+    def __init__(self, reason: str, next_round: int, checkpointed: bool) -> None:
+        self.reason, self.next_round, self.checkpointed = reason, next_round, checkpointed
+        saved = "; checkpoint written: continue with --resume" if checkpointed else ""
+        super().__init__(f"{reason}: stopped after round {next_round - 1}{saved}")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.reason, self.next_round, self.checkpointed))
+
+
+class StopRequest:
+    """Set (e.g. from a signal handler) to end the running loop after its current round."""
+
+    def __init__(self) -> None:
+        self.reason: str | None = None
+
+    def request(self, reason: str) -> None:
+        self.reason = reason
+
+
+#: the process's stop request, checked by the round loop after every round
+STOP = StopRequest()
 
 #: what a signal asks of a run: finish the round it is in, then stop
 SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
