@@ -334,6 +334,7 @@ def test_a_signal_stops_the_sweep_killed_with_a_reason_and_resume_finishes_it(sh
     parent = next(r for r in stopped if r.data.tags.get("sweep_parent") == "true")
     assert parent.info.status == "KILLED"
     assert sig in parent.data.tags["failure_reason"] and "--resume --name sig" in parent.data.tags["failure_reason"]
+    assert re.search(r"sweep stopped with [12] trial\(s\) unfinished", parent.data.tags["failure_reason"])
     assert any(r.info.status == "KILLED" and sig in r.data.tags.get("failure_reason", "") for r in stopped
                if r.data.tags.get("sweep_parent") != "true")
 

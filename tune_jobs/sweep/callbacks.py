@@ -48,6 +48,7 @@ class TrialTracker(Callback):
         self.history: dict[str, list[dict[str, float]]] = {}
         self.assignment: dict[str, np.ndarray] = {}
         self.last_round: dict[str, int] = {}
+        self.status: dict[str, str] = {}
         self.names: set[str] | None = None  # child run names in use (unique within the sweep)
 
     def _name(self, client: Any, trial: Any, cfg: ExperimentConfig) -> str:
@@ -117,6 +118,15 @@ class TrialTracker(Callback):
         if self.last_round.get(tid, -1) < self.rounds - 1:  # the scheduler stopped it: not a failure
             obs.client.set_tag(obs.run_id, "stopped_early", "true")
             obs.client.set_tag(obs.run_id, "stopped_at_round", str(self.last_round.get(tid, -1)))
+
+    def on_step_end(self, iteration: int, trials: list, **info: Any) -> None:
+        # every trial's status after the controller's last step: its clean-up after a signal marks the
+        # running trials TERMINATED, and the result grid of an interrupted fit may list none
+        self.status = {t.trial_id: t.status for t in trials}
+
+    def unfinished(self) -> int:
+        """Trials neither terminated nor errored at the controller's last step."""
+        return sum(status not in ("TERMINATED", "ERROR") for status in self.status.values())
 
     def close_open(self, reason: str) -> None:
         """Mark the runs of trials the sweep left unfinished KILLED, with the reason."""

@@ -244,11 +244,11 @@ def _fit(tuner: Any, tracker: TrialTracker, name: str) -> Any:
     closed KILLED and :class:`SweepInterrupted` says how to continue."""
     with forward_signals_to_tune() as received:
         results = tuner.fit()
-    unfinished = [t for t in getattr(getattr(results, "_experiment_analysis", None), "trials", None) or []
-                  if t.status not in ("TERMINATED", "ERROR")]
+    unfinished = len([t for t in getattr(getattr(results, "_experiment_analysis", None), "trials", None) or []
+                      if t.status not in ("TERMINATED", "ERROR")]) or tracker.unfinished()
     if received or unfinished:
         reason = received[0] if received else "SIGINT"
-        why = (f"{reason}: sweep stopped with {len(unfinished)} trial(s) unfinished; the Tune state is saved: "
+        why = (f"{reason}: sweep stopped with {unfinished} trial(s) unfinished; the Tune state is saved: "
                f"continue with the same command plus --resume --name {name}")
         tracker.close_open(why)
         raise SweepInterrupted(reason, why)
