@@ -273,3 +273,6 @@ def test_the_report_scores_cluster_recovery_on_a_testbed(tmp_path):
     assert matplotlib.image.imread(report["plots"][0]).shape[1] > 1.4 * 11 * 110  # three panels, not two
     without = write_report(tmp_path, ["fedac", "fedavg"], [0, 1], phase1, phase2, None, tiny_config())
     assert "Cluster recovery" not in without["md"] and "ari_final" not in without["csv"]
+    generated = tiny_config("data.dataset=leaf_synthetic", "data.partition=natural", "data.synthetic_clusters=3")
+    clusters = write_report(tmp_path, ["fedac", "fedavg"], [0, 1], phase1, phase2, None, generated)
+    assert "against the 3 true groups of the `leaf_synthetic` generator" in clusters["md"]

@@ -1,7 +1,7 @@
 """``lcfed compare``'s report: ``compare.md``, ``compare.csv`` and ``compare.png`` from both phases' results.
 
-Accuracy is the test accuracy of each method's chosen config over seeds, with paired tests; on a testbed
-with known clusters (``data.testbed``) a second table scores each clustered method's final assignment
+Accuracy is the test accuracy of each method's chosen config over seeds, with paired tests; with known
+clusters (a ``data.testbed``, or ``leaf_synthetic``'s ``data.synthetic_clusters``) a second table scores each clustered method's final assignment
 against the true groups (ARI, NMI) and the number of clusters it ended with against the true number.
 """
 
@@ -73,9 +73,9 @@ def write_report(out: Path, methods: Sequence[str], seeds: list[int], phase1: di
                      f"{mb}{reached} | {secs}{reached} | "
                      + (f"{mean_ci(r['acc_new']).format(100)} | " if newcomers else "") + f"{cfg} |")
     lines += _device_pairs(methods, seeds, phase2, {r["method"]: r["best_other"] for r in rows})
-    truth = base.data.testbed_groups if base.data.testbed != "none" else 0
+    truth, source = known_groups(base)
     if truth:
-        lines += _recovery_table(rows, truth, base.data.testbed)
+        lines += _recovery_table(rows, truth, source)
     differ = numerics.differences([phase2[m][s].get("provenance") or {} for m in methods for s in seeds])
     if differ:
         lines += ["", "**Note:** the runs compared were produced under different numerics (torch's kernels, "
@@ -123,9 +123,20 @@ def _final_recovery(per_seed: list[list[list[float]]]) -> dict[str, list[float]]
     return {"ari": [r[1] for r in last], "nmi": [r[2] for r in last], "clusters": [r[3] for r in last]}
 
 
-def _recovery_table(rows: list[dict[str, Any]], truth: int, testbed: str) -> list[str]:
-    """Each clustered method's final assignment against the testbed's true groups, over seeds."""
-    lines = ["", f"Cluster recovery against the {truth} true groups of the `{testbed}` testbed (final round; "
+def known_groups(cfg: ExperimentConfig) -> tuple[int, str]:
+    """How many true clusters the devices of ``cfg`` fall in and what makes them (0 where none are known):
+    a testbed's groups, or ``leaf_synthetic``'s generated clusters."""
+    d = cfg.data
+    if d.testbed != "none":
+        return d.testbed_groups, f"`{d.testbed}` testbed"
+    if d.dataset == "leaf_synthetic" and d.synthetic_clusters:  # (lcfed.data.generated.GENERATED: not imported for it)
+        return d.synthetic_clusters, "`leaf_synthetic` generator"
+    return 0, ""
+
+
+def _recovery_table(rows: list[dict[str, Any]], truth: int, source: str) -> list[str]:
+    """Each clustered method's final assignment against the true groups, over seeds."""
+    lines = ["", f"Cluster recovery against the {truth} true groups of the {source} (final round; "
              "ARI and NMI: mean ± 95 % CI over seeds; 1 = the true groups exactly).", "",
              f"| method | ARI | NMI | clusters found (true: {truth}) |", "|---|---:|---:|---|"]
     for r in sorted(rows, key=lambda r: -(_nanmean(r["ari"]) or -1.0)):
