@@ -24,6 +24,13 @@ def is_tty(file: Any) -> bool:
         return False
 
 
+class _Bar(tqdm):
+    """tqdm without its monitor thread: the bar moves once a round anyway, and the monitor, a daemon thread
+    never joined (started even for a disabled bar), can crash the interpreter as it exits (tqdm#527)."""
+
+    monitor_interval = 0
+
+
 class ProgressBar:
     """tqdm bar over rounds; shows the latest evaluated accuracy and the training loss. ``disable=None``:
     a bar on a terminal, plain lines elsewhere (so ``lcfed job logs --follow`` shows progress)."""
@@ -42,7 +49,7 @@ class ProgressBar:
         self.t0 = self.last_line = time.monotonic()
         if self.lines:
             return
-        self.bar = tqdm(
+        self.bar = _Bar(
             total=cfg.train.rounds,
             desc=f"{cfg.method.name} {cfg.data.dataset} m={fed.num_devices}",
             unit="round",
