@@ -23,7 +23,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, Place
 from actors.liveness import alive, check_cluster
 from actors.nodes import head_node_id
 from actors.placement import PoolLayout
-from lcfed import numerics
+from lcfed import fingerprint, numerics
 from lcfed.config import ExperimentConfig
 from lcfed.data import Dataset, Partition
 from lcfed.engines.local import DeviceHost, HostedDevices, LocalServer, auto_workers
@@ -83,6 +83,7 @@ class DeviceActor(DeviceHost):
             "node_id": ray.get_runtime_context().get_node_id(),
             "pid": os.getpid(),
             "kernels": numerics.state()["level"],
+            "fingerprint": fingerprint.for_process(self.hosted.cfg.engine.torch_threads).digest,
             "gpu": torch.cuda.get_device_name(self.hosted.where) if self.hosted.where.type == "cuda" else "",
         }
 
@@ -155,9 +156,13 @@ class Hosts:
 
     def __init__(
         self, cfg: ExperimentConfig, setup_ref: Any, layout: PoolLayout, shard_refs: Sequence[Any],
-        placement: Any = None,
+        placement: Any = None, attached: bool = False,
     ) -> None:
         self.cfg = cfg
+        # on a cluster lcfed attached to, the workers were started by `ray start` without the profile's
+        # variables, and import numpy before lcfed: they get them from their start through the runtime env
+        env = numerics.worker_env(cfg.engine.numerics) if attached else {}
+        self.runtime_env = {"env_vars": env} if env else None
         self.setup_ref = setup_ref
         self.layout = layout
         self.shard_refs = list(shard_refs)
@@ -167,6 +172,8 @@ class Hosts:
 
     def _new_server(self) -> Any:
         opts: dict[str, Any] = {"num_cpus": 0}
+        if self.runtime_env:
+            opts["runtime_env"] = self.runtime_env
         if self.placement is not None:
             # hard: Ray's soft affinity was seen to spill a 0-CPU actor onto a worker under load; the
             # head outlives every federation (a cluster whose head is gone is gone)
@@ -177,6 +184,8 @@ class Hosts:
 
     def _new_device(self, i: int) -> Any:
         opts: dict[str, Any] = {"num_cpus": self.layout.cpus_per_actor, "num_gpus": self.layout.gpus_per_actor}
+        if self.runtime_env:
+            opts["runtime_env"] = self.runtime_env
         if self.placement is not None:
             opts["scheduling_strategy"] = PlacementGroupSchedulingStrategy(self.placement, placement_group_bundle_index=i)
         block = self.layout.blocks[i]

@@ -23,7 +23,7 @@ from actors.hosts import Hosts, fast_tensor_transfer
 from actors.liveness import get
 from actors.nodes import PlacementError, alive_nodes, alive_nodes_info, head_node_id, place_pool
 from actors.placement import NodeResources, cluster_layout, fits, pool_layout
-from lcfed import numerics
+from lcfed import fingerprint, numerics
 from lcfed.checkpoint import Snapshot, state_chunks
 from lcfed.config import ExperimentConfig
 from lcfed.data import Dataset, Partition
@@ -182,7 +182,9 @@ class RayFederation:
             # each device actor's partition comes with its shard: the setup every actor gets holds none (at
             # m = 10^6 the whole partition is 2 x 10^6 index arrays, which each actor would unpickle)
             shared = replace(self.setup, partition=Partition((), (), np.zeros(0, dtype=np.int64)))
-            self.hosts = Hosts(cfg, ray.put(shared), self.layout, shards, self.group)
+            # the driver's fingerprint first: actors on this machine then read it from the disk cache
+            fingerprint.for_process(cfg.engine.torch_threads)
+            self.hosts = Hosts(cfg, ray.put(shared), self.layout, shards, self.group, attached=not self.started_ray)
             self.actor_info = get([a.info.remote() for a in self.hosts.devices])
         except BaseException:
             self.close()
@@ -223,7 +225,7 @@ class RayFederation:
     def provenance(self) -> dict[str, str]:
         """This process's record (:func:`lcfed.numerics.provenance`), with the device actors' kernel levels
         where one differs from it (an actor whose kernels were chosen before lcfed pinned them)."""
-        out = numerics.provenance()
+        out = numerics.provenance(threads=self.cfg.engine.torch_threads)  # the actors' threads, not the driver's
         gpus = sorted({str(info.get("gpu", "")) for info in self.actor_info} - {""})
         if gpus:  # the actors' GPUs (the driver may have none)
             out.update(gpu=", ".join(gpus), cuda=str(torch.version.cuda))
@@ -231,6 +233,11 @@ class RayFederation:
         if len(levels) > 1:
             out["kernels"] = ", ".join(levels)
             out["numerics_note"] = "the device actors ran other kernels than the driver: " + out["kernels"]
+        prints = sorted({str(info.get("fingerprint", "")) for info in self.actor_info} - {"", out["fingerprint"]})
+        if prints:  # a node whose CPU gives other bits: the run's numbers are that mix's
+            out["fingerprint"] = ", ".join([out["fingerprint"], *prints])
+            out["numerics_note"] = ("device actors ran on machines with other kernel fingerprints than the driver's: "
+                                    + out["fingerprint"])
         return out
 
     def close(self) -> None:

@@ -6,7 +6,8 @@ pathological n = 2, 20 devices, 25 % test, 30 rounds, μ = λ = 0.1, and its var
 personalized test accuracy, mean of the last 3 evaluations (``last_evals.acc_mean``), in %. Every run
 uses the portable numerics profile (the default), so the tables are the same on any x86-64 CPU.
 
-``--write`` replaces the tables in README.md (between ``<!-- readme_tables:NAME -->`` markers);
+``--write`` replaces the tables in README.md (between ``<!-- readme_tables:NAME -->`` markers), and the
+sentence that states the runs' kernel fingerprint (``<!-- readme_tables:fingerprint -->``);
 ``--check`` exits 1 when README.md differs from the runs. Both print the tables.
 
     python benchmarks/readme_tables.py [--tables demo-seeds,splits] [--jobs 2] [--write | --check]
@@ -29,6 +30,8 @@ sys.path.insert(0, str(ROOT))
 from lcfed.stats import mean_ci, paired_test  # noqa: E402
 
 README = ROOT / "README.md"
+#: the kernel fingerprints of the runs made (one, or the tables would mix machines' numbers)
+FINGERPRINTS: set[str] = set()
 DEMO = ROOT / "configs" / "demo.yaml"
 METHODS = ("lcfed", "fedavg", "standalone")
 LABELS = {"lcfed": "LCFed", "fedavg": "FedAvg", "standalone": "Standalone"}
@@ -63,6 +66,7 @@ def run(overrides: tuple[str, ...], work: Path) -> float:
     subprocess.run(cmd, cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
     summary = json.loads(out.read_text())
     assert summary["provenance"]["numerics"] == "portable", summary["provenance"]
+    FINGERPRINTS.add(summary["provenance"]["fingerprint"])
     return float(summary["last_evals"]["acc_mean"])
 
 
@@ -107,6 +111,12 @@ def splits(pool: ThreadPoolExecutor, work: Path) -> str:
 TABLES = {"demo-seeds": demo_seeds, "splits": splits}
 
 
+def fingerprint_line(digest: str) -> str:
+    """README's statement of the kernel fingerprint the tables were made with (tests/test_readme_numbers.py reads it)."""
+    return (f"The tables were made on machines whose kernel fingerprint is `{digest}` under the portable profile; "
+            "`lcfed numerics` prints yours (the same digest gives these numbers to the last digit).")
+
+
 def marked(name: str) -> re.Pattern[str]:
     return re.compile(rf"(<!-- readme_tables:{name} -->\n)(.*?)(\n<!-- /readme_tables -->)", re.S)
 
@@ -131,6 +141,15 @@ def main() -> int:
             if found.group(2) != table:
                 differ.append(name)
             text = marked(name).sub(lambda mo, t=table: mo.group(1) + t + mo.group(3), text)
+        if len(FINGERPRINTS) != 1:
+            raise SystemExit(f"the runs came from kernels with different fingerprints: {sorted(FINGERPRINTS)}")
+        stated = fingerprint_line(FINGERPRINTS.pop())
+        found = marked("fingerprint").search(text)
+        if found is None:
+            raise SystemExit("README.md has no <!-- readme_tables:fingerprint --> marker")
+        if found.group(2) != stated:
+            differ.append("fingerprint")
+        text = marked("fingerprint").sub(lambda mo: mo.group(1) + stated + mo.group(3), text)
     if args.write:
         README.write_text(text)
         print(f"\nwrote {', '.join(args.tables.split(','))} to {README}")

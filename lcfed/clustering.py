@@ -16,12 +16,15 @@ def assign_by_cosine(points: torch.Tensor, centers: torch.Tensor) -> np.ndarray:
 def kmeans_labels(points: torch.Tensor, k: int, seed: int, normalize: bool = True) -> np.ndarray:
     """k-means labels of the points; rows are L2-normalized first so clusters follow cosine geometry."""
     from sklearn.cluster import KMeans  # lazy: scikit-learn costs ~2.5 s to import per worker
+    from threadpoolctl import threadpool_limits
 
     x = points.detach().double().cpu()
     if normalize:
         x = x / x.norm(dim=1, keepdim=True).clamp_min(1e-12)
     km = KMeans(n_clusters=k, n_init=10, random_state=seed)
-    return km.fit_predict(x.numpy()).astype(np.int64)
+    # one OpenMP thread: scikit-learn adds its threads' partial sums in the order they finish
+    with threadpool_limits(limits=1, user_api="openmp"):
+        return km.fit_predict(x.numpy()).astype(np.int64)
 
 
 def cluster_means(

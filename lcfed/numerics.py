@@ -1,19 +1,23 @@
-"""Numerics profiles: which CPU kernels torch runs, so that one seed gives one set of numbers on any x86-64.
+"""Numerics profiles: which CPU kernels torch, numpy and scipy run, so that one seed gives one set of numbers
+on any x86-64 CPU, Intel or AMD.
 
-Torch picks its CPU kernels by the CPU it runs on: ATen's dispatch (``ATEN_CPU_CAPABILITY``),
-oneDNN's JIT (``ONEDNN_MAX_CPU_ISA``) and MKL's code path (``MKL_CBWR``, conditional numerical
-reproducibility). An AVX-512 machine and an AVX2 machine therefore give different numbers for the
-same config and seed. The ``portable`` profile (the default, ``engine.numerics``) pins all three at
-AVX2, which every x86-64 machine of the last decade runs; ``native`` lets torch choose (faster on
-AVX-512 machines, numbers tied to the CPU).
+The libraries pick their CPU kernels by the CPU they run on: ATen's dispatch (``ATEN_CPU_CAPABILITY``),
+oneDNN's JIT (``ONEDNN_MAX_CPU_ISA``), MKL's code path (``MKL_CBWR``, conditional numerical
+reproducibility), OpenBLAS's core (``OPENBLAS_CORETYPE``, numpy's and scipy's BLAS) and numpy's own SIMD
+loops (``NPY_DISABLE_CPU_FEATURES``). The ``portable`` profile (the default, ``engine.numerics``) pins
+them all: ATen and oneDNN at AVX2, which every x86-64 machine of the last decade runs; MKL on its
+``COMPATIBLE`` branch, the only one MKL runs alike on Intel and other vendors' CPUs (its AVX2 branch is
+for Intel CPUs only: elsewhere MKL silently takes its own path, which gave AMD other numbers); OpenBLAS
+on its Haswell kernels; numpy's loops at x86-64-v3. ``native`` lets the libraries choose (faster on
+AVX-512 machines, numbers tied to the CPU). :mod:`lcfed.fingerprint` checks the result kernel by kernel.
 
-Each library reads its variable once, when the process runs its first kernel (not at ``import
-torch``). So every process that runs kernels applies its profile before its first tensor op:
-importing ``lcfed`` applies ``$LCFED_NUMERICS`` (default portable), and the CLI, the engines, the
+Each library reads its variable once: torch's when the process runs its first kernel (not at ``import
+torch``), OpenBLAS's and numpy's when numpy is imported. So every process applies its profile before
+those: importing ``lcfed`` applies ``$LCFED_NUMERICS`` (default portable), and the CLI, the engines, the
 device and server actors and Tune trials call :func:`activate` with the config's profile. Processes a
 private Ray starts inherit the environment; a worker on another node pins itself when it imports
-lcfed, and its actors then switch to the config's profile. This module imports no torch at the
-top: it must run before.
+lcfed, and its actors then switch to the config's profile. This module imports no torch and no numpy
+at the top: it must run before.
 """
 
 from __future__ import annotations
@@ -30,21 +34,43 @@ PROFILES = ("portable", "native")
 #: the profile a process applies on ``import lcfed`` (and that child processes inherit)
 ENV_PROFILE = "LCFED_NUMERICS"
 #: the variables a profile controls, each read by its library at the process's first kernel
-KEYS = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_CBWR", "CUBLAS_WORKSPACE_CONFIG")
+KEYS = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_CBWR", "OPENBLAS_CORETYPE", "NPY_DISABLE_CPU_FEATURES",
+        "CUBLAS_WORKSPACE_CONFIG")
 PORTABLE_LEVEL = "AVX2"
-_PINNED = {
+_PINNED: dict[str, str | None] = {
     "ATEN_CPU_CAPABILITY": "avx2",
     "ONEDNN_MAX_CPU_ISA": "AVX2",
-    "MKL_CBWR": "AVX2,STRICT",  # STRICT: bitwise equal whatever the arrays' alignment
+    # COMPATIBLE: MKL's one branch that runs alike on every vendor's CPU (SSE2, no approximate rcpps/rsqrtps);
+    # STRICT: bitwise equal whatever the arrays' alignment
+    "MKL_CBWR": "COMPATIBLE,STRICT",
+    "OPENBLAS_CORETYPE": "Haswell",  # numpy's and scipy's OpenBLAS: AVX2 kernels, not SkylakeX's or Zen's
+    "NPY_DISABLE_CPU_FEATURES": None,  # numpy's SIMD loops above x86-64-v3 (by numpy version: _numpy_above)
     "CUBLAS_WORKSPACE_CONFIG": ":4096:8",  # deterministic cuBLAS (read at its first call; no effect on CPU)
 }
 #: an x86-64 CPU without AVX2 (or FMA) runs the baseline kernels: the same on every such machine
-_FALLBACK = {
+_FALLBACK: dict[str, str | None] = {
     "ATEN_CPU_CAPABILITY": "default",
     "ONEDNN_MAX_CPU_ISA": "SSE41",
-    "MKL_CBWR": "COMPATIBLE",
+    "MKL_CBWR": "COMPATIBLE,STRICT",
+    "OPENBLAS_CORETYPE": "Nehalem",
+    "NPY_DISABLE_CPU_FEATURES": None,
     "CUBLAS_WORKSPACE_CONFIG": ":4096:8",
 }
+#: numpy's dispatch targets above each level (numpy >= 2.4 names them by x86-64 level)
+_NUMPY_ABOVE = {"AVX2": "X86_V4 AVX512_ICL AVX512_SPR", "DEFAULT": "X86_V3 X86_V4 AVX512_ICL AVX512_SPR"}
+
+
+@cache
+def _numpy_above(level: str) -> str | None:
+    """The value of ``NPY_DISABLE_CPU_FEATURES`` that keeps numpy at ``level``; None (unset) for a numpy
+    older than 2.4, whose targets have other names (a name numpy lacks makes it print a warning)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        major, minor = (int(p) for p in version("numpy").split(".")[:2])
+    except (PackageNotFoundError, ValueError):
+        return None
+    return _NUMPY_ABOVE[level] if (major, minor) >= (2, 4) else None
 #: the outer values of :data:`KEYS` (JSON), for child processes, which inherit the pinned ones
 ENV_OUTER = "LCFED_NUMERICS_OUTER"
 
@@ -98,6 +124,11 @@ def cpu_model() -> str:
     return _cpuinfo("model name") or platform.processor() or platform.machine() or "unknown"
 
 
+def cpu_vendor() -> str:
+    """``GenuineIntel``, ``AuthenticAMD``, ... (Linux); '' where /proc/cpuinfo does not say."""
+    return _cpuinfo("vendor_id") or ""
+
+
 def cpu_isa() -> str:
     """The widest vector extension the CPU has, as torch names its kernel levels."""
     flags = cpu_flags()
@@ -122,11 +153,20 @@ def pinned_env(profile: str) -> tuple[dict[str, str | None], str]:
                               "(numbers close to an x86-64 machine's, not identical)")
     isa = cpu_isa()
     if isa in ("AVX2", "AVX512"):
-        return dict(_PINNED), ""
+        return {**_PINNED, "NPY_DISABLE_CPU_FEATURES": _numpy_above("AVX2")}, ""
     if isa == "unknown":
         return dict(_OUTER), "portable numerics: this CPU's features cannot be read; torch picks its kernels"
-    return dict(_FALLBACK), ("portable numerics: this CPU lacks AVX2/FMA; it runs torch's baseline kernels "
+    return {**_FALLBACK, "NPY_DISABLE_CPU_FEATURES": _numpy_above("DEFAULT")}, ("portable numerics: this CPU lacks AVX2/FMA; it runs torch's baseline kernels "
                              "(the same on every such CPU, not the AVX2 machines' numbers)")
+
+
+def worker_env(profile: str) -> dict[str, str]:
+    """The variables a process started elsewhere needs in its environment from its start to run ``profile``
+    (a Ray worker on another node imports numpy before lcfed: OpenBLAS and numpy read theirs then)."""
+    env, _ = pinned_env(profile)
+    if profile != "portable":
+        return {}
+    return {**{k: v for k, v in env.items() if v is not None}, ENV_PROFILE: profile}
 
 
 def activate(profile: str = "portable") -> dict[str, str]:
@@ -144,11 +184,29 @@ def activate(profile: str = "portable") -> dict[str, str]:
     if expected and level != expected:
         note = (f"portable numerics: torch chose its {level} kernels before lcfed could pin {expected} "
                 "(a tensor op ran first); this process's numbers follow its CPU")
+    elif profile == "portable" and not note:
+        note = _loaded_early(env)
     changed = _state.get("profile") != profile or _state.get("note", "") != note
     _state.update(profile=profile, level=level, note=note)
     if note and changed:
         print(f"lcfed: {note}", file=sys.stderr, flush=True)
     return state()
+
+
+def _loaded_early(env: dict[str, str | None]) -> str:
+    """A note when numpy's OpenBLAS or SIMD loops were loaded (this process imported numpy under another
+    profile, e.g. ``$LCFED_NUMERICS=native``) with other kernels than ``env`` pins; '' otherwise."""
+    if "numpy" not in sys.modules:
+        return ""
+    core = (env.get("OPENBLAS_CORETYPE") or "").lower()
+    cores = openblas_cores()
+    above = set((env.get("NPY_DISABLE_CPU_FEATURES") or "").split())
+    simd = numpy_simd()
+    if (not core or {c.strip().lower() for c in cores.split(",")} <= {core, "none", "unknown"}) and \
+            not above & set(simd.split()):
+        return ""
+    return (f"portable numerics: numpy was loaded before this profile applied (OpenBLAS {cores}, numpy {simd}); "
+            "numpy's and scipy's kernels follow this CPU in this process (set $LCFED_NUMERICS=portable)")
 
 
 def activate_from_env() -> None:
@@ -186,6 +244,34 @@ def kernel_level() -> str:
         return str(torch.backends.cpu.get_cpu_capability())
     except Exception:  # very old torch
         return "unknown"
+
+
+def openblas_cores() -> str:
+    """The cores OpenBLAS runs for the numpy and scipy loaded in this process (e.g. ``Haswell``), as
+    threadpoolctl reads them; ``none`` when no OpenBLAS is loaded."""
+    try:
+        from threadpoolctl import threadpool_info
+    except ImportError:
+        return "unknown"
+    cores = sorted({str(i.get("architecture")) for i in threadpool_info() if i.get("internal_api") == "openblas"})
+    return ", ".join(cores) or "none"
+
+
+def numpy_simd() -> str:
+    """numpy's SIMD dispatch targets in force in this process (e.g. ``X86_V3``: x86-64-v3 loops)."""
+    import numpy as np
+
+    core = getattr(np, "_core", None) or np.core
+    umath = core._multiarray_umath
+    targets = [t for t in getattr(umath, "__cpu_dispatch__", []) if umath.__cpu_features__.get(t)]
+    return " ".join(targets) or "baseline"
+
+
+def kernel_settings() -> dict[str, str]:
+    """The kernels in force in this process: ATen's level, oneDNN's and MKL's settings, OpenBLAS's cores
+    and numpy's SIMD targets (each as the library took it, where it can be read back)."""
+    return {"kernels": kernel_level(), "onednn_isa": os.environ.get("ONEDNN_MAX_CPU_ISA", "native"),
+            "mkl_cbwr": os.environ.get("MKL_CBWR", "native"), "openblas": openblas_cores(), "numpy_simd": numpy_simd()}
 
 
 def state() -> dict[str, str]:
@@ -231,23 +317,31 @@ def _onednn() -> str:
     return f"oneDNN {found.group(1)}" if found else "none"
 
 
-def provenance(device: Any = None) -> dict[str, str]:
-    """What produced a run's numbers: software, CPU and the kernels in force, threads, and the GPU and
-    CUDA version when ``device`` is a CUDA device. Flat strings: MLflow tags and ``--json``."""
+def provenance(device: Any = None, threads: int | None = None) -> dict[str, str]:
+    """What produced a run's numbers: software, CPU and the kernels in force, the kernel fingerprint
+    (:mod:`lcfed.fingerprint`), threads (``threads``: the hosts' intra-op threads where they are not this
+    process's), and the GPU and CUDA version when ``device`` is a CUDA device. Flat strings: MLflow tags
+    and ``--json``."""
     import torch  # torch after the profile's settings are in the environment
 
+    from lcfed import fingerprint  # imports numpy and torch: after the profile's settings are in force
+
     s = state()
+    settings = kernel_settings()
     out = {
         "numerics": s["profile"],
         "kernels": s["level"],
-        "onednn_isa": os.environ.get("ONEDNN_MAX_CPU_ISA", "native"),
-        "mkl_cbwr": os.environ.get("MKL_CBWR", "native"),
+        "onednn_isa": settings["onednn_isa"],
+        "mkl_cbwr": settings["mkl_cbwr"],
+        "openblas": settings["openblas"],
+        "numpy_simd": settings["numpy_simd"],
+        "fingerprint": fingerprint.for_process(threads or torch.get_num_threads()).digest,
         "cpu": cpu_model(),
         "cpu_isa": cpu_isa(),
         "torch": torch.__version__,
         "blas": _blas(),
         "onednn": _onednn(),
-        "threads": str(torch.get_num_threads()),
+        "threads": str(threads or torch.get_num_threads()),
         "interop_threads": str(torch.get_num_interop_threads()),
         "python": platform.python_version(),
     }
@@ -261,14 +355,15 @@ def provenance(device: Any = None) -> dict[str, str]:
 
 
 #: the provenance fields that decide whether two runs' numbers can be compared bit for bit
-SAME_NUMBERS = ("numerics", "kernels", "onednn_isa", "mkl_cbwr", "torch", "blas", "gpu")
+SAME_NUMBERS = ("numerics", "kernels", "onednn_isa", "mkl_cbwr", "openblas", "numpy_simd", "fingerprint", "torch",
+                "blas", "gpu")
 
 
 def differences(records: list[dict[str, Any]]) -> list[str]:
-    """The :data:`SAME_NUMBERS` fields (``cpu`` too under ``native``) on which ``records`` disagree,
-    each as ``field: a, b``; records from before provenance was recorded count as ``unrecorded``."""
+    """The :data:`SAME_NUMBERS` fields (``cpu`` too under ``native`` without fingerprints) on which ``records``
+    disagree, each as ``field: a, b``; records from before provenance was recorded count as ``unrecorded``."""
     keys = list(SAME_NUMBERS)
-    if any(r.get("numerics") == "native" for r in records):
+    if any(r.get("numerics") == "native" for r in records) and not all(r.get("fingerprint") for r in records):
         keys.append("cpu")
     out = []
     for key in keys:
@@ -276,3 +371,14 @@ def differences(records: list[dict[str, Any]]) -> list[str]:
         if len(values) > 1:
             out.append(f"{key}: {', '.join(values)}")
     return out
+
+
+def fingerprint_groups(records: list[dict[str, Any]], labels: list[str]) -> str:
+    """'' when every record has one kernel fingerprint; else the runs by fingerprint, e.g. ``58f37ce63875: a.json,
+    b.json; 1c2d3e4f5a6b: c.json`` (``unrecorded`` for a run from before fingerprints were recorded)."""
+    groups: dict[str, list[str]] = {}
+    for record, label in zip(records, labels, strict=True):
+        groups.setdefault(str(record.get("fingerprint") or "unrecorded"), []).append(label)
+    if len(groups) < 2:
+        return ""
+    return "; ".join(f"{digest}: {', '.join(names)}" for digest, names in groups.items())

@@ -51,7 +51,8 @@ def test_the_same_numbers_whatever_the_outer_environment_asks(tmp_path):
     """Portable (the default) overrides the outer kernel settings in every process: baseline kernels asked
     for (an older CPU's), AVX2 asked for, or nothing asked (this CPU's own) give one set of numbers.
     ``native`` takes what the environment asks, and there the numbers move: the pinning is what holds them."""
-    hostile = {"ATEN_CPU_CAPABILITY": "default", "ONEDNN_MAX_CPU_ISA": "SSE41", "MKL_CBWR": "COMPATIBLE"}
+    hostile = {"ATEN_CPU_CAPABILITY": "default", "ONEDNN_MAX_CPU_ISA": "SSE41", "MKL_CBWR": "AVX2",
+               "OPENBLAS_CORETYPE": "Sandybridge", "NPY_DISABLE_CPU_FEATURES": "X86_V3"}
     cases = {
         "unset": ({},),
         "default": (hostile,),
@@ -66,18 +67,27 @@ def test_the_same_numbers_whatever_the_outer_environment_asks(tmp_path):
     for name, summary in runs.items():
         p = summary["provenance"]
         assert (p["numerics"], p["kernels"], p["onednn_isa"], p["mkl_cbwr"]) == \
-            ("portable", "AVX2", "AVX2", "AVX2,STRICT"), (name, p)
+            ("portable", "AVX2", "AVX2", "COMPATIBLE,STRICT"), (name, p)
+        if name != "avx2":
+            assert p["openblas"] == "Haswell" and p["fingerprint"] == runs["unset"]["provenance"]["fingerprint"], name
         assert numbers(summary) == numbers(runs["unset"]), name
+    # numpy loaded under $LCFED_NUMERICS=native keeps its kernels: the record says so, and its fingerprint differs
+    late = runs["avx2"]["provenance"]
+    if late["openblas"] != "Haswell":
+        assert "numpy was loaded before this profile applied" in late["numerics_note"]
+        assert late["fingerprint"] != runs["unset"]["provenance"]["fingerprint"]
     assert native["provenance"]["numerics"] == "native" and native["provenance"]["kernels"] == "DEFAULT"
     assert numbers(native) != numbers(runs["unset"])  # other kernels, other numbers
+    assert native["provenance"]["fingerprint"] != runs["unset"]["provenance"]["fingerprint"]  # and it says so
 
 
 @needs_avx2
 def test_this_suite_runs_the_portable_kernels():
     """Tests that pin exact trajectories rely on the profile, not on the machine: importing lcfed (the
     conftest does, first) pinned this process before its first tensor op."""
-    assert os.environ["ATEN_CPU_CAPABILITY"] == "avx2" and os.environ["MKL_CBWR"] == "AVX2,STRICT"
+    assert os.environ["ATEN_CPU_CAPABILITY"] == "avx2" and os.environ["MKL_CBWR"] == "COMPATIBLE,STRICT"
     assert torch.backends.cpu.get_cpu_capability() == "AVX2"
+    assert numerics.openblas_cores() == "Haswell"  # numpy and scipy loaded after lcfed pinned them
     assert numerics.state()["profile"] == "portable" and numerics.state()["note"] == ""
 
 

@@ -1,9 +1,11 @@
 """The README's result tables come from runs: `make demo`'s seed-0 row is what `make demo` prints.
 
 The tables of README section 1 are written by ``benchmarks/readme_tables.py --write`` from real runs
-under the portable numerics profile, so they hold on any x86-64 CPU; this test reruns the seed-0
-cell of LCFed (what `make demo` runs first: configs/demo.yaml) and compares it with the README's; the
-whole table is rerun by ``benchmarks/readme_tables.py --check``.
+under the portable numerics profile, which also writes the kernel fingerprint those runs had. This test
+reruns the seed-0 cell of LCFed (what `make demo` runs first: configs/demo.yaml) and compares it with the
+README's when this machine's fingerprint is the stated one: equal fingerprints guarantee equal numbers.
+On a machine whose kernels give other bits it skips and says which kernels; it never compares numbers
+made by other kernels. The whole table is rerun by ``benchmarks/readme_tables.py --check``.
 """
 
 from __future__ import annotations
@@ -12,6 +14,9 @@ import json
 import re
 from pathlib import Path
 
+import pytest
+
+from lcfed import fingerprint
 from tune_jobs.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -28,10 +33,24 @@ def readme_row(table: str, first_cell: str) -> list[str]:
     raise AssertionError(f"no row {first_cell!r} in README's {table} table")
 
 
+def readme_fingerprint() -> str:
+    block = re.search(r"<!-- readme_tables:fingerprint -->\n.*?`([0-9a-f]{12})`", (ROOT / "README.md").read_text(), re.S)
+    assert block, "README.md does not state the kernel fingerprint of its tables"
+    return block.group(1)
+
+
 def test_make_demos_lcfed_seed_0_cell_is_the_readmes(tmp_path):
+    stated = readme_fingerprint()
+    mine = fingerprint.for_process(1)  # the demo runs with engine.torch_threads = 1
+    if mine.digest != stated:
+        refs = [r for r in fingerprint.references() if r.digest == stated]
+        differ = mine.differing(refs[0]) if refs else ["(no shipped reference has it)"]
+        pytest.skip(f"this machine's kernel fingerprint {mine.digest} is not the README tables' {stated} "
+                    f"(kernels that differ: {', '.join(differ[:6])}): its numbers are not the README's to the last digit")
     out = tmp_path / "lcfed.json"
     assert main(["run", "-c", str(ROOT / "configs" / "demo.yaml"), "--no-track", "-q", "--json", str(out)]) == 0
     summary = json.loads(out.read_text())
     assert summary["provenance"]["numerics"] == "portable" and summary["seed"] == 0
+    assert summary["provenance"]["fingerprint"] == stated
     assert summary["method"] == "lcfed"
     assert f"{100 * summary['last_evals']['acc_mean']:.1f}" == readme_row("demo-seeds", "0")[0]  # LCFed column

@@ -30,7 +30,17 @@ from lcfed.loop import DivergenceError
 from lcfed.output_paths import check_output_dir
 from lcfed.stop import Stopped
 from lcfed.tracking import TrackingError, replay
-from tune_jobs import catalog, compare, data_command, head, jobs, mlflow_server, reproduce, run_command
+from tune_jobs import (
+    catalog,
+    compare,
+    data_command,
+    head,
+    jobs,
+    mlflow_server,
+    numerics_command,
+    reproduce,
+    run_command,
+)
 from tune_jobs.options import add_actions, config_options, examples, verbosity_of
 from tune_jobs.run_command import resume_command
 from tune_jobs.sweep import command as sweep
@@ -117,7 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     for add in (run_command.add_parser, _add_config, catalog.add_parser, data_command.add_parser, _add_tracking,
                 _add_table, sweep.add_parser, reproduce.add_parser, compare.add_parser, mlflow_server.add_parser,
-                jobs.add_parser, head.add_parser):
+                jobs.add_parser, head.add_parser, numerics_command.add_parser):
         add(sub)
     return parser
 
@@ -176,6 +186,10 @@ def cmd_table(args: argparse.Namespace) -> int:
                          summary.get("seconds_per_round", float("nan")), averaged.get("rounds", [])))
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise ConfigError("FILE", name, f"a summary written by `lcfed run --json` ({type(exc).__name__}: {exc})") from None
+    groups = numerics.fingerprint_groups(records, list(args.files))
+    if groups:  # before the numbers: equal configs on these runs' machines need not give equal numbers
+        print(f"warning: these runs come from machines whose kernels differ (kernel fingerprints {groups}); "
+              "their numbers differ in the last bits for the same config and seed (lcfed numerics)")
     rows.sort(key=lambda r: -r[3])
     k = max(len(r[7]) for r in rows)
     print(f"{'method':<12} {'seed':>4} {'rounds':>6}  {f'acc_mean (last {k})':>18} {'acc_weighted':>12} "

@@ -62,6 +62,12 @@ def write_report(out: Path, methods: Sequence[str], seeds: list[int], phase1: di
         "sim. s to target |" + (" newcomers' acc (%) |" if newcomers else "") + " chosen config |",
         "|---|---:|---|---|---:|---:|---:|" + ("---:|" if newcomers else "") + "---|",
     ]
+    pairs = [(m, s) for m in methods for s in seeds]
+    groups = numerics.fingerprint_groups([phase2[m][s].get("provenance") or {} for m, s in pairs],
+                                         [f"{m} seed {s}" for m, s in pairs])
+    if groups:  # before the table: its rows came from machines whose kernels give other bits
+        lines[2:2] = ["**Warning:** these runs come from machines whose kernels differ (kernel fingerprints "
+                      f"{groups}), so equal configs need not give equal numbers (`lcfed numerics`).", ""]
     for r in sorted(rows, key=lambda r: -r["test_acc_mean"]):
         cfg = ", ".join(f"{k.split('.')[-1]}={v:.3g}" if isinstance(v, float) else f"{k.split('.')[-1]}={v}"
                         for k, v in r["config"].items())

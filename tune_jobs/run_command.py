@@ -201,12 +201,15 @@ def summary_table(final: dict[str, float], averaged: dict[str, Any]) -> str:
 
 
 def provenance_line(p: dict[str, str]) -> str:
-    """E.g. ``portable: AVX2 kernels (MKL 2024.2, oneDNN 3.12.0), torch 2.14.1, 1 thread, AMD EPYC``."""
+    """E.g. ``portable: AVX2 kernels (MKL 2024.2, oneDNN 3.12.0), torch 2.14.1, 1 thread, AMD EPYC, fingerprint
+    58f37ce63875``."""
     if not p:
         return "not recorded"
     threads = p.get("threads", "?")
     line = (f"{p.get('numerics', '?')}: {p.get('kernels', '?')} kernels ({p.get('blas', '?')}, {p.get('onednn', '?')}), "
             f"torch {p.get('torch', '?')}, {threads} thread{'s' if threads != '1' else ''}, {p.get('cpu', '?')}")
+    if p.get("fingerprint"):
+        line += f", fingerprint {p['fingerprint']}"
     if p.get("gpu"):
         line += f", {p['gpu']} (CUDA {p.get('cuda', '?')})"
     return line
