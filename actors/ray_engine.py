@@ -23,7 +23,7 @@ from actors.hosts import Hosts, fast_tensor_transfer
 from actors.liveness import get
 from actors.nodes import PlacementError, alive_nodes, alive_nodes_info, head_node_id, place_pool
 from actors.placement import NodeResources, cluster_layout, fits, pool_layout
-from lcfed import fingerprint, numerics
+from lcfed import fingerprint, numerics, provenance
 from lcfed.checkpoint import Snapshot, state_chunks
 from lcfed.config import ExperimentConfig
 from lcfed.data import Dataset, Partition
@@ -223,9 +223,9 @@ class RayFederation:
                 "server": hosts.call(lambda: ray.get(hosts.server.holdings.remote()))}
 
     def provenance(self) -> dict[str, str]:
-        """This process's record (:func:`lcfed.numerics.provenance`), with the device actors' kernel levels
+        """This process's record (:func:`lcfed.provenance.record`), with the device actors' kernel levels
         where one differs from it (an actor whose kernels were chosen before lcfed pinned them)."""
-        out = numerics.provenance(threads=self.cfg.engine.torch_threads)  # the actors' threads, not the driver's
+        out = provenance.record(threads=self.cfg.engine.torch_threads)  # the actors' threads, not the driver's
         gpus = sorted({str(info.get("gpu", "")) for info in self.actor_info} - {""})
         if gpus:  # the actors' GPUs (the driver may have none)
             out.update(gpu=", ".join(gpus), cuda=str(torch.version.cuda))

@@ -1,13 +1,13 @@
-"""Cost of the portable numerics profile: portable (torch's CPU kernels pinned at AVX2) against native
-(the kernels this CPU picks), paired in one run.
+"""Cost of the portable numerics profile: portable (ATen and oneDNN pinned at AVX2, MKL on its COMPATIBLE
+branch, OpenBLAS on Haswell, numpy at x86-64-v3) against native (the kernels this CPU picks), paired in one run.
 
 Workloads: the demo (``configs/demo.yaml``: LCFed, 20 devices, 25 rounds) and W1 (``overhead.py``'s:
 100 devices from a 5,000-sample MNIST subset, FedAvg, 25 devices per round x 5 steps). A profile is
 fixed at a process's first tensor op, so every run is its own ``lcfed run`` process; the two profiles
 alternate for ``--pairs`` pairs (which one goes first alternates too). Figure: seconds per round (the
 run's own ``seconds_per_round``), the ratio portable / native per pair and its median, the kernels
-each ran and whether their numbers are equal. On an AVX2 machine both profiles run the same kernels
-(ratio ~1, equal numbers); on an AVX-512 machine native runs AVX-512 kernels: faster, other numbers.
+each ran, their kernel fingerprints and whether their numbers are equal. Each run's process gets its
+profile from its start (``$LCFED_NUMERICS``), so numpy's kernels are the profile's too.
 
     python benchmarks/numerics.py [--pairs 2] [--workloads demo,w1] [--data-dir ~/.cache/lcfed]
 """
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -44,7 +45,7 @@ def workload_config(name: str, args: argparse.Namespace, work: Path) -> Path:
 def run(config: Path, profile: str, out: Path) -> dict:
     cmd = [sys.executable, "-m", "tune_jobs.cli", "run", "-c", str(config), "--no-track", "-q", "--json", str(out),
            "--set", f"engine.numerics={profile}"]
-    subprocess.run(cmd, cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(cmd, cwd=ROOT, check=True, stdout=subprocess.DEVNULL, env={**os.environ, "LCFED_NUMERICS": profile})
     return json.loads(out.read_text())
 
 
@@ -74,6 +75,7 @@ def main() -> None:
                 "native_s_per_round": [p["native"]["seconds_per_round"] for p in pairs],
                 "ratio_median": statistics.median(ratios),
                 "kernels": {k: first[k]["provenance"]["kernels"] for k in ("portable", "native")},
+                "fingerprint": {k: first[k]["provenance"]["fingerprint"] for k in ("portable", "native")},
                 "acc_mean": {k: first[k]["last_evals"]["acc_mean"] for k in ("portable", "native")},
                 "cpu": first["portable"]["provenance"]["cpu"], "cpu_isa": first["portable"]["provenance"]["cpu_isa"],
             })
@@ -85,7 +87,8 @@ def main() -> None:
         kernels = f"{r['kernels']['portable']} / {r['kernels']['native']}"
         same = "equal" if r["acc_mean"]["portable"] == r["acc_mean"]["native"] else \
             f"differ ({r['acc_mean']['portable']:.4f} vs {r['acc_mean']['native']:.4f})"
-        print(f"{r['workload']:<9} {p:>18} {n:>16} {r['ratio_median']:>6.2f}  {kernels:<14} {same}")
+        print(f"{r['workload']:<9} {p:>18} {n:>16} {r['ratio_median']:>6.2f}  {kernels:<14} {same}; fingerprints "
+              f"{r['fingerprint']['portable']} / {r['fingerprint']['native']}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "numerics.json").write_text(json.dumps({"args": vars(args), "rows": rows}, indent=2) + "\n")

@@ -299,7 +299,7 @@ def _check_host(engine: EngineConfig, prefix: str) -> None:
     require(0 <= engine.state_memory_mb < math.inf, f"{prefix}.state_memory_mb", engine.state_memory_mb,
             "must be >= 0 (MB of device states a host keeps in memory before spilling to disk; 0 = no limit)")
     require(engine.numerics in PROFILES, f"{prefix}.numerics", engine.numerics,
-            f"one of {list(PROFILES)} (portable: CPU kernels pinned at AVX2, the same numbers on any x86-64; "
+            f"one of {list(PROFILES)} (portable: CPU kernels pinned, the same numbers on any x86-64, Intel or AMD; "
             "native: the CPU's own kernels, numbers tied to the CPU)")
 
 

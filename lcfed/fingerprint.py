@@ -32,6 +32,10 @@ from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
+from filelock import FileLock, Timeout
+
+from lcfed import numerics
+
 #: bump when a kernel, an input or a name changes: digests of different versions never compare equal
 VERSION = 1
 #: the libraries whose versions decide the bits (beside the CPU and the kernel settings)
@@ -262,8 +266,6 @@ def compute(threads: int = 1) -> Fingerprint:
 
 def machine(threads: int = 1) -> dict[str, str]:
     """What decides the bits besides the code: the CPU, the kernel settings in force, the libraries."""
-    from lcfed import numerics
-
     out = {"cpu": numerics.cpu_model(), "cpu_isa": numerics.cpu_isa(), "cpu_vendor": numerics.cpu_vendor(),
            "threads": str(threads), "python": platform.python_version()}
     out.update(numerics.kernel_settings())
@@ -276,8 +278,6 @@ def machine(threads: int = 1) -> dict[str, str]:
 
 
 def _cache_key(threads: int) -> str:
-    from lcfed import numerics
-
     facts = {**machine(threads), "flags": " ".join(sorted(numerics.cpu_flags())), "version": str(VERSION)}
     return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:20]
 
@@ -297,20 +297,41 @@ def for_process(threads: int = 1) -> Fingerprint:
         if threads in _computed:
             return _computed[threads]
         path = cache_dir() / f"{_cache_key(threads)}.json"
-        fp = None
-        try:
-            fp = Fingerprint.from_dict(json.loads(path.read_text()))
-        except (OSError, ValueError, KeyError, TypeError):
-            fp = compute(threads)
-            try:
+        fp = _read(path)
+        if fp is None:
+            lock, locked = FileLock(str(path.with_suffix(".lock"))), True
+            try:  # one process computes, the others (a pool's actors starting together) wait and read it
                 path.parent.mkdir(parents=True, exist_ok=True)
-                with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as f:
-                    json.dump(fp.to_dict(), f, indent=1)
-                os.replace(f.name, path)  # atomic: concurrent processes write the same content
-            except OSError:
-                pass
+                lock.acquire(timeout=120)
+            except (OSError, Timeout):
+                locked = False
+            try:
+                fp = _read(path) if locked else None
+                if fp is None:
+                    fp = compute(threads)
+                    if locked:
+                        _write(path, fp)
+            finally:
+                if locked:
+                    lock.release()
         _computed[threads] = fp
         return fp
+
+
+def _read(path: Path) -> Fingerprint | None:
+    try:
+        return Fingerprint.from_dict(json.loads(path.read_text()))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _write(path: Path, fp: Fingerprint) -> None:
+    try:
+        with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as f:
+            json.dump(fp.to_dict(), f, indent=1)
+        os.replace(f.name, path)  # atomic: a reader sees the old file or the whole new one
+    except OSError:
+        pass  # an unwritable cache only costs the next process the computation
 
 
 def references() -> list[Fingerprint]:

@@ -4,12 +4,11 @@ moves a run's numbers, its disk cache, the shipped references, and the runs told
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 import torch
 
-from lcfed import fingerprint, numerics
+from lcfed import fingerprint, numerics, provenance
 from lcfed.fingerprint import Fingerprint
 from tune_jobs.cli import main
 
@@ -99,5 +98,5 @@ def test_runs_from_other_kernels_are_named_before_their_numbers(tmp_path, capsys
     assert lines[0].startswith("warning: these runs come from machines whose kernels differ")
     assert f"aaaaaaaaaaaa: {files[0]}, {files[1]}; cccccccccccc: {files[2]}" in lines[0]
     assert "fingerprint: aaaaaaaaaaaa, cccccccccccc" in lines[-1]
-    assert numerics.fingerprint_groups([{"fingerprint": "x"}, {"fingerprint": "x"}], ["a", "b"]) == ""
-    assert numerics.fingerprint_groups([{"fingerprint": "x"}, {}], ["a", "b"]) == "x: a; unrecorded: b"
+    assert provenance.fingerprint_groups([{"fingerprint": "x"}, {"fingerprint": "x"}], ["a", "b"]) == ""
+    assert provenance.fingerprint_groups([{"fingerprint": "x"}, {}], ["a", "b"]) == "x: a; unrecorded: b"

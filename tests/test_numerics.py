@@ -14,7 +14,7 @@ import pytest
 import torch
 import yaml
 
-from lcfed import numerics
+from lcfed import numerics, provenance
 from lcfed.config import ConfigError
 from tests.conftest import TINY, tiny_config
 from tests.raycluster import ROOT
@@ -107,10 +107,10 @@ def test_profiles_by_hand(monkeypatch):
 
 def test_differences_name_the_fields_that_decide_the_numbers():
     a = {"numerics": "portable", "kernels": "AVX2", "torch": "2.14.1", "cpu": "A"}
-    assert numerics.differences([a, {**a, "cpu": "B"}]) == []  # portable: the CPU model does not matter
-    assert numerics.differences([{**a, "numerics": "native"}, {**a, "cpu": "B"}]) == \
+    assert provenance.differences([a, {**a, "cpu": "B"}]) == []  # portable: the CPU model does not matter
+    assert provenance.differences([{**a, "numerics": "native"}, {**a, "cpu": "B"}]) == \
         ["numerics: native, portable", "cpu: A, B"]
-    assert numerics.differences([a, {}]) == ["numerics: portable, unrecorded", "kernels: AVX2, unrecorded",
+    assert provenance.differences([a, {}]) == ["numerics: portable, unrecorded", "kernels: AVX2, unrecorded",
                                              "torch: 2.14.1, unrecorded"]
 
 

@@ -21,7 +21,7 @@ from typing import Any, NoReturn
 import yaml
 
 from actors.connect import ClusterError
-from lcfed import logs, numerics
+from lcfed import logs, provenance
 from lcfed.checkpoint import CheckpointError
 from lcfed.config import ConfigError, did_you_mean, load_config, to_dict
 from lcfed.data import DataError
@@ -186,7 +186,7 @@ def cmd_table(args: argparse.Namespace) -> int:
                          summary.get("seconds_per_round", float("nan")), averaged.get("rounds", [])))
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise ConfigError("FILE", name, f"a summary written by `lcfed run --json` ({type(exc).__name__}: {exc})") from None
-    groups = numerics.fingerprint_groups(records, list(args.files))
+    groups = provenance.fingerprint_groups(records, list(args.files))
     if groups:  # before the numbers: equal configs on these runs' machines need not give equal numbers
         print(f"warning: these runs come from machines whose kernels differ (kernel fingerprints {groups}); "
               "their numbers differ in the last bits for the same config and seed (lcfed numerics)")
@@ -196,7 +196,7 @@ def cmd_table(args: argparse.Namespace) -> int:
           f"{'last eval':>9} {'s/round':>8}")
     for method, seed, rounds, acc, weighted, last, spr, _ in rows:
         print(f"{method:<12} {seed!s:>4} {rounds:>6}  {acc:>18.4f} {weighted:>12.4f} {last:>9.4f} {spr:>8.2f}")
-    differ = numerics.differences(records)
+    differ = provenance.differences(records)
     if differ:
         print("note: these runs were produced under different numerics, so equal configs need not give equal "
               "numbers: " + "; ".join(differ))

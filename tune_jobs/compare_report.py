@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from lcfed import numerics
+from lcfed import provenance
 from lcfed.config import ExperimentConfig
 from lcfed.stats import mean_ci, paired_test
 from tune_jobs.reproduce import last_evaluations
@@ -63,7 +63,7 @@ def write_report(out: Path, methods: Sequence[str], seeds: list[int], phase1: di
         "|---|---:|---|---|---:|---:|---:|" + ("---:|" if newcomers else "") + "---|",
     ]
     pairs = [(m, s) for m in methods for s in seeds]
-    groups = numerics.fingerprint_groups([phase2[m][s].get("provenance") or {} for m, s in pairs],
+    groups = provenance.fingerprint_groups([phase2[m][s].get("provenance") or {} for m, s in pairs],
                                          [f"{m} seed {s}" for m, s in pairs])
     if groups:  # before the table: its rows came from machines whose kernels give other bits
         lines[2:2] = ["**Warning:** these runs come from machines whose kernels differ (kernel fingerprints "
@@ -82,7 +82,7 @@ def write_report(out: Path, methods: Sequence[str], seeds: list[int], phase1: di
     truth, source = known_groups(base)
     if truth:
         lines += _recovery_table(rows, truth, source)
-    differ = numerics.differences([phase2[m][s].get("provenance") or {} for m in methods for s in seeds])
+    differ = provenance.differences([phase2[m][s].get("provenance") or {} for m in methods for s in seeds])
     if differ:
         lines += ["", "**Note:** the runs compared were produced under different numerics (torch's kernels, "
                   "profile or versions), so part of a difference may come from there: " + "; ".join(differ) + "."]

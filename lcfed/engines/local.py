@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 import numpy as np
 import torch
 
-from lcfed import numerics
+from lcfed import numerics, provenance
 from lcfed.checkpoint import PART_DEVICES, Snapshot, state_chunks
 from lcfed.config import ExperimentConfig
 from lcfed.device_states import DeviceStates
@@ -337,7 +337,7 @@ class LocalFederation:
     def run(self, observers: Sequence[Observer] = (), resume: Snapshot | None = None) -> RunResult:
         server = LocalServer(make_strategy(self.cfg, self.setup.federation))
         return run_rounds(self.cfg, self.setup.federation, server, LocalPool(self.hosted), observers, resume,
-                          numerics.provenance(self.hosted.where))
+                          provenance.record(self.hosted.where, self.cfg.engine.torch_threads))
 
     def close(self) -> None:
         self.hosted.close()

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from lcfed import numerics
+from lcfed import provenance
 from lcfed.config import ExperimentConfig
 from lcfed.faults import ClusterLost
 from lcfed.loop import MAX_PERSONAL_BYTES, STOP, RunResult
@@ -128,7 +128,7 @@ class MLflowObserver:
         """The run of a training process: params, tags, the dataset input, system metrics."""
         self.fed = fed
         resumed = self.run_id is not None
-        self.start(cfg, federation_facts(fed), numerics.provenance())
+        self.start(cfg, federation_facts(fed), provenance.record(threads=cfg.engine.torch_threads))
         assert self.run_id is not None
         log_dataset(self.client, self.run_id, dataset_input(cfg, fed))
         self.wants_models = self.log_models_enabled and bool(fed.input_shape)
@@ -137,7 +137,7 @@ class MLflowObserver:
 
     def start(self, cfg: ExperimentConfig, facts: dict[str, str], provenance: dict[str, str] | None = None) -> None:
         """Create (or reopen, when resuming) the run; ``facts`` are logged as ``federation.*`` params,
-        ``provenance`` (what produces the numbers: :func:`lcfed.numerics.provenance`) as ``provenance.*`` tags."""
+        ``provenance`` (what produces the numbers: :func:`lcfed.provenance.record`) as ``provenance.*`` tags."""
         self.cfg = cfg
         self.experiment_id = get_or_create_experiment(self.client, cfg.tracking.experiment, self.uri)
         if self.run_id is not None:  # resuming: same run, metrics continue at the next step

@@ -59,5 +59,5 @@ def source_tags() -> dict[str, str]:
 
 
 def provenance_tags(provenance: dict[str, str]) -> dict[str, str]:
-    """``provenance.<field>`` tags of :func:`lcfed.numerics.provenance`'s record (MLflow caps a tag at 8000 characters)."""
+    """``provenance.<field>`` tags of :func:`lcfed.provenance.record`'s record (MLflow caps a tag at 8000 characters)."""
     return {f"provenance.{k}": str(v)[:8000] for k, v in provenance.items()}

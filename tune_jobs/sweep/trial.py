@@ -18,7 +18,7 @@ import ray
 from ray import tune
 
 from actors.ray_engine import RayFederation
-from lcfed import checkpoint, numerics
+from lcfed import checkpoint, provenance
 from lcfed.config import ConfigError, ExperimentConfig, apply_overrides, from_dict
 from lcfed.engines.local import LocalFederation
 from lcfed.federation import load, load_source, source_key
@@ -61,7 +61,7 @@ class TuneReporter:
     def on_start(self, cfg: ExperimentConfig, fed: Any) -> None:
         self.fed = fed
         self.facts = federation_facts(fed)
-        self.provenance = numerics.provenance()
+        self.provenance = provenance.record(threads=cfg.engine.torch_threads)
 
     def on_round(self, rnd: int, metrics: dict[str, float], stats: Any) -> None:
         self.value = float(metrics.get(self.metric, self.value))
