@@ -4,7 +4,6 @@ moves a run's numbers, its disk cache, the shipped references, and the runs told
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 import torch
