@@ -253,6 +253,13 @@ class RayFederation:
             self.started_ray = False
 
 
+def open_ray(cfg: ExperimentConfig, dataset: Dataset | None = None, resources: tuple[float, float] | None = None
+             ) -> RayFederation:
+    """The Ray engine's opener (:data:`lcfed.engines.ENGINES`): a placement group of its own on the cluster,
+    or inside an enclosing reservation (a Tune trial's) of ``resources`` (CPUs, GPUs)."""
+    return RayFederation(cfg, resources=resources, dataset=dataset)
+
+
 def run_ray(cfg: ExperimentConfig, observers: Sequence[Observer] = (), resume: Snapshot | None = None) -> RunResult:
     """Run the whole federation on Ray (starting a local Ray if none is connected)."""
     fed = RayFederation(cfg)

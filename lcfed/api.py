@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from lcfed import numerics
+from lcfed import engines, numerics
 from lcfed.config import ExperimentConfig, apply_overrides, from_dict, parse_override, read_yaml, require, to_dict
 from lcfed.loop import Observer, RunResult
 
@@ -71,7 +71,7 @@ def run(cfg: ExperimentConfig, *, engine: str | None = None, track: bool = False
     MLflow (``cfg.tracking``), as ``lcfed run`` does. ``observers``: your own (``on_start``,
     ``on_round``, ``on_end``)."""
     if engine is not None:
-        require(engine in ("local", "ray"), "engine", engine, "one of ['local', 'ray']")
+        require(engine in engines.ENGINES, "engine", engine, f"one of {engines.names()}")
         cfg = cfg.replace(**{"engine.kind": engine})
     chosen: list[Any] = list(observers)
     if models:
@@ -82,13 +82,7 @@ def run(cfg: ExperimentConfig, *, engine: str | None = None, track: bool = False
         tracker = MLflowObserver(cfg.tracking.uri)
         tracker.check()
         chosen.append(tracker)
-    if cfg.engine.kind == "ray":
-        from actors.ray_engine import run_ray  # Ray only when asked
-
-        return run_ray(cfg, chosen)
-    from lcfed.engines.local import run_local
-
-    return run_local(cfg, chosen)
+    return engines.run(cfg, chosen)  # Ray is imported only by its engine
 
 
 def sweep(cfg: ExperimentConfig, space: Mapping[str, Any] | str | Path, **options: Any) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 import psutil
 
+from lcfed.engines import ENGINES
 from lcfed.errors import ConfigError, require
 from lcfed.numerics import PROFILES
 from lcfed.overrides import resolve
@@ -236,7 +237,7 @@ def check_train(train: TrainConfig, prefix: str = "train") -> None:
 
 def check_engine(engine: EngineConfig, prefix: str = "engine") -> None:
     """``engine.*``: the actor pool's resources, then each host's threads, memory and numerics."""
-    require(engine.kind in ("local", "ray"), f"{prefix}.kind", engine.kind, "one of ['local', 'ray']")
+    require(engine.kind in ENGINES, f"{prefix}.kind", engine.kind, f"one of {list(ENGINES)}")
     require(engine.num_actors >= 0, f"{prefix}.num_actors", engine.num_actors, "must be >= 0 (0 = one per CPU)")
     require(
         engine.devices_per_actor >= 0,

@@ -26,7 +26,7 @@ from typing import Any, cast
 import numpy as np
 import torch
 
-from lcfed import numerics
+from lcfed import engines, numerics
 from lcfed.config import ExperimentConfig, from_dict, resolve
 from lcfed.engines.local import LocalFederation, LocalPool, LocalServer
 from lcfed.federation import load, make_strategy
@@ -209,10 +209,8 @@ def _resumable(cfg: ExperimentConfig, straight: RunResult) -> Finding:
 
 
 def _engines(cfg: ExperimentConfig, local: RunResult) -> Finding:
-    from actors.ray_engine import run_ray  # Ray only for this property
-
-    try:
-        remote = run_ray(cfg.replace(**{"engine.kind": "ray", "engine.devices_per_actor": 3}))
+    try:  # through the registry: Ray is imported only for this property
+        remote = engines.run(cfg.replace(**{"engine.kind": "ray", "engine.devices_per_actor": 3}))
     except Exception as exc:
         return Finding("engines", False, f"{type(exc).__name__}: {exc}")
     diffs = differences(local.history, remote.history)

@@ -1,4 +1,5 @@
-"""What the round loop calls, in one place: the engines' two seams and the observers' hooks.
+"""What the round loop calls, in one place: the engines' two seams, the observers' hooks, and what an engine
+deploys (:class:`Engine`, the contract of :data:`lcfed.engines.ENGINES`).
 
 ``Server`` and ``DevicePool`` are the two seams: :mod:`lcfed.engines.local` implements them in-process,
 :mod:`actors.ray_engine` with Ray actors. Observers (progress bar, MLflow, Tune) receive each round's
@@ -19,6 +20,7 @@ from lcfed.local_update import EvalResult
 from lcfed.methods.base import Federation, RoundStats
 
 if TYPE_CHECKING:  # annotations only: the results module is the loop's, not the contracts'
+    from lcfed.checkpoint import Snapshot
     from lcfed.run_result import Newcomer, RunResult
 
 
@@ -111,3 +113,20 @@ class PersonalLimit(Protocol):
 
 #: the personal models' size past which observers with a :class:`PersonalLimit` get none
 MAX_PERSONAL_BYTES = 512 * 2**20
+
+
+class Engine(Protocol):
+    """A federation deployed on an engine (:data:`lcfed.engines.ENGINES`), from its opener until ``close``:
+    ``LocalFederation`` in this process, ``RayFederation`` on actors."""
+
+    def run(self, observers: Sequence[Observer] = (), resume: Snapshot | None = None) -> RunResult:
+        """The rounds from the first (or ``resume``'s next) to the last, each reported to ``observers``."""
+        ...
+
+    def placement(self) -> dict[str, Any]:
+        """Where it runs (hosts, CPUs, GPUs, nodes): a sweep trial reports it."""
+        ...
+
+    def close(self) -> None:
+        """Release its hosts (threads, actors, the placement group, a private Ray it started)."""
+        ...

@@ -14,10 +14,9 @@ from typing import Any
 
 import torch
 
-from lcfed import logs, numerics
+from lcfed import engines, logs, numerics
 from lcfed.config import ConfigError, ExperimentConfig, load_config, parse_override, require
 from lcfed.data import format_stats, partition_stats
-from lcfed.engines.local import run_local
 from lcfed.federation import check_against_data, load
 from lcfed.loop import checkpoint_path, load_resume
 from lcfed.output_paths import check_output_dir, check_output_file
@@ -42,7 +41,7 @@ def add_parser(sub: Any) -> None:
                         "lcfed run --config configs/demo.yaml --engine ray --no-track",
                         "lcfed run --config configs/demo.yaml --set checkpoint.dir=outputs/runs/demo --resume"))
     config_options(run)
-    run.add_argument("--engine", choices=["local", "ray"], help="execution engine (overrides engine.kind)")
+    run.add_argument("--engine", choices=engines.names(), help="execution engine (overrides engine.kind)")
     run.add_argument("--no-track", action="store_true", help="do not log to MLflow")
     verbosity_options(run, "no progress, no notices: errors and the final summary only")
     run.add_argument("--json", metavar="FILE", help="also write the final metrics and timings as JSON")
@@ -115,12 +114,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise ConfigError("checkpoint.dir", str(ckpt.parent), "already holds a checkpoint: pass --resume, or use a new dir")
     observers, tracker = _observers(cfg, args, resume)
     with stop_on_signals():
-        if cfg.engine.kind == "ray":
-            from actors.ray_engine import run_ray  # Ray only for the Ray engine: `lcfed run` in-process never loads it
-
-            result = run_ray(cfg, observers, resume)
-        else:
-            result = run_local(cfg, observers, resume)
+        result = engines.run(cfg, observers, resume)  # Ray only for its engine: `lcfed run` in-process never loads it
     averaged = last_evals(result.history, cfg.tracking.summary_evals)
     summary = _run_summary(cfg, result, stats, averaged)
     print(f"\n{cfg.name}: {cfg.method.name} on {cfg.data.dataset} ({cfg.data.partition}), "

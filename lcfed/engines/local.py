@@ -343,10 +343,17 @@ class LocalFederation:
         self.hosted.close()
 
 
+def open_local(cfg: ExperimentConfig, dataset: Any = None, resources: tuple[float, float] | None = None) -> LocalFederation:
+    """The in-process engine's opener (:data:`lcfed.engines.ENGINES`): on ``resources``' CPUs (a Tune
+    trial's), else ``engine.num_cpus`` or every CPU this process may use."""
+    numerics.activate(cfg.engine.numerics)  # before load(), the first tensor op
+    cpus = max(1, int(resources[0])) if resources is not None else cfg.engine.num_cpus or len(os.sched_getaffinity(0))
+    return LocalFederation(cfg, load(cfg) if dataset is None else dataset, cpus)
+
+
 def run_local(cfg: ExperimentConfig, observers: Sequence[Observer] = (), resume: Snapshot | None = None) -> RunResult:
     """Run the whole federation in this process (continuing from ``resume`` if given)."""
-    numerics.activate(cfg.engine.numerics)
-    fed = LocalFederation(cfg, load(cfg), cfg.engine.num_cpus or len(os.sched_getaffinity(0)))
+    fed = open_local(cfg)
     try:
         return fed.run(observers, resume)
     finally:

@@ -8,8 +8,9 @@ resources a trial asks for are :func:`tune_jobs.sweep.trial.trial_resources`.
 from __future__ import annotations
 
 from lcfed.config import ExperimentConfig, require
+from lcfed.engines import ENGINES
 
-TRIAL_ENGINES = ("auto", "local", "ray")
+TRIAL_ENGINES = ("auto", *ENGINES)
 
 
 def resolve_trial_engine(choice: str, gpus_per_trial: float, nodes: int) -> str:
@@ -26,8 +27,8 @@ def resolve_trial_engine(choice: str, gpus_per_trial: float, nodes: int) -> str:
                 "must be <= 1 with --trial-engine local (a trial in one process drives one GPU); "
                 "use --trial-engine ray for more")
         return "local"
-    if choice == "ray":
-        return "ray"
+    if choice != "auto":
+        return choice
     return "local" if nodes == 1 and gpus_per_trial <= 1 else "ray"
 
 

@@ -17,10 +17,9 @@ from typing import Any
 import ray
 from ray import tune
 
-from actors.ray_engine import RayFederation
-from lcfed import checkpoint, provenance
+from lcfed import checkpoint, engines, provenance
 from lcfed.config import ConfigError, ExperimentConfig, apply_overrides, from_dict
-from lcfed.engines.local import LocalFederation
+from lcfed.contracts import Engine
 from lcfed.federation import load, load_source, source_key
 from lcfed.loop import MAX_PERSONAL_BYTES
 from lcfed.tracking import federation_facts, model_bundle, save_bundle
@@ -190,11 +189,13 @@ def run_trial(config: dict[str, Any], sources: dict[Any, Any] | None = None) -> 
         shutil.rmtree(work, ignore_errors=True)  # Tune has persisted every reported checkpoint
 
 
-def _trial_federation(cfg: ExperimentConfig, dataset: Any) -> Any:
-    """The trial's federation on the engine ``engine.kind`` names: in this (the trial's) process, with
-    one training thread per ``torch_threads`` CPUs the trial holds; or on device actors and a server
+def _trial_federation(cfg: ExperimentConfig, dataset: Any) -> Engine:
+    """The trial's federation on the engine ``engine.kind`` names, inside what the trial holds: in this (the
+    trial's) process, with one training thread per ``torch_threads`` CPUs; or on device actors and a server
     actor inside the trial's placement group."""
     if cfg.engine.kind == "local":
-        return LocalFederation(cfg, dataset, local_trial_cpus(cfg))
-    n, gpu = cfg.engine.num_actors, cfg.engine.gpus_per_actor
-    return RayFederation(cfg, resources=(n * cfg.engine.cpus_per_actor, n * gpu), dataset=dataset)
+        resources = (float(local_trial_cpus(cfg)), 0.0)
+    else:
+        n = cfg.engine.num_actors
+        resources = (n * cfg.engine.cpus_per_actor, n * cfg.engine.gpus_per_actor)
+    return engines.open_engine(cfg, dataset, resources)
