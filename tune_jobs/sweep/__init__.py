@@ -21,7 +21,7 @@ from typing import Any
 _HOMES = {
     "objective": ("METRIC", "METRICS", "SCHEDULERS", "SEARCHES", "SEARCH_LIBRARIES", "Objective",
                   "resolve_objective"),
-    "placement": ("TRIAL_ENGINES", "resolve_trial_engine", "trial_layout", "local_trial_cpus"),
+    "placement": ("trial_engines", "resolve_trial_engine", "trial_layout", "local_trial_cpus"),
     "space": ("SPACES_DIR", "DOMAINS", "FLOAT_DOMAINS", "INTEGER_DOMAINS", "load_space", "domain_extremes",
               "check_draw_type", "space_spec", "describe_domain", "swept_keys"),
     "search": ("check_search", "make_search", "make_scheduler"),

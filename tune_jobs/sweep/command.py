@@ -17,7 +17,7 @@ from lcfed.output_paths import check_output_dir, check_output_file
 from lcfed.tracking import check_registry, check_tracking_store, ui_hint
 from tune_jobs.options import config_options, examples, verbosity_options
 from tune_jobs.sweep.objective import METRIC, METRICS, SCHEDULERS, SEARCHES, check_finishes, resolve_objective
-from tune_jobs.sweep.placement import TRIAL_ENGINES
+from tune_jobs.sweep.placement import trial_engines
 from tune_jobs.sweep.storage import DEFAULT_KEEP_CHECKPOINTS, DEFAULT_STORAGE, check_keep
 
 
@@ -56,7 +56,7 @@ def add_parser(sub: Any) -> None:
                    help="rounds a trial runs at most under asha/hyperband (default train.rounds)")
     p.add_argument("--max-concurrent", type=int, default=0, help="trials at once (0 = as resources allow)")
     p.add_argument("--gpus-per-trial", type=float, default=0.0, help="GPUs per trial, shared by its device actors")
-    p.add_argument("--trial-engine", choices=list(TRIAL_ENGINES), default="auto",
+    p.add_argument("--trial-engine", choices=trial_engines(), default="auto",
                    help="local: each trial's federation in the trial's process (engine.torch_threads x engine.workers "
                    "CPUs, its GPU share); ray: device actors in the trial's placement group; auto (default): local on "
                    "a single-node Ray with --gpus-per-trial <= 1, else ray")

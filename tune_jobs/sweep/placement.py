@@ -10,7 +10,9 @@ from __future__ import annotations
 from lcfed.config import ExperimentConfig, require
 from lcfed.engines import ENGINES
 
-TRIAL_ENGINES = ("auto", *ENGINES)
+def trial_engines() -> list[str]:
+    """``--trial-engine``'s choices: ``auto`` and every registered engine."""
+    return ["auto", *ENGINES]
 
 
 def resolve_trial_engine(choice: str, gpus_per_trial: float, nodes: int) -> str:
@@ -21,7 +23,7 @@ def resolve_trial_engine(choice: str, gpus_per_trial: float, nodes: int) -> str:
     Otherwise ``ray``: on a multi-node cluster a trial's device actors go where the GPUs are
     (e.g. GPU workers beside a CPU head), and more than one GPU per trial needs several actors.
     """
-    require(choice in TRIAL_ENGINES, "--trial-engine", choice, f"one of {list(TRIAL_ENGINES)}")
+    require(choice in trial_engines(), "--trial-engine", choice, f"one of {trial_engines()}")
     if choice == "local":
         require(gpus_per_trial <= 1, "--gpus-per-trial", gpus_per_trial,
                 "must be <= 1 with --trial-engine local (a trial in one process drives one GPU); "

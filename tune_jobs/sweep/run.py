@@ -36,7 +36,7 @@ from tune_jobs.sweep.callbacks import SweepProgress, TrialTracker
 from tune_jobs.sweep.errors import SweepInterrupted, error_line
 from tune_jobs.sweep.models import log_best_models, prune_models, register_run
 from tune_jobs.sweep.objective import METRIC, Objective, check_finishes, resolve_objective
-from tune_jobs.sweep.placement import TRIAL_ENGINES, resolve_trial_engine
+from tune_jobs.sweep.placement import resolve_trial_engine, trial_engines
 from tune_jobs.sweep.search import check_search, make_scheduler, make_search
 from tune_jobs.sweep.space import describe_domain, space_spec, swept_keys
 from tune_jobs.sweep.storage import (
@@ -124,7 +124,7 @@ def run_sweep(
                      name=name or f"{base.name}-sweep", storage_uri=storage_location(storage), num_samples=num_samples,
                      max_concurrent=max_concurrent, gpus_per_trial=gpus_per_trial, resume=resume,
                      keep_checkpoints=keep_checkpoints, named=named)
-    require(trial_engine in TRIAL_ENGINES, "--trial-engine", trial_engine, f"one of {list(TRIAL_ENGINES)}")
+    require(trial_engine in trial_engines(), "--trial-engine", trial_engine, f"one of {trial_engines()}")
     sources = load_sources(base, space)  # a missing dataset fails here, before any run or trial exists
     if logs.progress_shown():
         print(f"lcfed sweep {plan.name}: Tune state and each trial's latest {keep_checkpoints} checkpoint(s) go to "
