@@ -10,6 +10,7 @@ from __future__ import annotations
 from lcfed.config import ExperimentConfig, require
 from lcfed.engines import ENGINES
 
+
 def trial_engines() -> list[str]:
     """``--trial-engine``'s choices: ``auto`` and every registered engine."""
     return ["auto", *ENGINES]
