@@ -37,7 +37,7 @@ from filelock import FileLock, Timeout
 from lcfed import numerics
 
 #: bump when a kernel, an input or a name changes: digests of different versions never compare equal
-VERSION = 1
+VERSION = 2
 #: the libraries whose versions decide the bits (beside the CPU and the kernel settings)
 LIBRARIES = ("torch", "numpy", "scipy", "scikit-learn", "threadpoolctl")
 #: where :func:`for_process` keeps computed fingerprints (``$LCFED_CACHE_DIR``, else ~/.cache/lcfed)
@@ -251,12 +251,13 @@ def compute(threads: int = 1) -> Fingerprint:
     """This process's fingerprint under the kernels in force, with ``threads`` intra-op threads (a run's
     ``engine.torch_threads``); torch's global RNG state and thread count are left as they were."""
     import torch
+    from threadpoolctl import threadpool_limits
 
     kernels: dict[str, str] = {}
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
-    try:
-        with torch.random.fork_rng(devices=[]):
+    try:  # numpy's BLAS on one thread, as the portable profile runs it (its sums follow the thread count)
+        with torch.random.fork_rng(devices=[]), threadpool_limits(limits=1, user_api="blas"):
             _generic(kernels)
             _project(kernels)
     finally:

@@ -32,8 +32,8 @@ PROFILES = ("portable", "native")
 #: the profile a process applies on ``import lcfed`` (and that child processes inherit)
 ENV_PROFILE = "LCFED_NUMERICS"
 #: the variables a profile controls, each read by its library at the process's first kernel
-KEYS = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_CBWR", "OPENBLAS_CORETYPE", "NPY_DISABLE_CPU_FEATURES",
-        "CUBLAS_WORKSPACE_CONFIG")
+KEYS = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_CBWR", "OPENBLAS_CORETYPE", "OPENBLAS_NUM_THREADS",
+        "NPY_DISABLE_CPU_FEATURES", "CUBLAS_WORKSPACE_CONFIG")
 PORTABLE_LEVEL = "AVX2"
 _PINNED: dict[str, str | None] = {
     "ATEN_CPU_CAPABILITY": "avx2",
@@ -42,6 +42,7 @@ _PINNED: dict[str, str | None] = {
     # STRICT: bitwise equal whatever the arrays' alignment
     "MKL_CBWR": "COMPATIBLE,STRICT",
     "OPENBLAS_CORETYPE": "Haswell",  # numpy's and scipy's OpenBLAS: AVX2 kernels, not SkylakeX's or Zen's
+    "OPENBLAS_NUM_THREADS": "1",  # its threaded GEMM sums in an order that follows the core count
     "NPY_DISABLE_CPU_FEATURES": None,  # numpy's SIMD loops above x86-64-v3 (by numpy version: _numpy_above)
     "CUBLAS_WORKSPACE_CONFIG": ":4096:8",  # deterministic cuBLAS (read at its first call; no effect on CPU)
 }
@@ -51,6 +52,7 @@ _FALLBACK: dict[str, str | None] = {
     "ONEDNN_MAX_CPU_ISA": "SSE41",
     "MKL_CBWR": "COMPATIBLE,STRICT",
     "OPENBLAS_CORETYPE": "Nehalem",
+    "OPENBLAS_NUM_THREADS": "1",
     "NPY_DISABLE_CPU_FEATURES": None,
     "CUBLAS_WORKSPACE_CONFIG": ":4096:8",
 }
@@ -184,6 +186,8 @@ def activate(profile: str = "portable") -> dict[str, str]:
                 "(a tensor op ran first); this process's numbers follow its CPU")
     elif profile == "portable" and not note:
         note = _loaded_early(env)
+    if profile == "portable" and "numpy" in sys.modules:
+        _one_blas_thread()
     changed = _state.get("profile") != profile or _state.get("note", "") != note
     _state.update(profile=profile, level=level, note=note)
     if note and changed:
@@ -205,6 +209,15 @@ def _loaded_early(env: dict[str, str | None]) -> str:
         return ""
     return (f"portable numerics: numpy was loaded before this profile applied (OpenBLAS {cores}, numpy {simd}); "
             "numpy's and scipy's kernels follow this CPU in this process (set $LCFED_NUMERICS=portable)")
+
+
+def _one_blas_thread() -> None:
+    """numpy's BLAS on one thread in this process, whatever its environment said when numpy loaded."""
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:
+        return
+    threadpool_limits(limits=1, user_api="blas")  # kept until the process ends (not a context here)
 
 
 def activate_from_env() -> None:
