@@ -88,6 +88,9 @@ def test_this_suite_runs_the_portable_kernels():
     assert os.environ["ATEN_CPU_CAPABILITY"] == "avx2" and os.environ["MKL_CBWR"] == "COMPATIBLE,STRICT"
     assert torch.backends.cpu.get_cpu_capability() == "AVX2"
     assert numerics.openblas_cores() == "Haswell"  # numpy and scipy loaded after lcfed pinned them
+    from threadpoolctl import threadpool_info
+
+    assert {i["num_threads"] for i in threadpool_info() if i["internal_api"] == "openblas"} == {1}
     assert numerics.state()["profile"] == "portable" and numerics.state()["note"] == ""
 
 
