@@ -68,8 +68,7 @@ def cmd_numerics(args: argparse.Namespace) -> int:
         print(line)
     same = fingerprint.matching(mine, refs)
     if same:
-        print(f"a config and seed give this machine the same numbers as {', '.join(same)} (README section 1's "
-              "tables among them when the digest is the one they state)")
+        print(f"a config and seed give this machine the same numbers as on {' and '.join(same)}")
     else:
         print("no reference matches: this machine's numbers for a config and seed will differ from theirs in the "
               "last bits, and trajectories may part; the kernels named above are why")
