@@ -27,6 +27,7 @@ from lcfed import fingerprint, numerics, provenance
 from lcfed.checkpoint import Snapshot, state_chunks
 from lcfed.config import ExperimentConfig
 from lcfed.data import Dataset, Partition
+from lcfed.engines import run_closed
 from lcfed.federation import Setup, load, prepare, shard
 from lcfed.local_update import EvalResult
 from lcfed.loop import Newcomer, Observer, RunResult, run_rounds
@@ -262,8 +263,4 @@ def open_ray(cfg: ExperimentConfig, dataset: Dataset | None = None, resources: t
 
 def run_ray(cfg: ExperimentConfig, observers: Sequence[Observer] = (), resume: Snapshot | None = None) -> RunResult:
     """Run the whole federation on Ray (starting a local Ray if none is connected)."""
-    fed = RayFederation(cfg)
-    try:
-        return fed.run(observers, resume)
-    finally:
-        fed.close()
+    return run_closed(RayFederation(cfg), observers, resume)

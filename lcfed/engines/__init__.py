@@ -58,7 +58,11 @@ def open_engine(cfg: ExperimentConfig, dataset: Any = None, resources: tuple[flo
 
 def run(cfg: ExperimentConfig, observers: Sequence[Observer] = (), resume: Snapshot | None = None) -> RunResult:
     """Run ``cfg``'s federation on its engine from start (or from ``resume``) to its last round."""
-    fed = open_engine(cfg)
+    return run_closed(open_engine(cfg), observers, resume)
+
+
+def run_closed(fed: Engine, observers: Sequence[Observer] = (), resume: Snapshot | None = None) -> RunResult:
+    """``fed.run``, then ``fed.close()`` whatever happened."""
     try:
         return fed.run(observers, resume)
     finally:

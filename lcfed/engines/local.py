@@ -17,6 +17,7 @@ from lcfed import numerics, provenance
 from lcfed.checkpoint import PART_DEVICES, Snapshot, state_chunks
 from lcfed.config import ExperimentConfig
 from lcfed.device_states import DeviceStates
+from lcfed.engines import run_closed
 from lcfed.federation import Setup, device_data, load, local_work, make_network, make_strategy, prepare, resolve_device
 from lcfed.local_update import EvalResult, batch_rng, evaluate, local_update
 from lcfed.loop import DivergenceError, Newcomer, Observer, RunResult, run_rounds
@@ -353,8 +354,4 @@ def open_local(cfg: ExperimentConfig, dataset: Any = None, resources: tuple[floa
 
 def run_local(cfg: ExperimentConfig, observers: Sequence[Observer] = (), resume: Snapshot | None = None) -> RunResult:
     """Run the whole federation in this process (continuing from ``resume`` if given)."""
-    fed = open_local(cfg)
-    try:
-        return fed.run(observers, resume)
-    finally:
-        fed.close()
+    return run_closed(open_local(cfg), observers, resume)
