@@ -162,7 +162,7 @@ class Hosts:
         # on a cluster lcfed attached to, the workers were started by `ray start` without the profile's
         # variables, and import numpy before lcfed: they get them from their start through the runtime env
         env = numerics.worker_env(cfg.engine.numerics) if attached else {}
-        self.runtime_env = {"env_vars": env} if env else None
+        self.common: dict[str, Any] = {"runtime_env": {"env_vars": env}} if env else {}  # every actor's options
         self.setup_ref = setup_ref
         self.layout = layout
         self.shard_refs = list(shard_refs)
@@ -171,9 +171,7 @@ class Hosts:
         self.devices = [self._new_device(i) for i in range(len(layout.blocks))]
 
     def _new_server(self) -> Any:
-        opts: dict[str, Any] = {"num_cpus": 0}
-        if self.runtime_env:
-            opts["runtime_env"] = self.runtime_env
+        opts: dict[str, Any] = {"num_cpus": 0, **self.common}
         if self.placement is not None:
             # hard: Ray's soft affinity was seen to spill a 0-CPU actor onto a worker under load; the
             # head outlives every federation (a cluster whose head is gone is gone)
@@ -183,9 +181,8 @@ class Hosts:
         return RemoteServer.options(**opts).remote(self.cfg, self.setup_ref)
 
     def _new_device(self, i: int) -> Any:
-        opts: dict[str, Any] = {"num_cpus": self.layout.cpus_per_actor, "num_gpus": self.layout.gpus_per_actor}
-        if self.runtime_env:
-            opts["runtime_env"] = self.runtime_env
+        opts: dict[str, Any] = {"num_cpus": self.layout.cpus_per_actor, "num_gpus": self.layout.gpus_per_actor,
+                                **self.common}
         if self.placement is not None:
             opts["scheduling_strategy"] = PlacementGroupSchedulingStrategy(self.placement, placement_group_bundle_index=i)
         block = self.layout.blocks[i]

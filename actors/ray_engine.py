@@ -263,4 +263,4 @@ def open_ray(cfg: ExperimentConfig, dataset: Dataset | None = None, resources: t
 
 def run_ray(cfg: ExperimentConfig, observers: Sequence[Observer] = (), resume: Snapshot | None = None) -> RunResult:
     """Run the whole federation on Ray (starting a local Ray if none is connected)."""
-    return run_closed(RayFederation(cfg), observers, resume)
+    return run_closed(open_ray(cfg), observers, resume)

@@ -71,6 +71,8 @@ def _numpy_above(level: str) -> str | None:
     except (PackageNotFoundError, ValueError):
         return None
     return _NUMPY_ABOVE[level] if (major, minor) >= (2, 4) else None
+
+
 #: the outer values of :data:`KEYS` (JSON), for child processes, which inherit the pinned ones
 ENV_OUTER = "LCFED_NUMERICS_OUTER"
 
@@ -156,16 +158,17 @@ def pinned_env(profile: str) -> tuple[dict[str, str | None], str]:
         return {**_PINNED, "NPY_DISABLE_CPU_FEATURES": _numpy_above("AVX2")}, ""
     if isa == "unknown":
         return dict(_OUTER), "portable numerics: this CPU's features cannot be read; torch picks its kernels"
-    return {**_FALLBACK, "NPY_DISABLE_CPU_FEATURES": _numpy_above("DEFAULT")}, ("portable numerics: this CPU lacks AVX2/FMA; it runs torch's baseline kernels "
-                             "(the same on every such CPU, not the AVX2 machines' numbers)")
+    return {**_FALLBACK, "NPY_DISABLE_CPU_FEATURES": _numpy_above("DEFAULT")}, (
+        "portable numerics: this CPU lacks AVX2/FMA; it runs torch's baseline kernels "
+        "(the same on every such CPU, not the AVX2 machines' numbers)")
 
 
 def worker_env(profile: str) -> dict[str, str]:
     """The variables a process started elsewhere needs in its environment from its start to run ``profile``
     (a Ray worker on another node imports numpy before lcfed: OpenBLAS and numpy read theirs then)."""
-    env, _ = pinned_env(profile)
     if profile != "portable":
         return {}
+    env, _ = pinned_env(profile)
     return {**{k: v for k, v in env.items() if v is not None}, ENV_PROFILE: profile}
 
 
