@@ -9,9 +9,9 @@ import mlflow
 import torch
 
 from lcfed import numerics
+from lcfed.metric_catalog import SUMMARY
 from tests.conftest import tiny_config
 from tune_jobs.cli import main
-from tune_jobs.run_command import SUMMARY_METRICS
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = str(ROOT / "configs" / "demo.yaml")
@@ -35,7 +35,7 @@ def test_run_logs_to_mlflow_and_lcfed_beats_fedavg(tmp_path, tracking_uri, capfd
     assert "acc_mean" in printed and "mlflow ui --backend-store-uri" in printed and lc["run_id"] in printed
     # -q: the summary alone (a blank line, the title, 2 column heads, a row per metric, s/round, numerics, the
     # MLflow run in 3 lines): no partition line, no progress, none of MLflow's INFO lines (creating the store)
-    rows = sum(key in lc for key in SUMMARY_METRICS)
+    rows = sum(key in lc for key in SUMMARY)
     assert len(printed.splitlines()) == 1 + 1 + 2 + rows + 2 + 3, printed
     assert printed.splitlines()[1] == "demo: lcfed on digits (pathological), 16 devices, 12 rounds, engine local"
     assert err == "", err

@@ -118,7 +118,7 @@ def test_accuracy_plot_x_is_the_mlflow_step_and_the_legend_leaves_the_band_free(
     box = legends[0].get_window_extent(renderer)
     assert not box.overlaps(ax.get_window_extent(renderer))  # outside the axes: it hides nothing
     assert not box.overlaps(band.get_window_extent(renderer))
-    assert {t.get_text() for t in legends[0].get_texts()} == {"p10–p90", "mean", "sample-weighted mean"}
+    assert {t.get_text() for t in legends[0].get_texts()} == {"acc_p10–acc_p90", "acc_mean", "acc_weighted"}
 
 
 def test_assignment_heatmap_has_one_categorical_colour_per_cluster():

@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from lcfed.config import to_dict
-from lcfed.tracking import SECTIONS
+from lcfed.metric_catalog import SECTIONS
 from tests.conftest import tiny_config
 from tests.test_jobs import free_port
 from tune_jobs.cli import main

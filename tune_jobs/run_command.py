@@ -19,6 +19,7 @@ from lcfed.config import ConfigError, ExperimentConfig, load_config, parse_overr
 from lcfed.data import format_stats, partition_stats
 from lcfed.federation import check_against_data, load
 from lcfed.loop import checkpoint_path, load_resume
+from lcfed.metric_catalog import SUMMARY
 from lcfed.output_paths import check_output_dir, check_output_file
 from lcfed.progress import ProgressBar
 from lcfed.stop import stop_on_signals
@@ -163,10 +164,6 @@ def _run_summary(cfg: ExperimentConfig, result: Any, stats: dict[str, float], av
     }
 
 
-#: what the summary reports, per evaluation and averaged over the last ``tracking.summary_evals``
-SUMMARY_METRICS = ("acc_mean", "acc_weighted", "acc_std", "acc_p10", "acc_p90", "test_loss", "train_loss",
-                   "label_homogeneity", "ari", "nmi", "num_clusters", "coverage")
-
 
 def last_evals(history: Sequence[dict[str, float]], n: int) -> dict[str, Any]:
     """The mean of each summary metric over the last ``n`` evaluated rounds (fewer if the run made
@@ -174,7 +171,7 @@ def last_evals(history: Sequence[dict[str, float]], n: int) -> dict[str, Any]:
     with the smallest devices' test sets; the papers' tables average the last few (reproduce: 3)."""
     evals = [row for row in history if "acc_mean" in row][-n:]
     out: dict[str, Any] = {"evaluations": len(evals), "rounds": [int(row["round"]) + 1 for row in evals]}
-    for key in SUMMARY_METRICS:
+    for key in SUMMARY:
         if evals and all(key in row for row in evals):
             out[key] = float(sum(row[key] for row in evals) / len(evals))
     return out
@@ -187,7 +184,7 @@ def summary_table(final: dict[str, float], averaged: dict[str, Any]) -> str:
     rounds = ", ".join(map(str, averaged["rounds"]))
     lines = [f"  {'':<17} {'last eval':>10}   mean of last {k} eval{'s' if k != 1 else ''}",
              f"  {'':<17} {'(' + last + ')':>10}   (round{'s' if k != 1 else ''} {rounds})"]
-    for key in SUMMARY_METRICS:
+    for key in SUMMARY:
         if key in final:
             mean = f"{averaged[key]:.4f}" if key in averaged else "—"
             lines.append(f"  {key:<17} {final[key]:>10.4f}   {mean}")

@@ -26,7 +26,6 @@ where MLflow is not installed): each module imports them inside the functions th
 """
 
 from lcfed.tracking.artifacts import (
-    PLOTTED,
     ROUND_AXIS,
     accuracy_figure,
     assignment_history_csv,
@@ -45,7 +44,7 @@ from lcfed.tracking.models import (
     logging_models_to,
     model_bundle,
 )
-from lcfed.tracking.naming import SECTIONS, metric_name, mlflow_key, run_name
+from lcfed.tracking.naming import metric_name, mlflow_key, run_name
 from lcfed.tracking.observer import MLflowObserver
 from lcfed.tracking.raw_input import SELECTORS, ModelBundle, RawInputModel, load_bundle, save_bundle
 from lcfed.tracking.store import (
@@ -71,9 +70,7 @@ __all__ = [
     "EXPERIMENT_KIND",
     "HTTP_RETRY_BUDGET",
     "MAX_PERSONAL_BYTES",
-    "PLOTTED",
     "ROUND_AXIS",
-    "SECTIONS",
     "SHARED_VIEW_TAG",
     "STORE_LOCK_TIMEOUT_S",
     "SYSTEM_METRICS_INTERVAL_S",

@@ -16,9 +16,10 @@ import numpy as np
 
 from lcfed.config import ExperimentConfig
 from lcfed.loop import RunResult
+from lcfed.metric_catalog import PLOTTED
 
-#: metrics drawn in the accuracy-vs-round plot
-PLOTTED = ("acc_mean", "acc_weighted", "acc_p10", "acc_p90")
+#: the plotted pair drawn as a band rather than as lines
+BAND = ("acc_p10", "acc_p90")
 
 #: x-axis label of plots over rounds: rounds are numbered from 0, as MLflow's metric steps are
 ROUND_AXIS = "round (MLflow step, from 0)"
@@ -94,9 +95,10 @@ def accuracy_figure(history: Sequence[dict[str, float]], cfg: ExperimentConfig) 
     fig, ax = plt.subplots(figsize=(6, 4.4), dpi=100, layout="constrained")
     if rows:
         x = [int(r["round"]) for r in rows]
-        ax.fill_between(x, [r["acc_p10"] for r in rows], [r["acc_p90"] for r in rows], alpha=0.2, label="p10–p90")
-        ax.plot(x, [r["acc_mean"] for r in rows], label="mean")
-        ax.plot(x, [r["acc_weighted"] for r in rows], "--", label="sample-weighted mean")
+        low, high = BAND
+        ax.fill_between(x, [r[low] for r in rows], [r[high] for r in rows], alpha=0.2, label=f"{low}–{high}")
+        for name, style in zip([n for n in PLOTTED if n not in BAND], ("-", "--", ":", "-."), strict=False):
+            ax.plot(x, [r[name] for r in rows], style, label=name)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel(ROUND_AXIS)
     ax.set_ylabel("personalized test accuracy")

@@ -11,6 +11,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import PurePath
 from typing import Any
 
+from lcfed.metric_catalog import SECTIONS, section_of
+
 #: what separates a name's parts: the method and its values, the data, the seed
 SEP = " · "
 
@@ -22,27 +24,12 @@ UNNAMED_PREFIXES = ("engine.", "tracking.", "checkpoint.")
 NAMED_ELSEWHERE = frozenset({"name", "seed", "method.name", "data.dataset", "data.path", "data.partition",
                              "data.alpha", "data.classes_per_device", "data.testbed", "data.testbed_groups"})
 
-#: MLflow's run page shows one section per metric-key prefix (the part before the last ``/``): the prefixed
-#: sections sorted by name, then the unprefixed metrics ("Model metrics"). Every per-round metric
-#: therefore gets a section, named so that the sorted order reads accuracy, loss, server, time, traffic.
-SECTIONS = ("accuracy", "loss", "server", "time", "traffic")
-
 
 def section(name: str) -> str | None:
-    """The run-page section of the per-round metric ``name`` (:data:`SECTIONS`), None for a name of no
-    section. ``best_<metric>`` (a sweep's parent run) goes with ``<metric>``."""
-    base = name.removeprefix("best_")
-    if base.startswith(("acc_", "val_acc_")):
-        return "accuracy"
-    if base.endswith("_loss"):
-        return "loss"
-    if base.startswith("bytes_"):
-        return "traffic"
-    if base == "round_seconds" or base.startswith("sim_"):
-        return "time"
-    if base in ("ari", "nmi", "label_homogeneity", "num_clusters", "coverage") or base.startswith("cluster_size_"):
-        return "server"
-    return None
+    """The run-page section of the per-round metric ``name`` (:data:`~lcfed.metric_catalog.SECTIONS`, from the
+    metric catalogue), None for a name of no section. ``best_<metric>`` (a sweep's parent run) goes with
+    ``<metric>``."""
+    return section_of(name.removeprefix("best_"))
 
 
 def mlflow_key(name: str) -> str:

@@ -19,7 +19,7 @@ from typing import Any
 
 #: module -> the names it gives this package
 _HOMES = {
-    "objective": ("METRIC", "METRICS", "SCHEDULERS", "SEARCHES", "SEARCH_LIBRARIES", "Objective",
+    "objective": ("METRIC", "SCHEDULERS", "SEARCHES", "SEARCH_LIBRARIES", "Objective",
                   "resolve_objective"),
     "placement": ("trial_engines", "resolve_trial_engine", "trial_layout", "local_trial_cpus"),
     "space": ("SPACES_DIR", "DOMAINS", "FLOAT_DOMAINS", "INTEGER_DOMAINS", "load_space", "domain_extremes",

@@ -13,10 +13,11 @@ from pathlib import Path
 from typing import Any
 
 from lcfed.config import NAME_RULE, load_config, parse_override, require, safe_name
+from lcfed.metric_catalog import objectives
 from lcfed.output_paths import check_output_dir, check_output_file
 from lcfed.tracking import check_registry, check_tracking_store, ui_hint
 from tune_jobs.options import config_options, examples, verbosity_options
-from tune_jobs.sweep.objective import METRIC, METRICS, SCHEDULERS, SEARCHES, check_finishes, resolve_objective
+from tune_jobs.sweep.objective import METRIC, SCHEDULERS, SEARCHES, check_finishes, resolve_objective
 from tune_jobs.sweep.placement import trial_engines
 from tune_jobs.sweep.storage import DEFAULT_KEEP_CHECKPOINTS, DEFAULT_STORAGE, check_keep
 
@@ -43,7 +44,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--num-samples", type=int, default=1,
                    help="trials (optuna, hyperopt), or samples per grid point (random, grid) (default %(default)s)")
     p.add_argument("--metric", default=METRIC,
-                   help=f"the per-round metric to optimise (default %(default)s); one of: {', '.join(METRICS)}")
+                   help=f"the per-round metric to optimise (default %(default)s); one of: {', '.join(objectives())}")
     p.add_argument("--mode", choices=["max", "min"],
                    help="max or min (default: the metric's direction: max for acc_*, label_homogeneity, ari, "
                    "coverage; min for *_loss, acc_std, bytes and seconds)")

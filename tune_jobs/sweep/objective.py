@@ -9,23 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from lcfed.config import require
+from lcfed.metric_catalog import objectives
 
 METRIC = "acc_mean"  # the default --metric
 
-#: the per-round metrics a trial reports (``lcfed.loop`` and ``lcfed.metrics``) -> the better direction
-#: (None: no natural one, --mode must be given). Accuracies exist on evaluation rounds (``train.eval_every``,
-#: carried forward to the rounds between); num_clusters / label_homogeneity only for clustered methods, ari
-#: only where the clusters can express the true groups, val_* only with a validation split
-#: (``data.val_fraction``): the metrics to tune on, leaving the test split to the final report.
-METRICS: dict[str, str | None] = {
-    "acc_mean": "max", "acc_weighted": "max", "acc_p10": "max", "acc_p90": "max", "acc_std": "min",
-    "test_loss": "min", "train_loss": "min", "label_homogeneity": "max", "ari": "max", "coverage": "max",
-    "num_clusters": None, "bytes_up": "min", "bytes_down": "min", "bytes_up_total": "min",
-    "bytes_down_total": "min", "sim_comm_seconds": "min", "sim_compute_seconds": "min", "sim_seconds_total": "min",
-    "round_seconds": "min", "val_acc_mean": "max", "val_acc_weighted": "max", "val_loss": "min",
-    # the held-out devices (data.holdout_fraction) once joined: reported on the last round only
-    "acc_new_mean": "max", "acc_new_weighted": "max",
-}
 SCHEDULERS = ("asha", "hyperband", "fifo")
 
 #: ``--search``: Tune's BasicVariantGenerator (random samples, grid points expanded), the same with every
@@ -58,9 +45,10 @@ def resolve_objective(rounds: int, metric: str = METRIC, mode: str | None = None
     ``max(1, max_t // 2)``: ASHA and HyperBand compare trials no earlier than half-way, where early
     rounds' near-ties (0.4290 vs 0.4302 at round 2) no longer decide which trial stops.
     """
-    require(metric in METRICS, "--metric", metric, f"a per-round metric the trials report: one of {sorted(METRICS)}")
+    metrics = objectives()
+    require(metric in metrics, "--metric", metric, f"a per-round metric the trials report: one of {sorted(metrics)}")
     require(mode in (None, "max", "min"), "--mode", mode, "max or min")
-    mode = mode or METRICS[metric]
+    mode = mode or metrics[metric]
     require(mode is not None, "--mode", mode, f"must be given for --metric {metric} (max or min: it has no natural "
             "direction)")
     require(scheduler in SCHEDULERS, "--scheduler", scheduler, f"one of {list(SCHEDULERS)}")
