@@ -26,6 +26,7 @@ from actors.placement import PoolLayout
 from lcfed import fingerprint, numerics
 from lcfed.config import ExperimentConfig
 from lcfed.data import Dataset, Partition
+from lcfed.devices.schedule import SimClock
 from lcfed.engines.local import DeviceHost, HostedDevices, LocalServer, auto_workers
 from lcfed.federation import Setup, make_strategy, resolve_device
 from lcfed.loop import HostFailure
@@ -104,8 +105,8 @@ class ServerActor:
         torch.set_num_threads(cfg.engine.torch_threads)
         self.server = LocalServer(make_strategy(cfg, setup.federation))
 
-    def configure(self, rnd: int) -> tuple[RoundPlan, Any]:
-        plan = self.server.configure(rnd)
+    def configure(self, rnd: int, clock: SimClock | None = None) -> tuple[RoundPlan, Any]:
+        plan = self.server.configure(rnd, clock)
         # the broadcast is stored once; every device actor resolves the same object
         return replace(plan, payload=None), [ray.put(plan.payload)]
 

@@ -27,6 +27,7 @@ from lcfed import fingerprint, numerics, provenance
 from lcfed.checkpoint import Snapshot, state_chunks
 from lcfed.config import ExperimentConfig
 from lcfed.data import Dataset, Partition
+from lcfed.devices.schedule import RoundTiming, SimClock
 from lcfed.engines import run_closed
 from lcfed.federation import Setup, load, prepare, shard
 from lcfed.local_update import EvalResult
@@ -48,6 +49,10 @@ class RayPlan:
         """The round's participants, as :class:`RoundPlan` names them (the engine counts coverage)."""
         return self.plan.devices
 
+    @property
+    def timing(self) -> RoundTiming | None:
+        return self.plan.timing
+
 
 class RayServer:
     """Driver-side handle on the ServerActor (implements :class:`lcfed.loop.Server`)."""
@@ -55,8 +60,8 @@ class RayServer:
     def __init__(self, hosts: Hosts) -> None:
         self.hosts = hosts
 
-    def configure(self, rnd: int) -> RayPlan:
-        plan, (ref,) = self.hosts.call(lambda: get(self.hosts.server.configure.remote(rnd)))
+    def configure(self, rnd: int, clock: SimClock | None = None) -> RayPlan:
+        plan, (ref,) = self.hosts.call(lambda: get(self.hosts.server.configure.remote(rnd, clock)))
         return RayPlan(plan, ref)
 
     def aggregate(self, plan: RayPlan, msgs: list[Any]) -> RoundStats:

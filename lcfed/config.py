@@ -24,6 +24,7 @@ from typing import Any
 
 from lcfed.config_rules import (
     check_data,
+    check_devices,
     check_engine,
     check_tracking,
     check_train,
@@ -42,7 +43,8 @@ from lcfed.yaml_input import read_yaml
 #: what callers import from here, some of it defined in the leaf modules above (the methods import
 #: lcfed.errors; lcfed.config_rules holds the long sections' checks)
 __all__ = [
-    "LATER_DEFAULTS", "MAX_SEED", "NAME_RULE", "CheckpointConfig", "ConfigError", "DataConfig", "EngineConfig",
+    "LATER_DEFAULTS", "MAX_SEED", "NAME_RULE", "CheckpointConfig", "ConfigError", "DataConfig", "DevicesConfig",
+    "EngineConfig",
     "ExperimentConfig", "MethodConfig", "ModelConfig", "NetworkConfig", "TrackingConfig", "TrainConfig",
     "apply_overrides", "did_you_mean", "drop_later_defaults", "field_types", "flatten", "from_dict", "holdout_count",
     "load_config", "parse_override", "read_yaml", "require", "resolve", "safe_name", "to_dict", "uri_scheme",
@@ -205,6 +207,34 @@ class NetworkConfig:
 
 
 @dataclass(frozen=True)
+class DevicesConfig:
+    """Devices that come and go (README section 2c): per-device speed, links, availability and dropouts on a
+    simulated clock, and the round's policies (deadline, over-commitment). Off (``simulate: false``) every
+    sampled device is online, finishes and answers at once, as before."""
+
+    simulate: bool = False
+    speed_sigma: float = 0.0  # lognormal log-sd of compute speeds around network.device_gflops
+    bandwidth_sigma: float = 0.0  # the same for links around network.bandwidth_mbps
+    latency_ms: float = 0.0  # added to each transfer, each way
+    availability: str = "always"  # always | diurnal | iid | trace
+    online_fraction: float = 1.0  # diurnal: the share of the day online; iid: each slot's chance to be online
+    period_hours: float = 24.0  # diurnal / iid: the pattern's period
+    slot_minutes: float = 60.0  # iid: the on/off slot
+    phase: str = "random"  # diurnal: random per device, or "groups" (follows data's true groups / users)
+    phase_jitter: float = 0.05  # phase: groups: each device's offset from its group's phase (share of a period)
+    dropout: float = 0.0  # chance that a selected device drops out during the round
+    capacity_trace: str = ""  # FedScale capacity trace: speeds and links per device
+    availability_trace: str = ""  # FedScale availability trace (with availability: trace)
+    trace_format: str = "auto"  # auto | json | csv | parquet | pickle
+    deadline_seconds: float = 0.0  # devices not back by then are dropped (0: the server waits)
+    overcommit: float = 0.0  # select ceil((1 + overcommit) * k), keep the first k to finish
+    target_acc: float = 0.0  # acc_mean for time_to_target (simulated seconds); 0: not reported
+
+    def validate(self, prefix: str = "devices") -> None:
+        check_devices(self, prefix)
+
+
+@dataclass(frozen=True)
 class MethodConfig:
     """The method's registered name and its own typed hyper-parameters."""
 
@@ -230,6 +260,7 @@ class ExperimentConfig:
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     network: NetworkConfig = field(default_factory=NetworkConfig)
+    devices: DevicesConfig = field(default_factory=DevicesConfig)
 
     def validate(self) -> ExperimentConfig:
         require(0 <= self.seed <= MAX_SEED, "seed", self.seed, f"must be an integer in [0, {MAX_SEED}]")
@@ -241,6 +272,7 @@ class ExperimentConfig:
         self.tracking.validate()
         self.checkpoint.validate()
         self.network.validate()
+        self.devices.validate()
         self.method.validate(self)
         return self
 
@@ -268,6 +300,7 @@ _SECTIONS: dict[str, type] = {
     "tracking": TrackingConfig,
     "checkpoint": CheckpointConfig,
     "network": NetworkConfig,
+    "devices": DevicesConfig,
 }
 
 
@@ -314,7 +347,12 @@ LATER_DEFAULTS: dict[str, dict[str, Any]] = {"data": {
     "val_fraction": 0.0, "holdout_fraction": 0.0, "path": "", "format": "auto", "label_column": "label",
     "device_column": "device", "image_size": (), "user_selection": "largest", "testbed": "none", "testbed_groups": 4,
     "synthetic_samples": 0, "synthetic_alpha": 1.0, "synthetic_beta": 1.0, "synthetic_clusters": 0,
-}}
+}, "devices": {f.name: f.default for f in dataclasses.fields(DevicesConfig)}}
+
+
+#: the sections every digest has always had (a later one at its defaults leaves the digest as it was)
+_FIRST_SECTIONS = frozenset({"name", "seed", "data", "model", "train", "method", "engine", "tracking", "checkpoint",
+                             "network"})
 
 
 def drop_later_defaults(d: dict[str, Any]) -> None:
@@ -324,6 +362,8 @@ def drop_later_defaults(d: dict[str, Any]) -> None:
         for key, value in defaults.items():
             if key in values and values[key] == value:
                 del values[key]
+        if section in d and not values and section not in _FIRST_SECTIONS:  # a later section at its defaults
+            del d[section]
 
 
 def to_dict(cfg: ExperimentConfig) -> dict[str, Any]:

@@ -24,7 +24,7 @@ from lcfed.numerics import PROFILES
 from lcfed.overrides import resolve
 
 if TYPE_CHECKING:  # annotations only: lcfed.config imports this module
-    from lcfed.config import DataConfig, EngineConfig, TrackingConfig, TrainConfig
+    from lcfed.config import DataConfig, DevicesConfig, EngineConfig, TrackingConfig, TrainConfig
 
 #: tracking-store URI schemes MLflow can log to
 TRACKING_SCHEMES = ("http", "https", "sqlite", "file", "postgresql", "mysql", "mssql", "databricks")
@@ -233,6 +233,55 @@ def check_train(train: TrainConfig, prefix: str = "train") -> None:
     require(train.eval_every >= 1, f"{prefix}.eval_every", train.eval_every, "must be >= 1")
     require(train.eval_devices >= 0, f"{prefix}.eval_devices", train.eval_devices,
             "must be >= 0 (trained devices scored by an evaluation before the last round; 0 = every device)")
+
+
+#: ``devices.availability``: every device always online, a daily window, i.i.d. on/off slots, or a trace file
+AVAILABILITY = ("always", "diurnal", "iid", "trace")
+#: ``devices.phase``: a diurnal window's start per device
+PHASES = ("random", "groups")
+#: ``devices.trace_format``
+TRACE_FORMATS = ("auto", "json", "csv", "parquet", "pickle")
+
+
+def check_devices(dev: DevicesConfig, prefix: str = "devices") -> None:
+    """``devices.*``: the device model's distributions and the round's policies; each finite, in range, and
+    set only with ``devices.simulate: true``."""
+    import dataclasses  # the defaults of the section's own fields
+
+    require(isinstance(dev.simulate, bool), f"{prefix}.simulate", dev.simulate, "true or false")
+    if not dev.simulate:
+        for f in dataclasses.fields(dev):
+            value = getattr(dev, f.name)
+            require(f.name == "simulate" or value == f.default, f"{prefix}.{f.name}", value,
+                    f"only with {prefix}.simulate: true (the device model is off)")
+        return
+    for name in ("speed_sigma", "bandwidth_sigma", "latency_ms", "deadline_seconds", "overcommit"):
+        value = getattr(dev, name)
+        require(math.isfinite(value) and value >= 0, f"{prefix}.{name}", value, "must be a finite number >= 0")
+    require(dev.availability in AVAILABILITY, f"{prefix}.availability", dev.availability, f"one of {list(AVAILABILITY)}")
+    require(math.isfinite(dev.online_fraction) and 0 < dev.online_fraction <= 1, f"{prefix}.online_fraction",
+            dev.online_fraction, "must be in (0, 1]")
+    require(math.isfinite(dev.period_hours) and dev.period_hours > 0, f"{prefix}.period_hours", dev.period_hours,
+            "must be > 0")
+    require(math.isfinite(dev.slot_minutes) and dev.slot_minutes > 0, f"{prefix}.slot_minutes", dev.slot_minutes,
+            "must be > 0")
+    if dev.availability == "iid":
+        slots = dev.period_hours * 60 / dev.slot_minutes
+        require(abs(slots - round(slots)) < 1e-9, f"{prefix}.slot_minutes", dev.slot_minutes,
+                f"must divide {prefix}.period_hours ({dev.period_hours} h) into whole slots")
+    require(dev.phase in PHASES, f"{prefix}.phase", dev.phase, f"one of {list(PHASES)}")
+    require(math.isfinite(dev.phase_jitter) and 0 <= dev.phase_jitter < 1, f"{prefix}.phase_jitter",
+            dev.phase_jitter, "must be in [0, 1) (a share of the period)")
+    require(math.isfinite(dev.dropout) and 0 <= dev.dropout < 1, f"{prefix}.dropout", dev.dropout, "must be in [0, 1)")
+    require(dev.trace_format in TRACE_FORMATS, f"{prefix}.trace_format", dev.trace_format,
+            f"one of {list(TRACE_FORMATS)}")
+    require((dev.availability == "trace") == bool(dev.availability_trace), f"{prefix}.availability_trace",
+            dev.availability_trace, f"a file exactly when {prefix}.availability is trace")
+    for name in ("capacity_trace", "availability_trace"):
+        path = getattr(dev, name)
+        require(not path or Path(path).expanduser().is_file(), f"{prefix}.{name}", path, "an existing file")
+    require(math.isfinite(dev.target_acc) and 0 <= dev.target_acc <= 1, f"{prefix}.target_acc", dev.target_acc,
+            "an accuracy in [0, 1] (0: no time to target)")
 
 
 def check_engine(engine: EngineConfig, prefix: str = "engine") -> None:

@@ -21,15 +21,19 @@ from lcfed.methods.base import Federation, RoundStats
 
 if TYPE_CHECKING:  # annotations only: the results module is the loop's, not the contracts'
     from lcfed.checkpoint import Snapshot
+    from lcfed.devices.schedule import RoundTiming, SimClock
     from lcfed.run_result import Newcomer, RunResult
 
 
 class Plan(Protocol):
     """What the loop reads of a round's plan (a :class:`~lcfed.methods.base.RoundPlan`, or an engine's
-    handle on one): the participants."""
+    handle on one): the participants, and with the device model the round on the simulated clock."""
 
     @property
     def devices(self) -> tuple[int, ...]: ...
+
+    @property
+    def timing(self) -> RoundTiming | None: ...
 
 
 PlanT = TypeVar("PlanT", bound=Plan)
@@ -40,7 +44,7 @@ class Server(Protocol[PlanT]):
     """Holds the server state and applies the strategy's server-side hooks; ``PlanT`` is what its
     ``configure`` hands the device pool."""
 
-    def configure(self, rnd: int) -> PlanT: ...
+    def configure(self, rnd: int, clock: SimClock | None = None) -> PlanT: ...
     def aggregate(self, plan: PlanT, msgs: Any) -> RoundStats: ...
     def eval_payload(self) -> Any: ...
     def get_state(self) -> Any: ...

@@ -195,7 +195,12 @@ def prepare(cfg: ExperimentConfig, dataset: Dataset | None = None) -> Setup:
         held_out=held_out_devices(cfg),
     )
     scaling = input_scaling(cfg, ds, part, fed.held_out)
-    return Setup(part, replace(fed, scaling=scaling), ds.input_shape, scaling)
+    fed = replace(fed, scaling=scaling)
+    if cfg.devices.simulate:  # here: traces are read on the driver, before any work
+        from lcfed.devices.schedule import make_fleet
+
+        fed = replace(fed, fleet=make_fleet(cfg, fed))
+    return Setup(part, fed, ds.input_shape, scaling)
 
 
 def label_distributions(part: Partition, labels: np.ndarray, num_classes: int) -> np.ndarray:

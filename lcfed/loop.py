@@ -31,6 +31,7 @@ from lcfed.contracts import (
     PlanT,
     Server,
 )
+from lcfed.devices.schedule import SimClock
 from lcfed.faults import ClusterLost
 from lcfed.local_update import EvalResult
 from lcfed.methods.base import Federation, RoundStats
@@ -271,21 +272,35 @@ class _Played:
     evaluation: dict[int, EvalResult] | None
 
 
+def sim_clock(fed: Federation, last: dict[str, float]) -> SimClock | None:
+    """The device model's clock at the start of the round after ``last`` (the previous round's metrics; {}
+    before the first), and each device's transfer: the last round's mean per kept device, one model each way
+    before the first round or after one that kept no one. None without the device model."""
+    if fed.fleet is None:
+        return None
+    kept = last.get("devices_kept", 0.0)
+    size = 4.0 * fed.spec.size
+    down, up = (last["bytes_down"] / kept, last["bytes_up"] / kept) if kept else (size, size)
+    return SimClock(float(last.get("sim_clock_seconds", 0.0)), down, up)
+
+
 def _play(
     cfg: ExperimentConfig, fed: Federation, server: Server[PlanT], pool: DevicePool[PlanT], rnd: int,
-    trained: np.ndarray, totals: dict[str, float],
+    trained: np.ndarray, totals: dict[str, float], clock: SimClock | None,
 ) -> _Played:
     """Round ``rnd``: train its participants, aggregate, evaluate when due, and the round's metrics
-    (the held-out devices join after the last round)."""
+    (the held-out devices join after the last round). ``clock``: the device model's (:func:`sim_clock`)."""
     t0 = time.perf_counter()
-    plan = server.configure(rnd)
+    plan = server.configure(rnd, clock)
     stats = server.aggregate(plan, pool.train(plan))
     now_trained = trained.copy()
     now_trained[list(plan.devices)] = True
     evaluation = evaluate_round(cfg, rnd, server, pool, now_trained) if should_evaluate(cfg, rnd) else None
-    if not np.isfinite(stats.train_loss):
+    if plan.devices and not np.isfinite(stats.train_loss):
         raise DivergenceError(f"round {rnd}: training loss is {stats.train_loss}; lower train.lr or check the data")
     metrics = _metrics(cfg, rnd, stats, evaluation, fed, totals, now_trained)
+    if plan.timing is not None:
+        metrics.update(plan.timing.metrics())
     if fed.held_out and rnd == cfg.train.rounds - 1:
         metrics.update(newcomer_metrics(pool.join(fed.held_out, newcomer(server.get_state(), fed.spec))))
     metrics["round_seconds"] = time.perf_counter() - t0
@@ -322,7 +337,8 @@ def _loop(
     round_times = []  # the rounds this call played (not a resumed run's earlier ones)
     while rnd < cfg.train.rounds:
         try:
-            played = _play(cfg, fed, server, pool, rnd, trained, totals)
+            clock = sim_clock(fed, result.history[-1] if result.history else {})
+            played = _play(cfg, fed, server, pool, rnd, trained, totals, clock)
             history = [*result.history, played.metrics]
             if ckpt is not None and ((rnd + 1) % cfg.checkpoint.every == 0 or rnd == cfg.train.rounds - 1):
                 last_snap = _save(ckpt, cfg, rnd + 1, server, pool, history, observers, played.trained)

@@ -17,6 +17,7 @@ from lcfed import numerics, provenance
 from lcfed.checkpoint import PART_DEVICES, Snapshot, state_chunks
 from lcfed.config import ExperimentConfig
 from lcfed.device_states import DeviceStates
+from lcfed.devices.schedule import Scheduler, SimClock
 from lcfed.engines import run_closed
 from lcfed.federation import Setup, device_data, load, local_work, make_network, make_strategy, prepare, resolve_device
 from lcfed.local_update import EvalResult, batch_rng, evaluate, local_update
@@ -32,13 +33,38 @@ class LocalServer:
     def __init__(self, strategy: Strategy, state: Any = None) -> None:
         self.strategy = strategy
         self.state = strategy.init() if state is None else state
+        fleet = strategy.fed.fleet
+        self.scheduler = Scheduler(strategy.cfg, strategy.fed, fleet) if fleet is not None else None
 
-    def configure(self, rnd: int) -> RoundPlan:
-        plan = self.strategy.configure(self.state, rnd)
+    def configure(self, rnd: int, clock: SimClock | None = None) -> RoundPlan:
+        """Round ``rnd``'s plan; with the device model (``clock`` given) only of the devices it keeps."""
+        if self.scheduler is None or clock is None:
+            plan = self.strategy.configure(self.state, rnd)
+        else:
+            plan = self._scheduled(rnd, clock)
         # the downlink's objects are priced here, per layer, and not shipped along with the plan
         return replace(plan, downlink=(), layers_down=downlink_traffic(self.strategy.fed.spec, plan.downlink))
 
+    def _scheduled(self, rnd: int, clock: SimClock) -> RoundPlan:
+        """The method's plan for the devices the schedule keeps. A method that chose its own devices this round
+        (FLHC's clustering round, FedGroup's pretraining sample) keeps those of them the device model keeps."""
+        assert self.scheduler is not None
+        timing = self.scheduler.plan(rnd, clock)
+        self.strategy.scheduled = timing.kept
+        try:
+            plan = self.strategy.configure(self.state, rnd)
+        finally:
+            self.strategy.scheduled = None
+        if tuple(plan.devices) != timing.kept:
+            timing = self.scheduler.keep_among(rnd, clock, tuple(plan.devices))
+            kept = set(timing.kept)
+            plan = replace(plan, devices=timing.kept,
+                           instructions={d: v for d, v in plan.instructions.items() if d in kept})
+        return replace(plan, timing=timing)
+
     def aggregate(self, plan: RoundPlan, msgs: Sequence[Message]) -> RoundStats:
+        if not plan.devices:  # the device model kept no one: nothing to aggregate, the state stays
+            return RoundStats(float("nan"), 0, 0)
         ordered = sorted(msgs, key=lambda m: m.device)
         bad = [m.device for m in ordered if not math.isfinite(m.loss)]
         if bad:  # stop before non-finite models reach the clustering and the averages

@@ -24,6 +24,8 @@ from lcfed.models import Model, ParamSpec
 if TYPE_CHECKING:  # annotations only: lcfed.config finds the methods through the registry
     from lcfed.config import ExperimentConfig
     from lcfed.data.sources import Scaling
+    from lcfed.devices.fleet import Fleet
+    from lcfed.devices.schedule import RoundTiming
 
 __all__ = [
     "D", "M", "P", "S", "DeviceContext", "Federation", "Message", "MethodSpec", "ModelMessage", "PersonalModel",
@@ -55,6 +57,8 @@ class Federation:
     # how stored samples become model inputs (the training pool's per-channel mean/std: statistics, no
     # samples); the logged models apply it, so they take samples as the dataset stores them
     scaling: Scaling | None = None
+    # each device's speed, links and availability (devices.simulate); None: ideal devices
+    fleet: Fleet | None = None
 
     def training_devices(self) -> tuple[int, ...]:
         """The devices rounds may select: all but the held-out ones."""
@@ -112,6 +116,7 @@ class RoundPlan:
     down_bytes: int = 0
     downlink: tuple[tuple[Any, int], ...] = ()
     layers_down: Mapping[str, int] = field(default_factory=dict)  # the server fills it from ``downlink``
+    timing: RoundTiming | None = None  # the round on the simulated clock (devices.simulate), filled by the server
 
 
 @dataclass(frozen=True)
@@ -181,6 +186,10 @@ class Strategy(Generic[S, D, M, P]):
     #: registry name, e.g. ``"lcfed"``
     name: ClassVar[str] = ""
 
+    #: the round's devices when the device model decides them (``devices.simulate``): set by the server around
+    #: :meth:`configure`, returned by :meth:`participants`
+    scheduled: tuple[int, ...] | None = None
+
     def __init__(self, cfg: ExperimentConfig, fed: Federation) -> None:
         self.cfg = cfg
         self.fed = fed
@@ -232,6 +241,10 @@ class Strategy(Generic[S, D, M, P]):
         return RoundPlan(rnd, devices, payload, dict(instructions or {}), sum(tensor_bytes(o) * n for o, n in down), down)
 
     def participants(self, rnd: int) -> tuple[int, ...]:
+        """The round's devices: those the device model kept (``devices.simulate``), else a seeded sample of
+        ``train.participation`` of the training devices. Methods select through this, never on their own."""
+        if self.scheduled is not None:
+            return self.scheduled
         return select_devices(self.fed.num_devices, self.cfg.train.participation, self.seed, rnd, self.fed.held_out)
 
     @staticmethod

@@ -1,0 +1,173 @@
+"""The device model: the round's schedule on the simulated clock (hand-checked), ideal devices equal today's
+runs, resume and bad input. Ray = in-process is one case of tests/test_engines.py."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from lcfed.config import ConfigError
+from lcfed.devices.fleet import fleet_from_arrays
+from lcfed.devices.schedule import RoundTiming, Scheduler, SimClock
+from lcfed.engines.local import run_local
+from lcfed.federation import prepare
+from lcfed.loop import load_resume
+from tests.conftest import same_metrics, tiny_config
+
+DEVICES = ("devices.simulate=true",)
+
+
+def test_ideal_devices_give_todays_numbers():
+    """Always online, no deadline, no dropout, no over-commitment: the same participants and numbers as
+    without the device model, at finite and at (all but) infinite speeds; only the device model's metrics are added."""
+    base = ("train.participation=0.5", "method.name=ifca", "train.rounds=4")
+    for extra in ([], ["network.device_gflops=1e15", "network.bandwidth_mbps=1e15"]):
+        today = run_local(tiny_config(*base, *extra))
+        simulated = run_local(tiny_config(*base, *DEVICES, *extra))
+        same_metrics(today.history, simulated.history)
+        added = set(simulated.history[-1]) - set(today.history[-1])
+        assert added == {"sim_clock_seconds", "sim_round_seconds", "devices_online", "devices_selected",
+                         "devices_kept", "devices_dropped"}
+        assert [r["devices_kept"] for r in simulated.history] == [4.0] * 4
+    clock = [r["sim_clock_seconds"] for r in simulated.history]
+    assert 0 < clock[0] and clock[-1] < 1e-9  # (all but) infinitely fast devices take (all but) no time
+    assert np.array_equal(today.assignment, simulated.assignment)
+
+
+def _scheduler(fleet, *extra: str) -> Scheduler:
+    cfg = tiny_config("train.participation=0.5", *DEVICES, *extra)
+    fed = prepare(cfg).federation
+    return Scheduler(cfg, fed, fleet)
+
+
+def _fleet(flops, **kw):
+    m = len(flops)
+    flops = np.asarray(flops, dtype=np.float32)
+    inf = np.full(m, np.inf, dtype=np.float32)
+    return fleet_from_arrays(flops, kw.get("up", inf), kw.get("down", inf), np.zeros(m, np.float32),
+                             np.asarray(kw.get("dropout", np.zeros(m)), np.float32), *kw.get("avail", ()))
+
+
+def test_the_first_k_to_finish_are_kept_and_the_round_ends_with_the_last_of_them():
+    """8 devices, k = 4, over-commitment 1 selects all 8; the 4 fastest are kept. Compute seconds by hand:
+    local steps x 4 samples x 3 x F FLOPs at the device's FLOP/s."""
+    speeds = [1e6, 2e6, 4e6, 8e6, 3e6, 5e6, 6e6, 7e6]
+    s = _scheduler(_fleet(speeds), "devices.overcommit=1.0", "train.batch_size=4")
+    assert s.samples[0] == s.cfg.train.local_steps * 4
+    work = s.samples[0] * 3 * s.fed.flops_per_sample
+    t = s.plan(0, SimClock(100.0, 0.0, 0.0))
+    assert (t.selected, t.online, t.kept) == (8, 8, (3, 5, 6, 7))
+    assert t.start == 100.0 and math.isclose(t.end, 100.0 + work / 5e6, rel_tol=1e-6)
+    assert t.dropped == 4
+    # a deadline only the two fastest make: fewer than k kept, the round lasts the deadline
+    s = _scheduler(_fleet(speeds), "devices.overcommit=1.0", "train.batch_size=4",
+                   f"devices.deadline_seconds={work / 6.5e6}")
+    t = s.plan(0, SimClock(0.0, 0.0, 0.0))
+    assert t.kept == (3, 7) and math.isclose(t.end, work / 6.5e6)
+
+
+def test_offline_devices_are_never_selected_and_a_round_waits_for_one_to_come_online():
+    # devices 0-3 online in [0, 50) of a 100 s period, 4-7 in [60, 100): nobody in [50, 60)
+    m = 8
+    offsets = np.arange(m + 1, dtype=np.int64)
+    starts = np.array([0.0] * 4 + [60.0] * 4)
+    ends = np.array([50.0] * 4 + [100.0] * 4)
+    period = np.full(m, 100.0)
+    s = _scheduler(_fleet([np.inf] * m, avail=(offsets, starts, ends, period)), "devices.availability=diurnal")
+    t = s.plan(0, SimClock(230.0, 0.0, 0.0))
+    assert (t.online, t.kept, t.start) == (4, (0, 1, 2, 3), 230.0)
+    t = s.plan(1, SimClock(270.0, 0.0, 0.0))
+    assert t.kept == (4, 5, 6, 7)
+    t = s.plan(2, SimClock(255.0, 0.0, 0.0))  # the round waits for the next device online
+    assert (t.start, t.kept) == (260.0, (4, 5, 6, 7))
+    # a device still busy when its window closes is lost: 1 s of work started 0.5 s before the close
+    slow = _scheduler(_fleet([1.0] * m, avail=(offsets, starts, ends, period)), "devices.availability=diurnal",
+                      "train.local_steps=1", "train.batch_size=1")
+    work = 3 * slow.fed.flops_per_sample
+    t = slow.plan(2, SimClock(50.0 - work / 2, 0.0, 0.0))
+    assert t.kept == () and t.selected == 4 and t.dropped == 4
+
+
+def test_dropouts_are_seeded_per_round():
+    s = _scheduler(_fleet([1e9] * 8, dropout=[0.5] * 8), "devices.dropout=0.5")
+    a = [s.plan(r, SimClock(0.0, 0.0, 0.0)) for r in range(20)]
+    b = [s.plan(r, SimClock(0.0, 0.0, 0.0)) for r in range(20)]
+    assert a == b
+    dropped = sum(t.dropped for t in a)
+    assert 20 <= dropped <= 60  # 80 selections at p = 0.5
+    assert all(isinstance(t, RoundTiming) and len(t.kept) + t.dropped == t.selected for t in a)
+
+
+HETERO = ["train.participation=0.5", "train.rounds=4", *DEVICES, "devices.availability=diurnal",
+          "devices.online_fraction=0.5", "devices.dropout=0.25", "devices.overcommit=0.3", "devices.speed_sigma=1.0",
+          "devices.deadline_seconds=30"]
+
+
+def test_a_resumed_run_has_the_same_clock_and_numbers(tmp_path):
+    full = run_local(tiny_config(*HETERO))
+    run_local(tiny_config(*HETERO, "train.rounds=2", f"checkpoint.dir={tmp_path}"))
+    cont = tiny_config(*HETERO, f"checkpoint.dir={tmp_path}")
+    resumed = run_local(cont, resume=load_resume(cont))
+    same_metrics(full.history, resumed.history)
+    clock = [r["sim_clock_seconds"] for r in full.history]
+    assert clock == sorted(clock) and clock[-1] > 0
+    assert any(r["devices_dropped"] for r in full.history)
+
+
+def test_a_method_that_chooses_its_own_devices_keeps_those_the_model_keeps():
+    """FLHC's clustering round asks for every training device; only the online ones that finish train."""
+    cfg = tiny_config("method.name=flhc", "method.warmup_rounds=1", *HETERO)
+    result = run_local(cfg)
+    row = result.history[1]
+    assert row["devices_selected"] == 8 and row["devices_kept"] < 8
+
+
+@pytest.mark.parametrize("setting, field", [
+    (["devices.dropout=0.1"], "devices.dropout"),  # the model is off
+    ([*DEVICES, "devices.dropout=1.0"], "devices.dropout"),
+    ([*DEVICES, "devices.speed_sigma=-1"], "devices.speed_sigma"),
+    ([*DEVICES, "devices.speed_sigma=.nan"], "devices.speed_sigma"),
+    ([*DEVICES, "devices.overcommit=-0.1"], "devices.overcommit"),
+    ([*DEVICES, "devices.availability=sometimes"], "devices.availability"),
+    ([*DEVICES, "devices.availability=trace"], "devices.availability_trace"),
+    ([*DEVICES, "devices.capacity_trace=/no/such/file.json"], "devices.capacity_trace"),
+    ([*DEVICES, "devices.trace_format=xml"], "devices.trace_format"),
+    ([*DEVICES, "devices.availability=iid", "devices.slot_minutes=7"], "devices.slot_minutes"),
+    ([*DEVICES, "devices.online_fraction=0"], "devices.online_fraction"),
+    ([*DEVICES, "devices.target_acc=2"], "devices.target_acc"),
+])
+def test_bad_device_settings_are_refused_naming_the_field(setting, field):
+    with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
+        tiny_config(*setting)
+
+
+def test_a_deadline_no_device_can_meet_is_refused_before_any_work():
+    with pytest.raises(ConfigError, match=r"devices\.deadline_seconds.*fastest device"):
+        prepare(tiny_config(*DEVICES, "devices.deadline_seconds=0.0001", "network.device_gflops=0.001"))
+
+
+def test_fedscale_traces_drive_speeds_and_availability(tmp_path):
+    """A capacity and an availability trace of 3 clients for 8 devices: devices 0-2 take the clients in id
+    order, the rest a seeded draw; a client online only in [0, 10) of a 100 s period is never kept after 10 s."""
+    import json
+
+    cap = {"1": {"computation": 5.0, "communication": 1000.0}, "2": {"computation": 50.0, "communication": 100.0},
+           "3": {"computation": 500.0, "communication": 10.0}}
+    avail = {"1": {"duration": 100, "active": [0], "inactive": [100], "finish_time": 100},
+             "2": {"duration": 100, "active": [0], "inactive": [100], "finish_time": 100},
+             "3": {"duration": 100, "active": [0], "inactive": [10], "finish_time": 100}}
+    (tmp_path / "cap.json").write_text(json.dumps(cap))
+    (tmp_path / "avail.json").write_text(json.dumps(avail))
+    cfg = tiny_config(*DEVICES, f"devices.capacity_trace={tmp_path / 'cap.json'}", "devices.availability=trace",
+                      f"devices.availability_trace={tmp_path / 'avail.json'}", "train.participation=0.5")
+    fed = prepare(cfg).federation
+    fleet = fed.fleet
+    assert fleet is not None
+    per_sample = fed.flops_per_sample / fleet.flops[:3].astype(np.float64)
+    assert np.allclose(per_sample, [0.005, 0.05, 0.5], rtol=1e-6)
+    assert np.allclose(fleet.up_bps[:3], [1e6, 1e5, 1e4])
+    assert fleet.online(50.0)[:3].tolist() == [True, True, False]
+    result = run_local(cfg)
+    assert result.history[-1]["sim_clock_seconds"] > 10
