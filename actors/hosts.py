@@ -136,8 +136,14 @@ class ServerActor:
     def set_state(self, state: Any) -> None:
         self.server.set_state(state)
 
-    def recover(self, state: Any | None) -> None:
-        self.server.recover(state)
+    def recover(self, state: Any | None, pending: Any = None) -> None:
+        self.server.recover(state, pending)
+
+    def get_pending(self) -> Any:
+        return self.server.get_pending()
+
+    def set_pending(self, pending: Any) -> None:
+        self.server.set_pending(pending)
 
 
 #: the two actor classes as Ray starts them (what ``@ray.remote`` would make of the classes, named so

@@ -77,9 +77,15 @@ class RayServer:
     def set_state(self, state: Any) -> None:
         self.hosts.call(lambda: get(self.hosts.server.set_state.remote(state)))
 
-    def recover(self, state: Any | None) -> None:
+    def recover(self, state: Any | None, pending: Any = None) -> None:
         self.hosts.restart_lost()
-        get(self.hosts.server.recover.remote(state))
+        get(self.hosts.server.recover.remote(state, pending))
+
+    def get_pending(self) -> Any:
+        return self.hosts.call(lambda: get(self.hosts.server.get_pending.remote()))
+
+    def set_pending(self, pending: Any) -> None:
+        self.hosts.call(lambda: get(self.hosts.server.set_pending.remote(pending)))
 
 
 class RayPool:

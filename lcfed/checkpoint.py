@@ -176,6 +176,7 @@ class Snapshot:
     config_digest: str = ""
     tracking: dict[str, str] = field(default_factory=dict)
     trained: tuple[int, ...] = ()  # devices that have trained at least once (scored in acc_*)
+    pending: Any = None  # an asynchronous server's queue (lcfed.devices.buffered.Pending), else None
 
 
 def _write_atomic(path: Path, obj: Any) -> None:
@@ -226,6 +227,7 @@ def write(path: str | Path, snap: Snapshot, parts: Iterable[Mapping[int, Any]] |
             "config_digest": snap.config_digest,
             "tracking": encode(snap.tracking),
             "trained": list(snap.trained),
+            "pending": encode(snap.pending),
         }
         buf = io.BytesIO()
         torch.save(content, buf)
@@ -290,6 +292,7 @@ def load(path: str | Path) -> Snapshot:
             config_digest=str(raw["config_digest"]),
             tracking=decode(raw["tracking"]),
             trained=tuple(int(d) for d in raw.get("trained", ())),
+            pending=decode(raw["pending"]) if "pending" in raw else None,
         )
     except CheckpointError:
         raise

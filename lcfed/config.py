@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import re
 import typing
 from collections.abc import Iterable, Mapping
@@ -22,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lcfed import registry
 from lcfed.config_rules import (
     check_data,
     check_devices,
@@ -229,6 +231,9 @@ class DevicesConfig:
     deadline_seconds: float = 0.0  # devices not back by then are dropped (0: the server waits)
     overcommit: float = 0.0  # select ceil((1 + overcommit) * k), keep the first k to finish
     target_acc: float = 0.0  # acc_mean for time_to_target (simulated seconds); 0: not reported
+    aggregation: str = "sync"  # sync: rounds; async: FedBuff, the server aggregates every async_buffer arrivals
+    async_buffer: int = 0  # async: B, the arrivals per aggregation (1 <= B <= devices in flight)
+    staleness: str = "sqrt"  # async: an update s versions old counts 1/sqrt(1 + s) (sqrt) or 1 (constant)
 
     def validate(self, prefix: str = "devices") -> None:
         check_devices(self, prefix)
@@ -273,6 +278,15 @@ class ExperimentConfig:
         self.checkpoint.validate()
         self.network.validate()
         self.devices.validate()
+        if self.devices.simulate and self.devices.aggregation == "async":
+            in_flight = max(1, math.ceil(self.train.participation * self.data.training_devices - 1e-9))
+            require(self.devices.async_buffer <= in_flight, "devices.async_buffer", self.devices.async_buffer,
+                    f"must be <= the devices in flight (train.participation of the training devices = {in_flight})")
+            strategy = resolve("method", "method.name", self.method.name).strategy
+            able = [e.name for e in registry.names("method")
+                    if e.origin == "built-in" and registry.method(e.name).strategy.supports_async]
+            require(strategy.supports_async, "devices.aggregation", "async",
+                    f"method {self.method.name} does not aggregate asynchronously; those that do: {', '.join(able)}")
         self.method.validate(self)
         return self
 

@@ -239,6 +239,10 @@ def check_train(train: TrainConfig, prefix: str = "train") -> None:
 AVAILABILITY = ("always", "diurnal", "iid", "trace")
 #: ``devices.phase``: a diurnal window's start per device
 PHASES = ("random", "groups")
+#: ``devices.aggregation``: rounds that wait (deadline, over-commitment) or FedBuff's buffered asynchrony
+AGGREGATION = ("sync", "async")
+#: ``devices.staleness``: how much an update ``s`` server versions old counts
+STALENESS = ("sqrt", "constant")
 #: ``devices.trace_format``
 TRACE_FORMATS = ("auto", "json", "csv", "parquet", "pickle")
 
@@ -282,6 +286,17 @@ def check_devices(dev: DevicesConfig, prefix: str = "devices") -> None:
         require(not path or Path(path).expanduser().is_file(), f"{prefix}.{name}", path, "an existing file")
     require(math.isfinite(dev.target_acc) and 0 <= dev.target_acc <= 1, f"{prefix}.target_acc", dev.target_acc,
             "an accuracy in [0, 1] (0: no time to target)")
+    require(dev.aggregation in AGGREGATION, f"{prefix}.aggregation", dev.aggregation, f"one of {list(AGGREGATION)}")
+    require(dev.staleness in STALENESS, f"{prefix}.staleness", dev.staleness, f"one of {list(STALENESS)}")
+    if dev.aggregation == "async":
+        require(dev.async_buffer >= 1, f"{prefix}.async_buffer", dev.async_buffer,
+                "must be >= 1 with aggregation: async (the arrivals each aggregation takes)")
+        require(dev.deadline_seconds == 0, f"{prefix}.deadline_seconds", dev.deadline_seconds,
+                "only with aggregation: sync (an asynchronous server has no rounds to close)")
+        require(dev.overcommit == 0, f"{prefix}.overcommit", dev.overcommit,
+                "only with aggregation: sync (an asynchronous server keeps every arrival)")
+    else:
+        require(dev.async_buffer == 0, f"{prefix}.async_buffer", dev.async_buffer, "only with aggregation: async")
 
 
 def check_engine(engine: EngineConfig, prefix: str = "engine") -> None:

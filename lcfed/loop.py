@@ -142,6 +142,7 @@ def run_rounds(
     """
     if resume is not None:
         server.set_state(resume.server_state)
+        server.set_pending(resume.pending)
         pool.set_states(resume.device_states)
     for obs in observers:
         obs.on_start(cfg, fed)
@@ -257,8 +258,9 @@ def _save(
     for obs in observers:
         if isinstance(obs, LocatingObserver):
             tracking.update(obs.location())
-    snap = checkpoint.Snapshot(next_round, server.get_state(), {}, history, cfg.digest(), tracking,
-                               tuple(int(d) for d in np.flatnonzero(trained)))
+    snap = checkpoint.Snapshot(next_round=next_round, server_state=server.get_state(), device_states={},
+                               history=history, config_digest=cfg.digest(), tracking=tracking,
+                               trained=tuple(int(d) for d in np.flatnonzero(trained)), pending=server.get_pending())
     return checkpoint.write(path, snap, pool.iter_states())
 
 
@@ -351,7 +353,8 @@ def _loop(
                 raise
             back_to = last_snap.next_round if last_snap is not None else 0
             warnings.warn(f"round {rnd}: {exc}; restarting lost hosts and replaying from round {back_to}", stacklevel=2)
-            server.recover(last_snap.server_state if last_snap is not None else None)
+            server.recover(last_snap.server_state if last_snap is not None else None,
+                           last_snap.pending if last_snap is not None else None)
             pool.recover(last_snap.device_states if last_snap is not None else None)
             result.failures.append({"round": rnd, "replayed_from": back_to, "error": str(exc)})
             rnd, totals = _restore(result, last_snap, trained)

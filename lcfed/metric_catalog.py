@@ -84,6 +84,8 @@ CATALOG: tuple[Metric, ...] = (
            conditional=True),
     Metric("devices_dropped", "server", "min", "selected devices lost: dropped out, offline, late or over the quota",
            _DEVICES, conditional=True),
+    Metric("staleness_mean", "server", "min", "mean staleness (server versions) of the aggregated updates",
+           "with a device model, `devices.aggregation: async`", conditional=True),
     Metric("bytes_up", "traffic", "min", "bytes the round's devices uploaded"),
     Metric("bytes_down", "traffic", "min", "bytes the round's devices downloaded"),
     Metric("bytes_up_total", "traffic", "min", "running sum of `bytes_up`"),

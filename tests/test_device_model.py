@@ -60,7 +60,7 @@ def test_the_first_k_to_finish_are_kept_and_the_round_ends_with_the_last_of_them
     t = s.plan(0, SimClock(100.0, 0.0, 0.0))
     assert (t.selected, t.online, t.kept) == (8, 8, (3, 5, 6, 7))
     assert t.start == 100.0 and math.isclose(t.end, 100.0 + work / 5e6, rel_tol=1e-6)
-    assert t.dropped == 4
+    assert t.lost == 4
     # a deadline only the two fastest make: fewer than k kept, the round lasts the deadline
     s = _scheduler(_fleet(speeds), "devices.overcommit=1.0", "train.batch_size=4",
                    f"devices.deadline_seconds={work / 6.5e6}")
@@ -87,7 +87,7 @@ def test_offline_devices_are_never_selected_and_a_round_waits_for_one_to_come_on
                       "train.local_steps=1", "train.batch_size=1")
     work = 3 * slow.fed.flops_per_sample
     t = slow.plan(2, SimClock(50.0 - work / 2, 0.0, 0.0))
-    assert t.kept == () and t.selected == 4 and t.dropped == 4
+    assert t.kept == () and t.selected == 4 and t.lost == 4
 
 
 def test_dropouts_are_seeded_per_round():
@@ -95,9 +95,9 @@ def test_dropouts_are_seeded_per_round():
     a = [s.plan(r, SimClock(0.0, 0.0, 0.0)) for r in range(20)]
     b = [s.plan(r, SimClock(0.0, 0.0, 0.0)) for r in range(20)]
     assert a == b
-    dropped = sum(t.dropped for t in a)
+    dropped = sum(t.lost for t in a)
     assert 20 <= dropped <= 60  # 80 selections at p = 0.5
-    assert all(isinstance(t, RoundTiming) and len(t.kept) + t.dropped == t.selected for t in a)
+    assert all(isinstance(t, RoundTiming) and len(t.kept) + t.lost == t.selected for t in a)
 
 
 HETERO = ["train.participation=0.5", "train.rounds=4", *DEVICES, "devices.availability=diurnal",
@@ -171,3 +171,83 @@ def test_fedscale_traces_drive_speeds_and_availability(tmp_path):
     assert fleet.online(50.0)[:3].tolist() == [True, True, False]
     result = run_local(cfg)
     assert result.history[-1]["sim_clock_seconds"] > 10
+
+
+# --- asynchronous aggregation (FedBuff) ---------------------------------------------------------------------
+
+ASYNC = [*DEVICES, "devices.aggregation=async"]
+
+
+def test_buffered_step_is_fedbuffs_rule_by_hand():
+    import torch
+
+    from lcfed.methods.base import Arrival, ModelMessage, buffered_step
+
+    current = torch.tensor([1.0, 1.0])
+    a = Arrival(ModelMessage(0, 1, 0.0, torch.tensor([3.0, 1.0])), 0, torch.tensor([1.0, 1.0]), 1.0)
+    b = Arrival(ModelMessage(1, 3, 0.0, torch.tensor([0.0, 2.0])), 3, torch.tensor([2.0, 0.0]), 0.5)
+    # 1/4 * 1 * (2, 0) + 3/4 * 0.5 * (-2, 2) = (0.5 - 0.75, 0.75)
+    assert torch.allclose(buffered_step(current, [a, b]), torch.tensor([0.75, 1.75]))
+
+
+def test_the_queue_by_hand():
+    """4 devices in flight (participation 0.5 of 8) at speeds 1..8 x F; B = 1: every aggregation takes the
+    next arrival, whose slot a free device takes from the new version."""
+    from lcfed.devices.buffered import BufferedScheduler
+
+    speeds = np.arange(1, 9, dtype=np.float64) * 1e6
+    cfg = tiny_config("train.participation=0.5", "method.name=fedavg", *ASYNC, "devices.async_buffer=1")
+    fed = prepare(cfg).federation
+    s = BufferedScheduler(cfg, fed, _fleet(speeds))
+    work = s.samples[0] * 3 * fed.flops_per_sample
+    r0 = s.plan(0, SimClock(0.0, 0.0, 0.0), None)
+    assert len(r0.starts) == 4 and r0.timing.selected == 4
+    first = min(r0.starts, key=lambda f: (f.finish, f.device))
+    assert r0.arrivals == (first,) and math.isclose(r0.timing.end, work / speeds[first.device])
+    assert r0.timing.staleness == 0.0 and len(r0.pending.inflight) == 3 and r0.pending.slots == (r0.timing.end,)
+    r1 = s.plan(1, SimClock(r0.timing.end, 0.0, 0.0), r0.pending)
+    assert len(r1.starts) == 1 and r1.starts[0].version == 1 and r1.starts[0].device != first.device
+    assert r1.arrivals[0].version in (0, 1) and r1.timing.end >= r0.timing.end
+    assert r1.timing.staleness == 1 - r1.arrivals[0].version
+
+
+def test_a_full_buffer_of_equal_devices_is_never_stale():
+    result = run_local(tiny_config("train.participation=0.5", "train.rounds=3", *ASYNC, "devices.async_buffer=4",
+                                   "method.name=fedavg"))
+    assert [r["staleness_mean"] for r in result.history] == [0.0] * 3
+    assert [r["devices_kept"] for r in result.history] == [4.0] * 3
+
+
+ASYNC_HETERO = ["train.participation=0.5", "train.rounds=5", *ASYNC, "devices.async_buffer=2",
+                "devices.availability=diurnal", "devices.online_fraction=0.6", "devices.dropout=0.2",
+                "devices.speed_sigma=1.0"]
+
+
+@pytest.mark.parametrize("method", ["fedavg", "ifca", "lcfed"])
+def test_async_runs_resume_to_the_same_numbers(tmp_path, method):
+    extra = [] if method == "fedavg" else ["method.num_clusters=2"] + (["method.rank=2"] if method == "lcfed" else [])
+    full = run_local(tiny_config(f"method.name={method}", *extra, *ASYNC_HETERO))
+    assert any(r["staleness_mean"] > 0 for r in full.history)
+    run_local(tiny_config(f"method.name={method}", *extra, *ASYNC_HETERO, "train.rounds=2",
+                          f"checkpoint.dir={tmp_path}"))
+    cont = tiny_config(f"method.name={method}", *extra, *ASYNC_HETERO, f"checkpoint.dir={tmp_path}")
+    snap = load_resume(cont)
+    assert snap is not None and snap.pending is not None and snap.pending.inflight
+    same_metrics(full.history, run_local(cont, resume=snap).history)
+
+
+@pytest.mark.parametrize("setting, match", [
+    (["method.name=fesem", *ASYNC, "devices.async_buffer=2"], r"method fesem does not aggregate asynchronously; "
+                                                              r"those that do: .*fedavg"),
+    (["method.name=fedavg", *ASYNC], r"devices\.async_buffer.*>= 1"),
+    (["method.name=fedavg", *ASYNC, "devices.async_buffer=9"], r"devices\.async_buffer.*in flight"),
+    (["method.name=fedavg", *ASYNC, "devices.async_buffer=2", "devices.deadline_seconds=5"],
+     r"devices\.deadline_seconds.*sync"),
+    (["method.name=fedavg", *ASYNC, "devices.async_buffer=2", "devices.overcommit=0.3"], r"devices\.overcommit"),
+    (["method.name=fedavg", *DEVICES, "devices.async_buffer=2"], r"devices\.async_buffer.*only with"),
+    (["method.name=lcfed", "method.num_clusters=3", *ASYNC, "devices.async_buffer=2"],
+     r"method\.num_clusters.*devices\.async_buffer"),
+])
+def test_bad_async_settings_are_refused(setting, match):
+    with pytest.raises(ConfigError, match=match):
+        tiny_config(*setting)

@@ -86,6 +86,10 @@ def test_seed_changes_results():
         ("ifca", ["train.participation=0.5", "devices.simulate=true", "devices.availability=diurnal",
                   "devices.online_fraction=0.6", "devices.dropout=0.2", "devices.overcommit=0.5",
                   "devices.speed_sigma=1.0", "devices.phase=groups"]),
+        # asynchronous (FedBuff): the queue and the messages in flight live in the server actor
+        ("lcfed", ["train.participation=0.5", "method.num_clusters=2", "method.rank=2", "devices.simulate=true",
+                   "devices.aggregation=async", "devices.async_buffer=2", "devices.speed_sigma=1.0",
+                   "devices.dropout=0.2"]),
     ],
 )
 def test_ray_engine_matches_in_process(ray_cluster, method, extra):

@@ -44,24 +44,26 @@ class SimClock:
 
 @dataclass(frozen=True)
 class RoundTiming:
-    """A round's schedule: when it started (after waiting for a device to come online) and ended, and how many
-    devices were online, selected, kept (their ids) and lost."""
+    """A round's schedule: when it started (after waiting for a device to come online) and ended, how many
+    devices were online, selected (asynchronous: started), kept (their ids; asynchronous: the updates
+    aggregated) and lost; asynchronous, the aggregated updates' mean staleness."""
 
     start: float
     end: float
     online: int
     selected: int
     kept: tuple[int, ...]
-
-    @property
-    def dropped(self) -> int:
-        return self.selected - len(self.kept)
+    lost: int
+    staleness: float | None = None
 
     def metrics(self) -> dict[str, float]:
         """The round's device-model metrics (:mod:`lcfed.metric_catalog`)."""
-        return {"sim_clock_seconds": self.end, "sim_round_seconds": self.end - self.start,
-                "devices_online": float(self.online), "devices_selected": float(self.selected),
-                "devices_kept": float(len(self.kept)), "devices_dropped": float(self.dropped)}
+        out = {"sim_clock_seconds": self.end, "sim_round_seconds": self.end - self.start,
+               "devices_online": float(self.online), "devices_selected": float(self.selected),
+               "devices_kept": float(len(self.kept)), "devices_dropped": float(self.lost)}
+        if self.staleness is not None:
+            out["staleness_mean"] = self.staleness
+        return out
 
 
 def samples_per_device(cfg: ExperimentConfig, fed: Federation) -> np.ndarray:
@@ -176,7 +178,8 @@ class Scheduler:
         chosen = np.asarray(devices, dtype=np.int64)
         online = chosen[np.isin(chosen, pool)]
         timing = self._finish(rnd, start, clock, online, len(chosen), len(pool))
-        return RoundTiming(timing.start, timing.end, timing.online, len(chosen), timing.kept)
+        return RoundTiming(timing.start, timing.end, timing.online, len(chosen), timing.kept,
+                           len(chosen) - len(timing.kept))
 
     def _finish(self, rnd: int, start: float, clock: SimClock, selected: np.ndarray, quota: int,
                 online: int) -> RoundTiming:
@@ -202,4 +205,4 @@ class Scheduler:
         else:
             end = start + float(took[first].max() if len(first) else (took.max() if len(took) else 0.0))
         kept = tuple(sorted(int(d) for d in selected[first]))
-        return RoundTiming(start, end, online, len(selected), kept)
+        return RoundTiming(start, end, online, len(selected), kept, len(selected) - len(kept))

@@ -17,12 +17,13 @@ from lcfed import numerics, provenance
 from lcfed.checkpoint import PART_DEVICES, Snapshot, state_chunks
 from lcfed.config import ExperimentConfig
 from lcfed.device_states import DeviceStates
+from lcfed.devices.buffered import BufferedRound, BufferedScheduler, Pending, fill_messages, staleness_weight
 from lcfed.devices.schedule import Scheduler, SimClock
 from lcfed.engines import run_closed
 from lcfed.federation import Setup, device_data, load, local_work, make_network, make_strategy, prepare, resolve_device
 from lcfed.local_update import EvalResult, batch_rng, evaluate, local_update
 from lcfed.loop import DivergenceError, Newcomer, Observer, RunResult, run_rounds
-from lcfed.methods.base import DeviceContext, Message, RoundPlan, RoundStats, Strategy
+from lcfed.methods.base import Arrival, DeviceContext, Message, RoundPlan, RoundStats, Strategy
 from lcfed.methods.traffic import downlink_traffic, layer_traffic, tensor_bytes
 from lcfed.vectorized import BatchedNet, StepBatcher
 
@@ -33,15 +34,22 @@ class LocalServer:
     def __init__(self, strategy: Strategy, state: Any = None) -> None:
         self.strategy = strategy
         self.state = strategy.init() if state is None else state
-        fleet = strategy.fed.fleet
-        self.scheduler = Scheduler(strategy.cfg, strategy.fed, fleet) if fleet is not None else None
+        fleet, cfg = strategy.fed.fleet, strategy.cfg
+        buffered = fleet is not None and cfg.devices.aggregation == "async"
+        self.scheduler = Scheduler(cfg, strategy.fed, fleet) if fleet is not None and not buffered else None
+        self.buffered = BufferedScheduler(cfg, strategy.fed, fleet) if fleet is not None and buffered else None
+        self.pending: Pending | None = None  # asynchronous: the queue between aggregations
+        self._round: tuple[BufferedRound, Any] | None = None  # asynchronous: the round planned, its payload
 
     def configure(self, rnd: int, clock: SimClock | None = None) -> RoundPlan:
-        """Round ``rnd``'s plan; with the device model (``clock`` given) only of the devices it keeps."""
-        if self.scheduler is None or clock is None:
-            plan = self.strategy.configure(self.state, rnd)
-        else:
+        """Round ``rnd``'s plan; with the device model (``clock`` given) only of the devices it keeps, or
+        asynchronously of the devices that start from this version."""
+        if clock is not None and self.buffered is not None:
+            plan = self._buffered(rnd, clock)
+        elif clock is not None and self.scheduler is not None:
             plan = self._scheduled(rnd, clock)
+        else:
+            plan = self.strategy.configure(self.state, rnd)
         # the downlink's objects are priced here, per layer, and not shipped along with the plan
         return replace(plan, downlink=(), layers_down=downlink_traffic(self.strategy.fed.spec, plan.downlink))
 
@@ -62,8 +70,40 @@ class LocalServer:
                            instructions={d: v for d, v in plan.instructions.items() if d in kept})
         return replace(plan, timing=timing)
 
+    def _buffered(self, rnd: int, clock: SimClock) -> RoundPlan:
+        """The asynchronous round: the method's plan for the devices that start from this version (not
+        those lost on the way, whose work is never computed)."""
+        assert self.buffered is not None
+        planned = self.buffered.plan(rnd, clock, self.pending)
+        trained = tuple(sorted(f.device for f in planned.starts if not f.lost))
+        self.strategy.scheduled = trained
+        try:
+            plan = self.strategy.configure(self.state, rnd)
+        finally:
+            self.strategy.scheduled = None
+        if tuple(plan.devices) != trained:
+            raise RuntimeError(f"method {self.strategy.name!r} chose its own devices in round {rnd}: "
+                               "asynchronous aggregation needs a method that selects through Strategy.participants")
+        self._round = (planned, plan.payload)
+        return replace(plan, timing=planned.timing)
+
+    def _aggregate_buffered(self, plan: RoundPlan, ordered: Sequence[Message]) -> tuple[RoundStats, list[Message]]:
+        """Queue the starters' messages, then aggregate the B updates that arrived, staleness-weighted; the
+        stats and the arrived messages (the round's uploads)."""
+        assert self._round is not None
+        planned, payload = self._round
+        by_device = {m.device: m for m in ordered}
+        kind = self.strategy.cfg.devices.staleness
+        arrivals = [Arrival(by_device[f.device] if f.version == plan.rnd else f.message, plan.rnd - f.version,
+                            payload if f.version == plan.rnd else f.start, staleness_weight(kind, plan.rnd - f.version))
+                    for f in planned.arrivals]
+        self.state, stats = self.strategy.aggregate_async(self.state, plan, arrivals)
+        self.pending = fill_messages(planned.pending, plan.rnd, by_device, payload)
+        self._round = None
+        return replace(stats, participants=len(arrivals)), [a.message for a in arrivals]
+
     def aggregate(self, plan: RoundPlan, msgs: Sequence[Message]) -> RoundStats:
-        if not plan.devices:  # the device model kept no one: nothing to aggregate, the state stays
+        if not plan.devices and self._round is None:  # the device model kept no one: the state stays
             return RoundStats(float("nan"), 0, 0)
         ordered = sorted(msgs, key=lambda m: m.device)
         bad = [m.device for m in ordered if not math.isfinite(m.loss)]
@@ -72,13 +112,18 @@ class LocalServer:
                 f"round {plan.rnd}: training loss is nan/inf on {len(bad)} device(s) (first: {bad[0]}); "
                 "lower train.lr or check the data"
             )
-        self.state, stats = self.strategy.aggregate(self.state, plan, ordered)
+        uploaded: Sequence[Message] = ordered
+        if self._round is not None:
+            stats, uploaded = self._aggregate_buffered(plan, ordered)
+        else:
+            self.state, stats = self.strategy.aggregate(self.state, plan, ordered)
         spec = self.strategy.fed.spec
         layers_up: dict[str, int] = {}
-        for m in ordered:
+        for m in uploaded:
             for k, v in layer_traffic(spec, m).items():
                 layers_up[k] = layers_up.get(k, 0) + v
-        return replace(stats, layers_up=layers_up, layers_down=dict(plan.layers_down), participants=len(ordered))
+        return replace(stats, layers_up=layers_up, layers_down=dict(plan.layers_down),
+                       participants=stats.participants or len(ordered))
 
     def eval_payload(self) -> Any:
         return self.strategy.eval_payload(self.state)
@@ -89,8 +134,16 @@ class LocalServer:
     def set_state(self, state: Any) -> None:
         self.state = state
 
-    def recover(self, state: Any | None) -> None:
+    def recover(self, state: Any | None, pending: Pending | None = None) -> None:
         self.state = self.strategy.init() if state is None else state
+        self.pending, self._round = pending, None
+
+    def get_pending(self) -> Pending | None:
+        """The asynchronous server's queue (None otherwise): checkpointed beside the state."""
+        return self.pending
+
+    def set_pending(self, pending: Pending | None) -> None:
+        self.pending, self._round = pending, None
 
 
 #: devices a host evaluates per batch of work handed to its threads

@@ -28,8 +28,8 @@ if TYPE_CHECKING:  # annotations only: lcfed.config finds the methods through th
     from lcfed.devices.schedule import RoundTiming
 
 __all__ = [
-    "D", "M", "P", "S", "DeviceContext", "Federation", "Message", "MethodSpec", "ModelMessage", "PersonalModel",
-    "RoundPlan", "RoundStats", "Strategy", "devices_per_round", "select_devices", "tensor_bytes",
+    "D", "M", "P", "S", "Arrival", "DeviceContext", "Federation", "Message", "MethodSpec", "ModelMessage", "PersonalModel",
+    "RoundPlan", "RoundStats", "Strategy", "buffered_step", "devices_per_round", "updates_per_aggregation", "select_devices", "tensor_bytes",
 ]
 
 
@@ -171,6 +171,31 @@ M = TypeVar("M", bound=Message)
 P = TypeVar("P")
 
 
+@dataclass(frozen=True)
+class Arrival(Generic[M]):
+    """An update an asynchronous server aggregates: the message, how many aggregations happened since the
+    device fetched its start (``staleness``), that start (the payload it trained from) and the update's weight,
+    ``devices.staleness`` of the staleness (FedBuff: 1/sqrt(1 + s))."""
+
+    message: M
+    staleness: int
+    start: Any
+    weight: float
+
+
+def buffered_step(current: torch.Tensor, arrivals: Sequence[Arrival[Any]], start_of: Any = None) -> torch.Tensor:
+    """FedBuff's server step: ``current + sum_i (n_i / sum n) * weight_i * (w_i - start_i)`` over the arrivals'
+    models ``w_i`` (``message.weights``) and the models they started from (``start_of(arrival)``, default
+    ``arrival.start``), sample-weighted. Fresh updates (weight 1) of one version give the sync average."""
+    n = torch.tensor([a.message.num_samples for a in arrivals], dtype=torch.float64)
+    scale = (n / n.sum()) * torch.tensor([a.weight for a in arrivals], dtype=torch.float64)
+    step = torch.zeros_like(current, dtype=torch.float64)
+    for a, c in zip(arrivals, scale, strict=True):
+        start = start_of(a) if start_of is not None else a.start
+        step += c * (a.message.weights.to(torch.float64) - start.to(torch.float64))
+    return (current.to(torch.float64) + step).to(current.dtype)
+
+
 class Strategy(Generic[S, D, M, P]):
     """Base class of every method. Subclasses override the hooks; the round loop never changes.
 
@@ -190,6 +215,10 @@ class Strategy(Generic[S, D, M, P]):
     #: :meth:`configure`, returned by :meth:`participants`
     scheduled: tuple[int, ...] | None = None
 
+    #: whether the method aggregates asynchronously (``devices.aggregation: async``, FedBuff): it implements
+    #: :meth:`aggregate_async`
+    supports_async: ClassVar[bool] = False
+
     def __init__(self, cfg: ExperimentConfig, fed: Federation) -> None:
         self.cfg = cfg
         self.fed = fed
@@ -208,6 +237,13 @@ class Strategy(Generic[S, D, M, P]):
     def aggregate(self, state: S, plan: RoundPlan, msgs: Sequence[M]) -> tuple[S, RoundStats]:
         """The new server state from the devices' messages (sorted by device id)."""
         raise NotImplementedError
+
+    def aggregate_async(self, state: S, plan: RoundPlan, arrivals: Sequence[Arrival[M]]) -> tuple[S, RoundStats]:
+        """The new server state from a buffer of updates that arrived (sorted by arrival), each trained from the
+        payload ``arrival.start`` of a server version ``arrival.staleness`` aggregations ago; only where
+        :attr:`supports_async`. ``plan`` is the round whose devices started training (its downlink is the
+        round's)."""
+        raise NotImplementedError(f"method {self.name!r} does not aggregate asynchronously")
 
     def eval_payload(self, state: S) -> Any:
         """What devices need to build their personalized model for evaluation."""
@@ -274,6 +310,14 @@ class MethodSpec:
 
     strategy: type[Strategy]
     params: type
+
+
+def updates_per_aggregation(cfg: ExperimentConfig) -> tuple[int, str]:
+    """How many updates one aggregation takes, and what that number is called in an error: the devices per
+    round, or asynchronously ``devices.async_buffer``."""
+    if cfg.devices.simulate and cfg.devices.aggregation == "async":
+        return cfg.devices.async_buffer, "updates per aggregation (devices.async_buffer)"
+    return devices_per_round(cfg), "devices per round"
 
 
 def devices_per_round(cfg: ExperimentConfig) -> int:

@@ -15,7 +15,16 @@ import torch
 
 from lcfed.errors import require
 from lcfed.local_update import Proximal
-from lcfed.methods.base import DeviceContext, M, ModelMessage, P, PersonalModel, RoundPlan, Strategy, devices_per_round
+from lcfed.methods.base import (
+    DeviceContext,
+    M,
+    ModelMessage,
+    P,
+    PersonalModel,
+    RoundPlan,
+    Strategy,
+    updates_per_aggregation,
+)
 
 if TYPE_CHECKING:  # annotations only, as in lcfed.methods.base
     from lcfed.config import ExperimentConfig
@@ -47,9 +56,9 @@ def own_or_cluster_model(device: int, dev: PersonalModel, payload: EvalPayload) 
 def require_clusters_per_round(num_clusters: int, cfg: ExperimentConfig, prefix: str, why: str) -> None:
     """``num_clusters`` in [1, devices per round], for methods whose first clustering is of one round's
     participants; ``why`` ends the message."""
-    per_round = devices_per_round(cfg)
+    per_round, called = updates_per_aggregation(cfg)
     require(1 <= num_clusters <= per_round, f"{prefix}.num_clusters", num_clusters,
-            f"must be in [1, devices per round = {per_round}] ({why})")
+            f"must be in [1, {called} = {per_round}] ({why})")
 
 
 class ClusteredState(Protocol):

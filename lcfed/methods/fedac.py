@@ -316,6 +316,7 @@ def tune_clusters(
 class FedAC(LCFed):
     name = "fedac"
     params: FedACParams
+    supports_async = False  # CNT splits and merges clusters per round: not defined over a buffer of late updates
 
     def init(self) -> FedACState:
         base = super().init()

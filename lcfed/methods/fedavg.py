@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from lcfed.clustering import weighted_mean
-from lcfed.methods.base import DeviceContext, ModelMessage, RoundPlan, RoundStats, Strategy
+from lcfed.methods.base import Arrival, DeviceContext, ModelMessage, RoundPlan, RoundStats, Strategy, buffered_step
 
 if TYPE_CHECKING:  # annotations only: lcfed.config finds the methods through the registry
     from lcfed.config import ExperimentConfig
@@ -34,6 +34,7 @@ class FedAvgState:
 
 class FedAvg(Strategy[FedAvgState, None, ModelMessage, torch.Tensor]):
     name = "fedavg"
+    supports_async = True
 
     def init(self) -> FedAvgState:
         return FedAvgState(self.fed.init.clone())
@@ -50,6 +51,14 @@ class FedAvg(Strategy[FedAvgState, None, ModelMessage, torch.Tensor]):
         models = torch.stack([m.weights for m in msgs])
         counts = torch.tensor([m.num_samples for m in msgs], dtype=torch.float64)
         new = FedAvgState(weighted_mean(models, counts))
+        return new, RoundStats(self.mean_loss(msgs), self.upload_bytes(msgs), plan.down_bytes)
+
+    def aggregate_async(self, state: FedAvgState, plan: RoundPlan,
+                        arrivals: Sequence[Arrival[ModelMessage]]) -> tuple[FedAvgState, RoundStats]:
+        """FedBuff: the global model moves by the arrivals' staleness-weighted updates (each against the
+        model it started from)."""
+        msgs = [a.message for a in arrivals]
+        new = FedAvgState(buffered_step(state.weights, arrivals))
         return new, RoundStats(self.mean_loss(msgs), self.upload_bytes(msgs), plan.down_bytes)
 
     def eval_payload(self, state: FedAvgState) -> torch.Tensor:

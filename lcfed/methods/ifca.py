@@ -31,7 +31,7 @@ import torch
 from lcfed.clustering import cluster_means
 from lcfed.errors import require
 from lcfed.local_update import DeviceData, evaluate
-from lcfed.methods.base import DeviceContext, Message, RoundPlan, RoundStats, Strategy
+from lcfed.methods.base import Arrival, DeviceContext, Message, RoundPlan, RoundStats, Strategy, buffered_step
 from lcfed.models import Model, ParamSpec
 
 if TYPE_CHECKING:  # annotations only: lcfed.config finds the methods through the registry
@@ -89,6 +89,7 @@ def cluster_losses(net: Model, centers: torch.Tensor, data: DeviceData) -> torch
 
 class IFCA(Strategy[IFCAState, None, IFCAMessage, torch.Tensor]):
     name = "ifca"
+    supports_async = True
     params: IFCAParams
 
     def init(self) -> IFCAState:
@@ -117,6 +118,20 @@ class IFCA(Strategy[IFCAState, None, IFCAMessage, torch.Tensor]):
         new = IFCAState(cluster_means(models, labels, state.centers, weights=counts), assignment)
         stats = self.clustered_stats(plan, msgs, assignment)
         return new, stats
+
+    def aggregate_async(self, state: IFCAState, plan: RoundPlan,
+                        arrivals: Sequence[Arrival[IFCAMessage]]) -> tuple[IFCAState, RoundStats]:
+        """FedBuff per cluster: a late update goes to the cluster the device chose when it started (its best
+        model then), and moves that cluster's model by its staleness-weighted update against the model it
+        started from. The device's assignment is that choice."""
+        msgs = [a.message for a in arrivals]
+        centers = state.centers.clone()
+        for k in sorted({m.cluster for m in msgs}):
+            members = [a for a in arrivals if a.message.cluster == k]
+            centers[k] = buffered_step(state.centers[k], members, start_of=lambda a, k=k: a.start[k])
+        assignment = state.assignment.copy()
+        assignment[[m.device for m in msgs]] = [m.cluster for m in msgs]
+        return IFCAState(centers, assignment), self.clustered_stats(plan, msgs, assignment)
 
     def eval_payload(self, state: IFCAState) -> torch.Tensor:
         return state.centers

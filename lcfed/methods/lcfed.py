@@ -16,7 +16,7 @@ the paper's sum; argmax LrCos; local work): ``docs/methods.md``.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -25,7 +25,15 @@ import torch
 from lcfed.clustering import assign_by_cosine, cluster_means, kmeans_labels, weighted_mean
 from lcfed.errors import require
 from lcfed.local_update import Proximal
-from lcfed.methods.base import DeviceContext, Message, PersonalModel, RoundPlan, RoundStats, devices_per_round
+from lcfed.methods.base import (
+    Arrival,
+    DeviceContext,
+    Message,
+    PersonalModel,
+    RoundPlan,
+    RoundStats,
+    updates_per_aggregation,
+)
 from lcfed.methods.clustered import ClusteredStrategy, require_clusters_per_round
 from lcfed.similarity import Projector, fit_projector
 
@@ -46,7 +54,7 @@ class LCFedParams:
     refit_every: int = 0
 
     def validate(self, cfg: ExperimentConfig, prefix: str = "method") -> None:
-        per_round = devices_per_round(cfg)
+        per_round, called = updates_per_aggregation(cfg)
         require(self.mu >= 0, f"{prefix}.mu", self.mu, "must be >= 0")
         require(self.lam >= 0, f"{prefix}.lam", self.lam, "must be >= 0")
         require_clusters_per_round(self.num_clusters, cfg, prefix, "K <= m, and the first clustering needs K participants")
@@ -54,7 +62,7 @@ class LCFedParams:
             self.sample_size == 0 or 2 <= self.sample_size <= per_round,
             f"{prefix}.sample_size",
             self.sample_size,
-            f"must be 0 (all participants) or in [2, devices per round = {per_round}]",
+            f"must be 0 (all participants) or in [2, {called} = {per_round}]",
         )
         s_d = self.sample_size or per_round
         require(1 <= self.rank <= s_d, f"{prefix}.rank", self.rank, f"must be in [1, S_d = {s_d}] (D <= sampled models)")
@@ -95,6 +103,7 @@ class LCFedMessage(Message):
 class LCFed(ClusteredStrategy[LCFedState, LCFedMessage, LCFedPayload]):
     name = "lcfed"
     params: LCFedParams
+    supports_async = True
 
     def init(self) -> LCFedState:
         init = self.fed.init
@@ -159,4 +168,40 @@ class LCFed(ClusteredStrategy[LCFedState, LCFedMessage, LCFedPayload]):
             center_codes=cluster_means(codes.to(center_codes.dtype), labels, center_codes),
         )
         stats = self.clustered_stats(plan, msgs, assignment)
+        return new, stats
+
+    def aggregate_async(self, state: LCFedState, plan: RoundPlan,
+                        arrivals: Sequence[Arrival[LCFedMessage]]) -> tuple[LCFedState, RoundStats]:
+        """The round's aggregation over the arrived updates (a late update is assigned by its code against the
+        current centres, as in a round), then each model moves only part of the way: cluster ``k``'s by the mean
+        staleness weight of its arrivals, the shared embedding by the arrivals' sample-weighted mean weight.
+        With every update fresh (weight 1) this is the round's aggregation of those devices. M is affine, so the
+        centres' codes move alike; a stale update is recoded with the current M."""
+        order = sorted(arrivals, key=lambda a: a.message.device)
+        # a stale update's code is of the M it started under (or none): the server recodes it with the current M
+        msgs = [replace(a.message, code=state.projector(a.message.weights))
+                if a.staleness and state.projector is not None else a.message for a in order]
+        synced, stats = self.aggregate(state, replace(plan, devices=tuple(m.device for m in msgs)), msgs)
+        weights = torch.tensor([a.weight for a in order], dtype=torch.float64)
+        counts = torch.tensor([m.num_samples for m in msgs], dtype=torch.float64)
+        labels = torch.from_numpy(synced.assignment[[m.device for m in msgs]])
+        k = state.centers.shape[0]
+        per_cluster = torch.ones(k, dtype=torch.float64)
+        for c in range(k):
+            if (labels == c).any():
+                per_cluster[c] = weights[labels == c].mean()
+        refit = synced.fitted_at != state.fitted_at
+        old_codes = synced.projector(state.centers) if refit and synced.projector is not None else state.center_codes
+
+        def move(old: torch.Tensor, new: torch.Tensor, by: torch.Tensor) -> torch.Tensor:
+            return (old.to(torch.float64) + by * (new.to(torch.float64) - old.to(torch.float64))).to(new.dtype)
+
+        col = per_cluster[:, None]
+        new = replace(
+            synced,
+            embedding=move(state.embedding, synced.embedding, (counts / counts.sum() * weights).sum()),
+            centers=move(state.centers, synced.centers, col),
+            center_codes=(move(old_codes, synced.center_codes, col)
+                          if old_codes is not None and synced.center_codes is not None else synced.center_codes),
+        )
         return new, stats
