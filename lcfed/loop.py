@@ -309,6 +309,15 @@ def _play(
     return _Played(stats, metrics, now_trained, evaluation)
 
 
+def _time_to_target(cfg: ExperimentConfig, metrics: dict[str, float], history: list[dict[str, float]]) -> None:
+    """``sim_seconds_to_target`` into the round's ``metrics`` if its ``acc_mean`` is the first to reach
+    ``devices.target_acc`` (the simulated clock then)."""
+    target = cfg.devices.target_acc
+    if (target > 0 and metrics.get("acc_mean", -1.0) >= target and "sim_clock_seconds" in metrics
+            and not any("sim_seconds_to_target" in row for row in history)):
+        metrics["sim_seconds_to_target"] = metrics["sim_clock_seconds"]
+
+
 def _take(result: RunResult, rnd: int, played: _Played, history: list[dict[str, float]]) -> None:
     """Round ``rnd``'s outcome into ``result``: its history, assignment and, if it evaluated, the final scores."""
     result.history = history
@@ -341,6 +350,7 @@ def _loop(
         try:
             clock = sim_clock(fed, result.history[-1] if result.history else {})
             played = _play(cfg, fed, server, pool, rnd, trained, totals, clock)
+            _time_to_target(cfg, played.metrics, result.history)
             history = [*result.history, played.metrics]
             if ckpt is not None and ((rnd + 1) % cfg.checkpoint.every == 0 or rnd == cfg.train.rounds - 1):
                 last_snap = _save(ckpt, cfg, rnd + 1, server, pool, history, observers, played.trained)

@@ -74,6 +74,8 @@ CATALOG: tuple[Metric, ...] = (
     Metric("sim_seconds_total", "time", "min", "running sum of `sim_comm_seconds` + `sim_compute_seconds`"),
     Metric("sim_clock_seconds", "time", "min", "the simulated clock at the round's end", _DEVICES,
            conditional=True),
+    Metric("sim_seconds_to_target", "time", "min", "the simulated clock when `acc_mean` first reached "
+           "`devices.target_acc`", "once, with a device model and `devices.target_acc`", conditional=True),
     Metric("sim_round_seconds", "time", "min", "the round's simulated duration (its kept devices' time)", _DEVICES,
            conditional=True),
     Metric("devices_online", "server", None, "training devices online when the round started", _DEVICES,

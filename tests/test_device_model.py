@@ -251,3 +251,46 @@ def test_async_runs_resume_to_the_same_numbers(tmp_path, method):
 def test_bad_async_settings_are_refused(setting, match):
     with pytest.raises(ConfigError, match=match):
         tiny_config(*setting)
+
+
+def test_time_to_target_is_the_clock_when_acc_mean_first_reaches_it():
+    result = run_local(tiny_config(*HETERO, "devices.target_acc=0.3"))
+    reached = [r for r in result.history if "sim_seconds_to_target" in r]
+    first = next(r for r in result.history if r.get("acc_mean", 0) >= 0.3)
+    assert len(reached) == 1 and reached[0] is first
+    assert first["sim_seconds_to_target"] == first["sim_clock_seconds"]
+
+
+def test_accuracy_against_the_simulated_clock():
+    from lcfed.tracking.artifacts import CLOCK_AXIS, accuracy_figure
+
+    cfg = tiny_config(*HETERO, "devices.target_acc=0.3")
+    history = run_local(cfg).history
+    ax = accuracy_figure(history, cfg, clock=True).axes[0]
+    line = next(ln for ln in ax.get_lines() if ln.get_label() == "acc_mean")
+    assert np.allclose(line.get_xdata(), [r["sim_clock_seconds"] / 3600 for r in history])
+    assert ax.get_xlabel() == CLOCK_AXIS
+
+
+@pytest.mark.parametrize("example", ["devices_sync", "fedbuff"])
+def test_the_examples_run_as_they_are_and_report_the_clock(tmp_path, tracking_uri, example):
+    """configs/devices_sync.yaml and configs/fedbuff.yaml through ``lcfed run -c`` (fewer rounds), logged to
+    MLflow with the plot against the clock; ``--json`` has ``sim_clock_seconds`` and the time to target."""
+    import json
+    from pathlib import Path
+
+    import mlflow
+
+    from tune_jobs.cli import main
+
+    out = tmp_path / "run.json"
+    config = Path(__file__).resolve().parents[1] / "configs" / f"{example}.yaml"
+    assert main(["run", "-c", str(config), "-q", "--json", str(out), "--set", "train.rounds=6",
+                 "--set", "train.eval_every=1", "--set", f"tracking.uri={tracking_uri}"]) == 0
+    summary = json.loads(out.read_text())
+    assert summary["sim_clock_seconds"] > 0 and "sim_seconds_to_target" in summary
+    client = mlflow.MlflowClient(tracking_uri)
+    files = {a.path for a in client.list_artifacts(summary["run_id"], "plots")}
+    assert "plots/accuracy_vs_clock.png" in files
+    clock = client.get_metric_history(summary["run_id"], "time/sim_clock_seconds")
+    assert len(clock) == 6 and clock[-1].value == summary["sim_clock_seconds"]

@@ -156,6 +156,9 @@ def _run_summary(cfg: ExperimentConfig, result: Any, stats: dict[str, float], av
                    f"holds their mean over the last {averaged['evaluations']} evaluations (rounds counted from 1)",
         "last_eval_round": final_round,
         **{k: v for k, v in result.final.items() if k != "round"},
+        **({"sim_seconds_to_target": next((row["sim_seconds_to_target"] for row in result.history
+                                           if "sim_seconds_to_target" in row), None)}
+           if cfg.devices.target_acc else {}),
         "last_evals": averaged,
         "partition": stats,
         "provenance": result.provenance,

@@ -81,10 +81,15 @@ def devices_csv(result: RunResult) -> str:
     return "\n".join(lines) + "\n"
 
 
-def accuracy_figure(history: Sequence[dict[str, float]], cfg: ExperimentConfig) -> Any:
+#: x-axis label of plots against the device model's simulated clock
+CLOCK_AXIS = "simulated clock (hours)"
+
+
+def accuracy_figure(history: Sequence[dict[str, float]], cfg: ExperimentConfig, clock: bool = False) -> Any:
     """Personalized test accuracy (mean, weighted mean, 10th-90th percentile band) per round. The
-    x values are the rounds as logged (0-based, equal to the MLflow step); the legend sits below
-    the axes so it never hides the band."""
+    x values are the rounds as logged (0-based, equal to the MLflow step), or with ``clock`` the device
+    model's simulated clock at each round's end, in hours (with ``devices.target_acc`` as a line); the
+    legend sits below the axes so it never hides the band."""
     import matplotlib  # here, not at the top: ``import lcfed.tracking`` must not load matplotlib
 
     matplotlib.use("Agg")
@@ -94,13 +99,16 @@ def accuracy_figure(history: Sequence[dict[str, float]], cfg: ExperimentConfig) 
     rows = [r for r in history if "acc_mean" in r]
     fig, ax = plt.subplots(figsize=(6, 4.4), dpi=100, layout="constrained")
     if rows:
-        x = [int(r["round"]) for r in rows]
+        x = [r["sim_clock_seconds"] / 3600 for r in rows] if clock else [int(r["round"]) for r in rows]
         low, high = BAND
         ax.fill_between(x, [r[low] for r in rows], [r[high] for r in rows], alpha=0.2, label=f"{low}–{high}")
         for name, style in zip([n for n in PLOTTED if n not in BAND], ("-", "--", ":", "-."), strict=False):
             ax.plot(x, [r[name] for r in rows], style, label=name)
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_xlabel(ROUND_AXIS)
+        if not clock:
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        elif cfg.devices.target_acc:
+            ax.axhline(cfg.devices.target_acc, color="grey", lw=0.8, ls=":", label="devices.target_acc")
+    ax.set_xlabel(CLOCK_AXIS if clock else ROUND_AXIS)
     ax.set_ylabel("personalized test accuracy")
     ax.set_title(f"{cfg.method.name} on {cfg.data.dataset} ({cfg.data.partition})")
     ax.grid(alpha=0.3)
@@ -114,7 +122,8 @@ def log_artifacts(client: Any, run_id: str, result: RunResult, cfg: ExperimentCo
                   assignments: Sequence[np.ndarray], rounds: Sequence[int]) -> None:
     """The end-of-run artifacts: ``metrics/history.csv``, for clustered methods ``clusters/assignment.csv``
     and ``clusters/assignment_history.csv`` (``assignments[i]`` is round ``rounds[i]``'s),
-    ``plots/accuracy.png`` and, when the run evaluated its devices, ``metrics/devices.csv``."""
+    ``plots/accuracy.png`` (with the device model also ``plots/accuracy_vs_clock.png``) and, when the run
+    evaluated its devices, ``metrics/devices.csv``."""
     client.log_text(run_id, history_csv(result.history), "metrics/history.csv")
     if result.assignment is not None:
         client.log_text(run_id, assignment_csv(result.assignment), "clusters/assignment.csv")
@@ -125,5 +134,7 @@ def log_artifacts(client: Any, run_id: str, result: RunResult, cfg: ExperimentCo
             hist, logged = np.asarray(result.assignment)[None], [last]
         client.log_text(run_id, assignment_history_csv(hist, logged), "clusters/assignment_history.csv")
     client.log_figure(run_id, accuracy_figure(result.history, cfg), "plots/accuracy.png")
+    if any("sim_clock_seconds" in r for r in result.history):
+        client.log_figure(run_id, accuracy_figure(result.history, cfg, clock=True), "plots/accuracy_vs_clock.png")
     if result.evaluation:
         client.log_text(run_id, devices_csv(result), "metrics/devices.csv")
