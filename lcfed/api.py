@@ -87,13 +87,15 @@ def run(cfg: ExperimentConfig, *, engine: str | None = None, track: bool = False
 
 def sweep(cfg: ExperimentConfig, space: Mapping[str, Any] | str | Path, **options: Any) -> dict[str, Any]:
     """``lcfed sweep`` from Python: ``space`` maps dotted fields to Tune domains (or is a search-space YAML
-    file); ``options`` are :func:`tune_jobs.sweep.run_sweep`'s (``num_samples``, ``scheduler``, ``search``,
-    ``metric``, ``storage``, ...). Every trial is an MLflow child run of one parent. Returns the summary
-    (best config and metric, the parent run)."""
-    from tune_jobs.sweep import load_space, run_sweep  # Tune only when asked
+    file); ``options`` are :func:`tune_jobs.sweep.run_sweep`'s: the fields of its
+    :class:`~tune_jobs.sweep.SweepOptions` (``num_samples``, ``scheduler``, ``search``, ``metric``,
+    ``storage``, ...), ``parent_run_id`` and ``named``. Every trial is an MLflow child run of one parent.
+    Returns the summary (best config and metric, the parent run)."""
+    from tune_jobs.sweep import SweepOptions, load_space, run_sweep  # Tune only when asked
 
     resolved = load_space(space, cfg) if isinstance(space, (str, Path)) else dict(space)
-    return run_sweep(cfg, resolved, **options)
+    nesting = {k: options.pop(k) for k in ("parent_run_id", "named") if k in options}
+    return run_sweep(cfg, resolved, SweepOptions(**options), **nesting)
 
 
 class _Report:

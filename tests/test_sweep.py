@@ -18,6 +18,7 @@ from lcfed.federation import load, prepare
 from lcfed.tracking import mlflow_key
 from tests.conftest import start_test_ray, tiny_config
 from tune_jobs.cli import main
+from tune_jobs.sweep.options import SweepOptions
 from tune_jobs.sweep.run import restore_results, run_sweep
 from tune_jobs.sweep.space import load_space
 from tune_jobs.sweep.trial import MODELS_FILE
@@ -57,8 +58,8 @@ def test_sweep_of_four_trials_logs_children_and_parent(shared_ray, tmp_path, tra
     base = tiny_config("train.rounds=3", "engine.num_cpus=2", "tracking.enabled=true", f"tracking.uri={tracking_uri}",
                        "tracking.experiment=sweep-test")
     space = load_space("mu_lambda.yaml", base)
-    summary = run_sweep(base, space, num_samples=4, scheduler="fifo", max_concurrent=2, name="t4",
-                        storage=tmp_path / "tune", register="t4-best")
+    summary = run_sweep(base, space, SweepOptions(num_samples=4, scheduler="fifo", max_concurrent=2, name="t4",
+                                                  storage=tmp_path / "tune", register="t4-best"))
     assert summary["trials"] == 4 and summary["errors"] == 0
     assert set(summary["best_config"]) == {"method.mu", "method.lam"}
     client = mlflow.MlflowClient(tracking_uri=tracking_uri)
@@ -289,8 +290,8 @@ def test_a_fedac_sweep(shared_ray, tmp_path, tracking_uri):
 
     base = tiny_config("method.name=fedac", "train.rounds=2", "engine.num_cpus=2", "tracking.enabled=true",
                        f"tracking.uri={tracking_uri}", "tracking.experiment=sweep-fedac")
-    summary = run_sweep(base, {"method.gap_high": tune.grid_search([0.7, 1.2])}, scheduler="fifo",
-                        max_concurrent=1, name="fedac", storage=tmp_path / "tune")
+    summary = run_sweep(base, {"method.gap_high": tune.grid_search([0.7, 1.2])},
+                        SweepOptions(scheduler="fifo", max_concurrent=1, name="fedac", storage=tmp_path / "tune"))
     assert summary["trials"] == 2 and summary["errors"] == 0
     client = mlflow.MlflowClient(tracking_uri=tracking_uri)
     exp = client.get_experiment_by_name("sweep-fedac")
@@ -388,8 +389,9 @@ def test_trials_equal_lcfed_run_of_the_same_config_and_name_their_engine(shared_
     base = tiny_config("train.rounds=2", "engine.num_cpus=2", "tracking.enabled=true", f"tracking.uri={tracking_uri}",
                        "tracking.experiment=sweep-eq")
     mus = [0.05, 0.5]
-    summary = run_sweep(base, {"method.mu": tune.grid_search(mus)}, scheduler="fifo", max_concurrent=1,
-                        name=f"eq-{engine}", storage=tmp_path / "tune", trial_engine=engine)
+    summary = run_sweep(base, {"method.mu": tune.grid_search(mus)},
+                        SweepOptions(scheduler="fifo", max_concurrent=1, name=f"eq-{engine}", storage=tmp_path / "tune",
+                                     trial_engine=engine))
     assert summary["trials"] == 2 and summary["errors"] == 0 and summary["trial_engine"] == engine
     client = mlflow.MlflowClient(tracking_uri=tracking_uri)
     exp = client.get_experiment_by_name("sweep-eq")

@@ -3,6 +3,7 @@ search space and child run names: checked without starting Ray."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -127,5 +128,115 @@ def test_every_metric_a_run_reports_is_catalogued_and_sweepable():
     assert reported <= catalogued, reported - catalogued
     assert reported - {"nmi"} <= set(objectives()), reported - set(objectives())
     # ari: where K clusters can express groups; nmi: on a testbed; the device model's: with a devices section
-    elsewhere = {"ari", "nmi"} | {m.name for m in CATALOG if "device model" in m.when}
+    elsewhere = {"ari", "nmi"} | {m.name for m in CATALOG if "devices" in m.when}
     assert catalogued - reported <= elsewhere, catalogued - reported
+
+
+# -- the sweep options: one object, one check, one declaration of each flag for `lcfed sweep` and `lcfed compare` --
+
+
+def _subparser(name: str):
+    import argparse
+
+    from tune_jobs.cli import build_parser
+
+    (sub,) = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    return sub.choices[name]
+
+
+def test_the_defaults_are_the_flags_and_validate_to_the_default_objective():
+    from tune_jobs.sweep.options import SweepOptions, sweep_options
+
+    args = _subparser("sweep").parse_args(["--space", "s.yaml"])
+    assert sweep_options(args) == SweepOptions(storage="outputs/sweeps")  # the flag's default, None in Python
+    assert SweepOptions().validate(10) == Objective("acc_mean", "max", "asha", 5, 10)
+    assert SweepOptions(scheduler="fifo", metric="test_loss").validate(4) == Objective("test_loss", "min", "fifo")
+
+
+@pytest.mark.parametrize("kwargs,flag,says", [
+    ({"num_samples": 0}, "--num-samples", "must be >= 1"),
+    ({"num_samples": 2.5}, "--num-samples", "must be >= 1"),
+    ({"max_concurrent": -1}, "--max-concurrent", "must be >= 0"),
+    ({"gpus_per_trial": -1.0}, "--gpus-per-trial", "must be >= 0"),
+    ({"gpus_per_trial": float("nan")}, "--gpus-per-trial", "must be >= 0"),
+    ({"trial_engine": "spark"}, "--trial-engine", "one of ['auto', 'local', 'ray']"),
+    ({"search": "bayes"}, "--search", "one of ['random', 'grid', 'optuna', 'hyperopt']"),
+    ({"scheduler": "pbt"}, "--scheduler", "one of ['asha', 'hyperband', 'fifo']"),
+    ({"metric": "accuracy"}, "--metric", "a per-round metric"),
+    ({"mode": "up"}, "--mode", "max or min"),
+    ({"max_t": 9}, "--max-t", "between 1 and train.rounds (8)"),
+    ({"scheduler": "fifo", "grace_period": 2}, "--grace-period", "only with --scheduler asha or hyperband"),
+    ({"keep_checkpoints": 0}, "--keep-checkpoints", ">= 1"),
+    ({"register": "a/b"}, "--register", "without '/' or ':'"),
+    ({"register": "best", "max_t": 4}, "--max-t", "with --register"),
+    ({"name": "../x"}, "--name", "letters, digits"),
+    ({"storage": "/proc/self/tune"}, "--storage", "cannot hold files"),
+])
+def test_every_bad_option_is_refused_naming_its_flag(kwargs, flag, says):
+    from tune_jobs.sweep.options import SweepOptions
+
+    with pytest.raises(ConfigError, match=flag) as err:
+        SweepOptions(**kwargs).validate(8)
+    assert says in str(err.value)
+
+
+def test_sweep_and_compare_declare_their_shared_flags_alike():
+    """One declaration of each flag: compare offers a subset of sweep's options with the same type, choices
+    and metavar (its --search and --scheduler with sweep's choices), in its own words where the meaning differs;
+    its --storage defaults to <out>/tune (None)."""
+    from tune_jobs.sweep.options import SWEEP_FLAGS, sweep_options
+
+    def actions(name):
+        return {a.dest: a for a in _subparser(name)._actions if a.dest in SWEEP_FLAGS}
+
+    sweep_flags, compare_flags = actions("sweep"), actions("compare")
+    assert list(sweep_flags) == list(SWEEP_FLAGS)
+    assert set(compare_flags) == {"search", "scheduler", "max_concurrent", "gpus_per_trial", "storage", "name",
+                                  "keep_checkpoints", "register"}
+    for dest, a in compare_flags.items():
+        b = sweep_flags[dest]
+        assert (a.option_strings, a.type, a.choices, a.metavar) == (b.option_strings, b.type, b.choices, b.metavar)
+        assert a.default == (None if dest == "storage" else b.default), dest
+    assert compare_flags["search"].choices == ["random", "grid", "optuna", "hyperopt"]
+    assert "<out>/tune" in compare_flags["storage"].help and "phase-1" in compare_flags["search"].help
+    args = _subparser("compare").parse_args(["--methods", "lcfed,fedavg", "--search", "optuna", "--max-concurrent",
+                                             "2", "--register", "best"])
+    options = sweep_options(args)
+    assert (options.search, options.max_concurrent, options.register, options.storage, options.name) == (
+        "optuna", 2, "best", None, None)
+    assert options.num_samples == 1 and options.trial_engine == "auto"  # no such flags: the defaults
+
+
+def test_a_comparisons_sweeps_derive_their_options_from_its_own():
+    from dataclasses import replace
+
+    from tune_jobs.compare import ComparePlan
+    from tune_jobs.sweep.options import SweepOptions
+
+    shared = SweepOptions(search="optuna", scheduler="hyperband", grace_period=2, max_concurrent=3, gpus_per_trial=0.5,
+                          name="cmp", storage="/tmp/tune", keep_checkpoints=1, register="best")
+    plan = ComparePlan(base=tiny_config(), methods=("lcfed", "mod:Mine"), out=Path("cmp"), configs={}, spaces={},
+                       params={}, options=shared, budget=5, seeds=(0, 1), target=None)
+    tuning, seeding = plan.tuning("lcfed"), plan.seeding("lcfed")
+    assert tuning == replace(shared, num_samples=5, name="cmp-lcfed-tune", resume=True, register=None, log_models=False)
+    assert seeding == replace(shared, num_samples=1, search="random", scheduler="fifo", grace_period=None,
+                              name="cmp-lcfed-seeds", resume=True, register=None)
+    assert plan.sweep_name("mod:Mine", "tune") == "cmp-mod-Mine-tune"  # a plugin path: one directory name
+    for m in plan.methods:
+        for options in (plan.tuning(m), plan.seeding(m)):
+            options.validate(4)
+
+
+def test_the_api_sweep_hands_its_options_to_run_sweep_as_one_object(monkeypatch):
+    from lcfed import api
+    from tune_jobs.sweep.options import SweepOptions
+
+    calls = []
+    monkeypatch.setattr("tune_jobs.sweep.run_sweep", lambda *a, **k: calls.append((a, k)) or {"trials": 0})
+    cfg = tiny_config()
+    assert api.sweep(cfg, {"method.mu": 0.1}, num_samples=3, scheduler="fifo", named={"seed": 0}) == {"trials": 0}
+    ((base, space, options), nesting), = calls
+    assert base is cfg and space == {"method.mu": 0.1} and nesting == {"named": {"seed": 0}}
+    assert options == SweepOptions(num_samples=3, scheduler="fifo")
+    with pytest.raises(TypeError, match="num_sample"):
+        api.sweep(cfg, {"method.mu": 0.1}, num_sample=3)

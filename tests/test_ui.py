@@ -24,6 +24,7 @@ from tests.conftest import tiny_config
 from tests.test_jobs import free_port
 from tune_jobs.cli import main
 from tune_jobs.mlflow_server import start_mlflow_server, stop
+from tune_jobs.sweep.options import SweepOptions
 from tune_jobs.sweep.run import run_sweep
 from tune_jobs.sweep.space import load_space
 
@@ -70,8 +71,8 @@ def test_mlflow_ui_lists_the_sweep_runs(tmp_path, server):
     url = server
     base = tiny_config("train.rounds=2", "engine.num_cpus=2", "tracking.enabled=true", f"tracking.uri={url}",
                        "tracking.experiment=ui-sweep")
-    summary = run_sweep(base, load_space("mu_lambda.yaml", base), num_samples=4, scheduler="fifo",
-                        max_concurrent=2, name="ui-sweep", storage=tmp_path / "tune", search="optuna")
+    summary = run_sweep(base, load_space("mu_lambda.yaml", base), SweepOptions(
+        num_samples=4, scheduler="fifo", max_concurrent=2, name="ui-sweep", storage=tmp_path / "tune", search="optuna"))
     assert summary["trials"] == 4
     client = mlflow.MlflowClient(tracking_uri=url)
     exp = client.get_experiment_by_name("ui-sweep")

@@ -19,24 +19,37 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from lcfed import registry
-from lcfed.config import ExperimentConfig, load_config, require, resolve, safe_name
+from lcfed.config import ExperimentConfig, load_config, require, resolve
 from lcfed.output_paths import check_output_dir
-from lcfed.tracking import check_registry, check_tracking_store, resolve_tracking_uri
+from lcfed.tracking import check_tracking_store, resolve_tracking_uri
 from tune_jobs import sweep  # a lazy package: Tune loads when a comparison first uses it, not with lcfed's parser
 from tune_jobs.compare_report import METRIC, write_report
 from tune_jobs.options import config_options, examples, verbosity_options
 from tune_jobs.outdir import open_recorded, read_state, write_json
 from tune_jobs.parent_run import ParentRun
 from tune_jobs.reproduce import parse_seeds, summarize
+from tune_jobs.sweep.options import SweepOptions, add_sweep_options, sweep_options
 
 COMPARE_SPACES = Path(__file__).resolve().parent / "spaces" / "compare"
+#: ``lcfed compare``'s wording of the sweep options it offers (:func:`add_sweep_options`), where it differs
+COMPARE_HELP = {
+    "search": "phase-1 search (as lcfed sweep --search; default random)",
+    "scheduler": "phase-1 scheduler (as lcfed sweep; default asha)",
+    "gpus_per_trial": "GPUs per trial",
+    "storage": "Tune storage (default <out>/tune; a URI every node reaches on a cluster)",
+    "name": "MLflow parent run and sweep names (default: the --out directory's name)",
+    "register": "register the model of the best method's best phase-2 trial in the MLflow Model Registry as a new "
+    "version of NAME, linked to its run",
+}
 #: the validation share of each device's training samples when the base config has none
 DEFAULT_VAL_FRACTION = 0.2
 
@@ -86,30 +99,56 @@ def _seed_rows(grid: Any) -> dict[int, dict[str, Any]]:
     return rows
 
 
-def run_compare(
-    base: ExperimentConfig,
-    methods: Sequence[str],
-    out: str | Path,
-    *,
-    budget: int = 8,
-    seeds: Sequence[int] = (0, 1, 2),
-    space_dir: str | Path | None = None,
-    search: str = "random",
-    scheduler: str = "asha",
-    max_concurrent: int = 0,
-    gpus_per_trial: float = 0.0,
-    storage: str | Path | None = None,
-    target: float | None = None,
-    name: str | None = None,
-    keep_checkpoints: int = sweep.DEFAULT_KEEP_CHECKPOINTS,
-    register: str | None = None,
-) -> dict[str, Any]:
-    """Both phases for every method (what is on disk already is kept), then the report. ``keep_checkpoints``:
-    per trial, as ``lcfed sweep``; ``register``: the best method's best phase-2 trial's model is registered
-    under that name (as ``lcfed sweep --register``)."""
+@dataclass(frozen=True)
+class ComparePlan:
+    """A comparison's settings, resolved and checked before anything starts: what both phases' sweeps run."""
+
+    base: ExperimentConfig
+    methods: tuple[str, ...]
+    out: Path
+    configs: dict[str, ExperimentConfig]  # per method: the base config for it (:func:`method_config`)
+    spaces: dict[str, Any]  # per method: its phase-1 search space
+    params: dict[str, str]  # the comparison's settings (the parent run's params, ``<out>/state.json``'s)
+    options: SweepOptions  # the sweeps' shared options: name and storage resolved, validated
+    budget: int
+    seeds: tuple[int, ...]
+    target: float | None
+
+    @property
+    def name(self) -> str:
+        return str(self.options.name)
+
+    def sweep_name(self, method: str, phase: str) -> str:
+        """``<name>-<method>-tune|seeds``: a phase's sweep (a plugin path's ':' as '-': the name is a directory)."""
+        return f"{self.name}-{re.sub(r'[^A-Za-z0-9._-]', '-', method)}-{phase}"
+
+    def tuning(self, method: str) -> SweepOptions:
+        """Phase 1's sweep of ``method``: ``budget`` trials on :data:`METRIC`, resumed if interrupted; its
+        trials log no models (the models that matter are phase 2's)."""
+        return replace(self.options, num_samples=self.budget, name=self.sweep_name(method, "tune"), resume=True,
+                       register=None, log_models=False)
+
+    def seeding(self, method: str) -> SweepOptions:
+        """Phase 2's sweep of ``method``: a grid over the seeds, every trial run to the end (fifo), the best
+        trial's models logged."""
+        return replace(self.options, num_samples=1, search="random", scheduler="fifo", grace_period=None, max_t=None,
+                       name=self.sweep_name(method, "seeds"), resume=True, register=None, log_models=True)
+
+
+def run_compare(base: ExperimentConfig, methods: Sequence[str], out: str | Path, options: SweepOptions, *,
+                budget: int = 8, seeds: Sequence[int] = (0, 1, 2), space_dir: str | Path | None = None,
+                target: float | None = None) -> dict[str, Any]:
+    """Both phases for every method (what is on disk already is kept), then the report.
+
+    ``options``: what every sweep of the comparison shares (``search``, ``scheduler``, ``grace_period`` and
+    ``max_t``: phase 1's; ``max_concurrent``, ``gpus_per_trial``, ``trial_engine``, ``storage``: default
+    ``<out>/tune``, and ``keep_checkpoints``: both phases', as ``lcfed sweep``), besides ``name`` (the
+    comparison's, default the ``out`` directory's name; its sweeps are ``<name>-<method>-tune|seeds``) and
+    ``register`` (the best method's best phase-2 trial's model is registered under that name, as ``lcfed
+    sweep --register``). The comparison decides its sweeps' metric (:data:`METRIC`), trial counts
+    (``budget``; one per seed), resume and models itself (:meth:`ComparePlan.tuning`, :meth:`ComparePlan.seeding`).
+    """
     out = Path(out)
-    name = name or (out.name or "compare")
-    require(safe_name(name), "--name", name, "letters, digits, '-', '_' and '.'")
     require(len(methods) >= 2 and len(set(methods)) == len(methods), "--methods", ",".join(methods),
             "at least two distinct methods")
     for m in methods:
@@ -117,21 +156,27 @@ def run_compare(
     require(budget >= 1, "--budget", budget, "trials per method, >= 1")
     require(len(seeds) >= 1, "--seeds", list(seeds), ">= 1 seed")
     require(target is None or 0 < target <= 1, "--target", target, "an accuracy in (0, 1]")
-    sweep.check_keep(keep_checkpoints)
-    check_registry(register)
+    storage = options.storage or str(out.resolve() / "tune")
+    options = replace(options, name=options.name or (out.name or "compare"), storage=storage, metric=METRIC,
+                      mode=None)
+    options.validate(base.train.rounds)
     val_fraction = base.data.val_fraction or DEFAULT_VAL_FRACTION
     configs = {m: method_config(base, m, val_fraction) for m in methods}
     spaces = {m: sweep.load_space(method_space(m, space_dir), configs[m]) for m in methods}  # validated before work
     for m in methods:
-        sweep.check_search(search, spaces[m])
-    sweep.resolve_objective(base.train.rounds, METRIC, None, scheduler)
+        sweep.check_search(options.search, spaces[m])
     for s in seeds:
         base.replace(seed=s)
-    storage = storage or str(out.resolve() / "tune")
-    sweep.load_sources(configs[methods[0]], {})  # a missing dataset fails here, before any run or file exists
     params = {"methods": ",".join(methods), "budget": str(budget), "seeds": ",".join(map(str, seeds)),
-              "search": search, "scheduler": scheduler, "metric": METRIC, "val_fraction": str(val_fraction),
-              "rounds": str(base.train.rounds), "base_digest": base.digest(), "name": name}
+              "search": options.search, "scheduler": options.scheduler, "metric": METRIC,
+              "val_fraction": str(val_fraction), "rounds": str(base.train.rounds), "base_digest": base.digest(),
+              "name": str(options.name)}
+    plan = ComparePlan(base=base, methods=tuple(methods), out=out, configs=configs, spaces=spaces, params=params,
+                       options=options, budget=budget, seeds=tuple(seeds), target=target)
+    for m in methods:  # each sweep's own options (its name holds the method's), before any work
+        plan.tuning(m).validate(base.train.rounds)
+        plan.seeding(m).validate(base.train.rounds)
+    sweep.load_sources(configs[methods[0]], {})  # a missing dataset fails here, before any run or file exists
     state = read_state(out, params, "a comparison")  # other settings are refused before Ray starts
     # a rerun of a finished comparison only writes the report again: no sweep, so no Ray to start
     finished = state is not None and all((out / phase / f"{m}.json").exists()
@@ -140,22 +185,17 @@ def run_compare(
                    ray=not finished) as parent:
         if not finished:  # a multi-node cluster needs a storage every node reaches
             sweep.check_storage(sweep.storage_location(storage))
-        return _run_phases(parent, base, methods, out, configs, spaces, params, state, budget=budget, seeds=seeds,
-                           search=search, scheduler=scheduler, max_concurrent=max_concurrent,
-                           gpus_per_trial=gpus_per_trial, storage=storage, target=target, name=name, keep=keep_checkpoints,
-                           register=register)
+        return _run_phases(parent, plan, state)
 
 
-def _run_phases(parent: ParentRun, base: ExperimentConfig, methods: Sequence[str], out: Path,
-                configs: dict[str, ExperimentConfig], spaces: dict[str, Any], params: dict[str, str],
-                state: dict[str, Any] | None, *, budget: int, seeds: Sequence[int], search: str, scheduler: str,
-                max_concurrent: int, gpus_per_trial: float, storage: str, target: float | None, name: str, keep: int,
-                register: str | None) -> dict[str, Any]:
-    """Under the comparison's parent run (``params``; ``state``: what ``<out>/state.json`` recorded), phase 1
-    then phase 2 for every method not finished before, then the report, also on the parent run."""
+def _run_phases(parent: ParentRun, plan: ComparePlan, state: dict[str, Any] | None) -> dict[str, Any]:
+    """Under the comparison's parent run (the plan's ``params``; ``state``: what ``<out>/state.json``
+    recorded), phase 1 then phase 2 for every method not finished before, then the report, also on the
+    parent run."""
+    base, methods, out, configs = plan.base, plan.methods, plan.out, plan.configs
     out.mkdir(parents=True, exist_ok=True)
     client = parent.connect(base.tracking.experiment)
-    parent_id = open_recorded(parent, out, state, name, {"compare_parent": "true"}, params)
+    parent_id = open_recorded(parent, out, state, plan.name, {"compare_parent": "true"}, plan.params)
     tracked = {"tracking.uri": parent.uri, "tracking.enabled": True}
     t0 = time.perf_counter()
     phase1: dict[str, dict[str, Any]] = {}
@@ -165,12 +205,9 @@ def _run_phases(parent: ParentRun, base: ExperimentConfig, methods: Sequence[str
         if done.exists():
             phase1[m] = json.loads(done.read_text())
             continue
-        print(f"lcfed compare: phase 1, {m} ({i}/{len(methods)}): {budget} trials on {METRIC}", file=sys.stderr)
-        summary = sweep.run_sweep(configs[m].replace(**tracked), spaces[m], num_samples=budget, scheduler=scheduler,
-                                  max_concurrent=max_concurrent, gpus_per_trial=gpus_per_trial,
-                                  name=f"{name}-{m}-tune", storage=storage, resume=True, metric=METRIC,
-                                  search=search, parent_run_id=parent_id, keep_checkpoints=keep,
-                                  log_models=False)  # tuning trials: the models that matter are phase 2's
+        print(f"lcfed compare: phase 1, {m} ({i}/{len(methods)}): {plan.budget} trials on {METRIC}", file=sys.stderr)
+        summary = sweep.run_sweep(configs[m].replace(**tracked), plan.spaces[m], plan.tuning(m),
+                                  parent_run_id=parent_id)
         phase1[m] = {"best_config": summary["best_config"], METRIC: summary[f"best_{METRIC}"],
                      "trials": summary["trials"], "errors": summary["errors"], "run_id": summary["parent_run_id"]}
         write_json(done, phase1[m])
@@ -179,22 +216,21 @@ def _run_phases(parent: ParentRun, base: ExperimentConfig, methods: Sequence[str
         if done.exists():
             phase2[m] = {int(k): v for k, v in json.loads(done.read_text()).items()}
             continue
-        print(f"lcfed compare: phase 2, {m} ({i}/{len(methods)}): seeds {list(seeds)}", file=sys.stderr)
+        print(f"lcfed compare: phase 2, {m} ({i}/{len(methods)}): seeds {list(plan.seeds)}", file=sys.stderr)
         from ray import tune  # Tune when a phase runs: `lcfed` imports this module to build its parser
         chosen = configs[m].replace(**tracked, **phase1[m]["best_config"])
-        summary = sweep.run_sweep(chosen, {"seed": tune.grid_search(list(seeds))}, num_samples=1, scheduler="fifo",
-                                  max_concurrent=max_concurrent, gpus_per_trial=gpus_per_trial,
-                                  name=f"{name}-{m}-seeds", storage=storage, resume=True, metric=METRIC,
-                                  parent_run_id=parent_id, keep_checkpoints=keep, named=phase1[m]["best_config"])
+        summary = sweep.run_sweep(chosen, {"seed": tune.grid_search(list(plan.seeds))}, plan.seeding(m),
+                                  parent_run_id=parent_id, named=phase1[m]["best_config"])
         phase2[m] = _seed_rows(sweep.restore_results(summary["storage"]))
         write_json(done, phase2[m])
-    report = write_report(out, methods, list(seeds), phase1, phase2, target, base)
+    report = write_report(out, list(methods), list(plan.seeds), phase1, phase2, plan.target, base)
     client.log_text(parent_id, report["md"], "compare.md")
     client.log_text(parent_id, report["csv"], "compare.csv")
     for png in report["plots"]:
         client.log_artifact(parent_id, png, "plots")
     top = max(report["rows"], key=lambda r: r["test_acc_mean"])["method"]  # the report's first row
-    registered = sweep.register_sweep_best(client, parent.uri, parent.experiment_id, f"{name}-{top}-seeds",
+    register = plan.options.register
+    registered = sweep.register_sweep_best(client, parent.uri, parent.experiment_id, plan.sweep_name(top, "seeds"),
                                            register) if register else None
     return {"table": report["md"], "out": str(out), "parent_run_id": parent_id, "tracking_uri": parent.uri,
             "wall_seconds": time.perf_counter() - t0, "results": report["rows"], "registered": registered}
@@ -216,19 +252,12 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--seeds", default="3", help="phase-2 seeds: a count or a list, e.g. 3 or 0,5,9 (default 3)")
     p.add_argument("--space-dir", help="per-method search spaces <dir>/<method>.yaml (default: the bundled ones, "
                    "tune_jobs/spaces/compare)")
-    p.add_argument("--search", default="random", help="phase-1 search (as lcfed sweep --search; default random)")
-    p.add_argument("--scheduler", default="asha", help="phase-1 scheduler (as lcfed sweep; default asha)")
-    p.add_argument("--max-concurrent", type=int, default=0, help="trials at once (0 = as resources allow)")
-    p.add_argument("--gpus-per-trial", type=float, default=0.0, help="GPUs per trial")
+    add_sweep_options(p, ("search", "scheduler", "max_concurrent", "gpus_per_trial"), help=COMPARE_HELP)
     p.add_argument("--target", type=float, help="test accuracy for bytes / simulated time to target "
                    "(default: 90 %% of the weakest method's)")
     p.add_argument("--out", default="outputs/compare", help="output directory; rerun with the same one to resume")
-    p.add_argument("--storage", help="Tune storage (default <out>/tune; a URI every node reaches on a cluster)")
-    p.add_argument("--name", help="MLflow parent run and sweep names (default: the --out directory's name)")
-    p.add_argument("--keep-checkpoints", type=int, default=sweep.DEFAULT_KEEP_CHECKPOINTS, metavar="N",
-                   help="checkpoints each trial keeps in the storage, the latest (default %(default)s)")
-    p.add_argument("--register", metavar="NAME", help="register the model of the best method's best phase-2 trial "
-                   "in the MLflow Model Registry as a new version of NAME, linked to its run")
+    add_sweep_options(p, ("storage", "name", "keep_checkpoints", "register"), help=COMPARE_HELP,
+                      defaults={"storage": None})
     verbosity_options(p, "no progress tables: errors and the report only")
     p.set_defaults(func=cmd_compare)
 
@@ -237,18 +266,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
     base = load_config(args.config, args.set)
     check_output_dir(args.out, "--out")
     check_tracking_store(base.tracking.uri)  # a comparison is always tracked
-    if args.storage is not None:
-        check_output_dir(args.storage, "--storage")
-    require(args.max_concurrent >= 0, "--max-concurrent", args.max_concurrent, "must be >= 0")
-    require(args.gpus_per_trial >= 0, "--gpus-per-trial", args.gpus_per_trial, "must be >= 0")
-    sweep.check_keep(args.keep_checkpoints)
-    check_registry(args.register)
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    result = run_compare(base, methods, args.out, budget=args.budget, seeds=parse_seeds(args.seeds),
-                         space_dir=args.space_dir, search=args.search, scheduler=args.scheduler,
-                         max_concurrent=args.max_concurrent, gpus_per_trial=args.gpus_per_trial,
-                         storage=args.storage, target=args.target, name=args.name,
-                         keep_checkpoints=args.keep_checkpoints, register=args.register)
+    result = run_compare(base, methods, args.out, sweep_options(args), budget=args.budget,
+                         seeds=parse_seeds(args.seeds), space_dir=args.space_dir, target=args.target)
     print(result["table"])
     print(f"lcfed compare: {result['out']}/compare.md, compare.csv, compare.png; MLflow parent run "
           f"{result['parent_run_id']} ({result['wall_seconds']:.0f} s)")

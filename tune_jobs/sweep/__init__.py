@@ -4,7 +4,8 @@ One idea a module: ``objective`` (the metric and how the sweep searches, no Ray)
 engine and its layout, no Ray), ``space`` (the search-space file), ``search`` (Tune's searcher and
 scheduler), ``trial`` (the trainable, in Tune's workers: no MLflow), ``storage``, ``models`` (the best trial's models, logged and registered), ``callbacks`` (MLflow
 child runs and the console, in the driver), ``best`` (the best trial and the parent run's summary),
-``figures``, ``errors``, ``run`` (:func:`run_sweep`) and ``command`` (``lcfed sweep``).
+``figures``, ``errors``, ``options`` (:class:`SweepOptions`: what ``lcfed sweep`` and ``lcfed compare`` share, their
+flags and their checks, no Ray), ``run`` (:func:`run_sweep`) and ``command`` (``lcfed sweep``).
 
 The names below are importable from here as before the package was split. They load on first use (PEP
 562): importing a module of this package runs this file first, and neither the ``lcfed`` parser (which
@@ -28,6 +29,7 @@ _HOMES = {
     "trial": ("REPORT_KEY", "MODELS_FILE", "TuneReporter", "device_accuracies", "trial_config", "trial_resources", "load_sources",
               "run_trial"),
     "storage": ("DEFAULT_STORAGE", "DEFAULT_KEEP_CHECKPOINTS", "check_keep", "storage_location", "check_storage"),
+    "options": ("SweepOptions", "SWEEP_FLAGS", "add_sweep_options", "sweep_options"),
     "models": ("REGISTERED", "log_best_models", "register_run", "register_sweep_best", "model_uris", "prune_models"),
     "callbacks": ("TrialTracker", "SweepProgress", "child_name", "short_names", "trial_index"),
     "best": ("best_result", "trial_order"),

@@ -19,7 +19,6 @@ import signal
 import sys
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import yaml
@@ -27,26 +26,20 @@ from ray import tune
 
 from actors.ray_engine import alive_nodes
 from lcfed import logs
-from lcfed.config import ConfigError, ExperimentConfig, require, to_dict
+from lcfed.config import ConfigError, ExperimentConfig, to_dict
 from lcfed.logs import tune_verbosity
-from lcfed.tracking import check_registry, mlflow_key, resolve_tracking_uri, run_tags, share_view, view_url
+from lcfed.tracking import mlflow_key, resolve_tracking_uri, run_tags, share_view, view_url
 from tune_jobs.parent_run import ParentRun
 from tune_jobs.sweep.best import best_result, child_run, log_parent, trial_order
 from tune_jobs.sweep.callbacks import SweepProgress, TrialTracker
 from tune_jobs.sweep.errors import SweepInterrupted, error_line
 from tune_jobs.sweep.models import log_best_models, prune_models, register_run
-from tune_jobs.sweep.objective import METRIC, Objective, check_finishes, resolve_objective
-from tune_jobs.sweep.placement import resolve_trial_engine, trial_engines
+from tune_jobs.sweep.objective import METRIC, Objective
+from tune_jobs.sweep.options import SweepOptions
+from tune_jobs.sweep.placement import resolve_trial_engine
 from tune_jobs.sweep.search import check_search, make_scheduler, make_search
 from tune_jobs.sweep.space import describe_domain, space_spec, swept_keys
-from tune_jobs.sweep.storage import (
-    DEFAULT_KEEP_CHECKPOINTS,
-    DEFAULT_STORAGE,
-    check_keep,
-    check_storage,
-    experiment_path,
-    storage_location,
-)
+from tune_jobs.sweep.storage import DEFAULT_STORAGE, check_storage, experiment_path, storage_location
 from tune_jobs.sweep.trial import load_sources, run_trial, trial_resources
 
 
@@ -57,15 +50,11 @@ class SweepPlan:
     base: ExperimentConfig  # its tracking: an absolute URI, enabled
     space: dict[str, Any]  # as given: Tune domains, grids and fixed values
     tune_space: dict[str, Any]  # the Tuner's param_space entries for the search (:func:`check_search`)
-    objective: Objective
-    search: str
+    options: SweepOptions  # as given, validated
+    objective: Objective  # the options' (:meth:`SweepOptions.validate`)
     name: str
     storage_uri: str
-    num_samples: int = 1
-    max_concurrent: int = 0
-    gpus_per_trial: float = 0.0
-    resume: bool = False
-    keep_checkpoints: int = DEFAULT_KEEP_CHECKPOINTS
+    parent_run_id: str | None = None  # the run the sweep's parent run nests under (``lcfed compare``)
     named: Mapping[str, Any] | None = None  # values the trials' run names show besides the swept ones
 
     @property
@@ -77,73 +66,51 @@ class SweepPlan:
         """Where Tune keeps the sweep (the summary's ``storage``)."""
         return experiment_path(self.storage_uri, self.name)
 
+    @property
+    def models_wanted(self) -> bool:
+        """Whether the best trial's models are logged on its child run (``--register`` needs them)."""
+        return self.options.log_models or self.options.register is not None
 
-def run_sweep(
-    base: ExperimentConfig,
-    space: dict[str, Any],
-    *,
-    num_samples: int = 1,
-    scheduler: str = "asha",
-    max_concurrent: int = 0,
-    gpus_per_trial: float = 0.0,
-    name: str | None = None,
-    storage: str | Path = DEFAULT_STORAGE,
-    resume: bool = False,
-    trial_engine: str = "auto",
-    metric: str = METRIC,
-    mode: str | None = None,
-    grace_period: int | None = None,
-    max_t: int | None = None,
-    search: str = "random",
-    parent_run_id: str | None = None,
-    keep_checkpoints: int = DEFAULT_KEEP_CHECKPOINTS,
-    register: str | None = None,
-    log_models: bool = True,
-    named: Mapping[str, Any] | None = None,
-) -> dict[str, Any]:
+
+def run_sweep(base: ExperimentConfig, space: dict[str, Any], options: SweepOptions, *,
+              parent_run_id: str | None = None, named: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Run (or resume) a sweep; return the best trial's config, metric and the MLflow parent run.
 
-    ``trial_engine``: ``auto``, ``local`` or ``ray`` (:func:`resolve_trial_engine`). ``metric``, ``mode``,
-    ``scheduler``, ``grace_period``, ``max_t``: :func:`resolve_objective` (one metric and mode for the
-    scheduler, the best trial and the parent run). ``search``: :func:`check_search`. A resumed sweep keeps
-    the objective and search it started with. ``parent_run_id``: the sweep's run nests under it (``lcfed
-    compare``). ``keep_checkpoints``: each trial keeps its latest N checkpoints in the storage. With
-    ``log_models`` the best trial's final models are logged on its child run; ``register``: and registered
-    under that name in the Model Registry (:mod:`tune_jobs.sweep.models`).
-    ``named``: config values every trial's run name shows besides its swept ones (``lcfed sweep``:
-    its ``--set`` values; a trial is named ``lcfed mu=0.0312 lam=0.2 · digits dir0.15 · s0``).
+    ``options`` (:class:`~tune_jobs.sweep.options.SweepOptions`, checked by its ``validate`` before anything
+    starts, whoever calls; ``lcfed sweep`` has checked them before loading Tune): the search (:func:`check_search`), the objective (:func:`resolve_objective`: one metric
+    and mode for the scheduler, the best trial and the parent run), the trial engine
+    (:func:`resolve_trial_engine`), the storage and its checkpoints, and the best trial's models (logged on
+    its child run with ``log_models``; ``register``ed under that name in the Model Registry:
+    :mod:`tune_jobs.sweep.models`). A resumed sweep keeps the objective and search it started with.
+    ``parent_run_id``: the sweep's run nests under it (``lcfed compare``). ``named``: config values every
+    trial's run name shows besides its swept ones (``lcfed sweep``: its ``--set`` values; a trial is named
+    ``lcfed mu=0.0312 lam=0.2 · digits dir0.15 · s0``).
     """
-    obj = resolve_objective(base.train.rounds, metric, mode, scheduler, grace_period, max_t)
-    tune_space = check_search(search, space)
+    obj = options.validate(base.train.rounds)
+    tune_space = check_search(options.search, space)
     uri = resolve_tracking_uri(base.tracking.uri)
     base = base.replace(**{"tracking.uri": uri, "tracking.enabled": True})
-    check_keep(keep_checkpoints)
-    check_registry(register)
-    check_finishes(obj, base.train.rounds, register)
-    plan = SweepPlan(base=base, space=space, tune_space=tune_space, objective=obj, search=search,
-                     name=name or f"{base.name}-sweep", storage_uri=storage_location(storage), num_samples=num_samples,
-                     max_concurrent=max_concurrent, gpus_per_trial=gpus_per_trial, resume=resume,
-                     keep_checkpoints=keep_checkpoints, named=named)
-    require(trial_engine in trial_engines(), "--trial-engine", trial_engine, f"one of {trial_engines()}")
+    storage = DEFAULT_STORAGE if options.storage is None else options.storage
+    plan = SweepPlan(base=base, space=space, tune_space=tune_space, options=options, objective=obj,
+                     name=options.name or f"{base.name}-sweep", storage_uri=storage_location(storage),
+                     parent_run_id=parent_run_id, named=named)
     sources = load_sources(base, space)  # a missing dataset fails here, before any run or trial exists
     if logs.progress_shown():
-        print(f"lcfed sweep {plan.name}: Tune state and each trial's latest {keep_checkpoints} checkpoint(s) go to "
-              f"{plan.exp_path}", file=sys.stderr, flush=True)
+        print(f"lcfed sweep {plan.name}: Tune state and each trial's latest {options.keep_checkpoints} checkpoint(s) "
+              f"go to {plan.exp_path}", file=sys.stderr, flush=True)
     hint = f"; the Tune state is saved: continue with --resume --name {plan.name}"
     with ParentRun(base.engine, uri, hint, stop_reason=_stop_reason) as parent:
-        return _run_under(parent, plan, uri, sources, trial_engine, parent_run_id,
-                          log_models or register is not None, register)
+        return _run_under(parent, plan, sources)
 
 
-def _run_under(parent: ParentRun, plan: SweepPlan, uri: str, sources: Any, trial_engine: str,
-               parent_run_id: str | None, wanted: bool, register: str | None) -> dict[str, Any]:
+def _run_under(parent: ParentRun, plan: SweepPlan, sources: Any) -> dict[str, Any]:
     """The checked sweep under its open parent run: the trials, then the best one logged on the parent
-    (and, if ``wanted``, its models on its child run, ``register``ed under that name)."""
-    base, obj = plan.base, plan.objective
+    (and, if the plan wants them, its models on its child run, registered under ``--register``'s name)."""
+    base, obj, uri = plan.base, plan.objective, plan.base.tracking.uri
     check_storage(plan.storage_uri)
-    engine = resolve_trial_engine(trial_engine, plan.gpus_per_trial, len(alive_nodes()))
+    engine = resolve_trial_engine(plan.options.trial_engine, plan.options.gpus_per_trial, len(alive_nodes()))
     parent.connect(base.tracking.experiment)  # once, before any trial
-    _open_parent(parent, plan, engine, parent_run_id)
+    _open_parent(parent, plan, engine)
     tracker = TrialTracker(uri, parent.experiment_id, parent.run_id, plan.name, base.train.rounds, plan.swept,
                            plan.named)
     results = _fit(_tuner(plan, engine, parent.run_id, sources, tracker), tracker, plan.name)
@@ -151,7 +118,9 @@ def _run_under(parent: ParentRun, plan: SweepPlan, uri: str, sources: Any, trial
     summary = _summary(plan, results, best, engine, parent)
     log_parent(parent.client, parent.run_id, parent.experiment_id, results, best, summary["best_config"], plan.space,
                obj.metric, obj.mode)
-    summary.update(_best_models(parent, uri, best, register) if wanted else {"best_models": {}, "registered": None})
+    wanted = plan.models_wanted
+    summary.update(_best_models(parent, uri, best, plan.options.register) if wanted
+                   else {"best_models": {}, "registered": None})
     prune_models(results, best if wanted else None)
     return summary
 
@@ -176,26 +145,26 @@ def _stop_reason(exc: BaseException) -> str:
     return str(exc) or "interrupted"
 
 
-def _open_parent(parent: ParentRun, plan: SweepPlan, engine: str, nest_under: str | None) -> None:
+def _open_parent(parent: ParentRun, plan: SweepPlan, engine: str) -> None:
     """The sweep's parent run, opened: found again by the sweep's name to resume it, or created with the
-    sweep's settings as params, its space as ``space.yaml`` and a UI view of its trials. ``nest_under``: the
-    run it nests under (``lcfed compare``)."""
+    sweep's settings as params, its space as ``space.yaml`` and a UI view of its trials, nested under the
+    plan's ``parent_run_id`` if it has one (``lcfed compare``)."""
     client, obj = parent.client, plan.objective
     query = f"tags.sweep_name = '{plan.name}' and tags.sweep_parent = 'true'"
-    previous = client.search_runs([parent.experiment_id], query) if plan.resume else []
+    previous = client.search_runs([parent.experiment_id], query) if plan.options.resume else []
     if previous:  # Tune restores the scheduler it started with: the flags must agree with it
         logged = previous[0].data.params
-        for key, value in {**obj.as_params(), "search": plan.search}.items():
+        for key, value in {**obj.as_params(), "search": plan.options.search}.items():
             if key in logged and logged[key] != value:
                 raise ConfigError(f"--{key.replace('_', '-')}", value,
                                   f"sweep {plan.name} was started with {logged[key]}: resume it with the same")
         parent.open(previous[0].info.run_id)
         return
-    nested = {"mlflow.parentRunId": nest_under} if nest_under else {}
+    nested = {"mlflow.parentRunId": plan.parent_run_id} if plan.parent_run_id else {}
     tags = {"sweep_parent": "true", "sweep_name": plan.name, **run_tags(plan.base, seed="seed" not in plan.space),
             **nested}
-    params = {**{f"space.{k}": describe_domain(v) for k, v in plan.space.items()}, "num_samples": str(plan.num_samples),
-              "trial_engine": engine, "search": plan.search, **obj.as_params()}
+    params = {**{f"space.{k}": describe_domain(v) for k, v in plan.space.items()}, "num_samples": str(plan.options.num_samples),
+              "trial_engine": engine, "search": plan.options.search, **obj.as_params()}
     run_id = parent.create(plan.name, tags, params)
     client.log_text(run_id, yaml.safe_dump({k: space_spec(v) for k, v in plan.space.items()}, sort_keys=False),
                     "space.yaml")
@@ -214,25 +183,26 @@ def _tuner(plan: SweepPlan, engine: str, parent_id: str, sources: dict[Any, Any]
     config and the sweep's facts beside its sampled values, and the datasets through the object store."""
     obj = plan.objective
     param_space = {**plan.tune_space, "__base__": to_dict(plan.base),
-                   "__sweep__": {"parent_run_id": parent_id, "name": plan.name, "gpus_per_trial": plan.gpus_per_trial,
+                   "__sweep__": {"parent_run_id": parent_id, "name": plan.name, "gpus_per_trial": plan.options.gpus_per_trial,
                                  "trial_engine": engine, "metric": obj.metric}}
     # Tune warns whenever keeping only the latest checkpoints forces a snapshot of its (small) state
     os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
     trainable = tune.with_resources(tune.with_parameters(run_trial, sources=sources),
-                                    trial_resources(plan.base, plan.gpus_per_trial, engine))
+                                    trial_resources(plan.base, plan.options.gpus_per_trial, engine))
     progress = SweepProgress(plan.swept, obj.metric, obj.mode, obj.max_t or plan.base.train.rounds)
     # verbose=0 but with -v: Tune's own status output repeats the whole base config; the progress table replaces it
     run_config = tune.RunConfig(name=plan.name, storage_path=plan.storage_uri, callbacks=[tracker, progress],
                                 verbose=tune_verbosity(),
-                                checkpoint_config=tune.CheckpointConfig(num_to_keep=plan.keep_checkpoints))
-    if plan.resume and tune.Tuner.can_restore(plan.exp_path):
+                                checkpoint_config=tune.CheckpointConfig(num_to_keep=plan.options.keep_checkpoints))
+    if plan.options.resume and tune.Tuner.can_restore(plan.exp_path):
         return tune.Tuner.restore(plan.exp_path, trainable, param_space=param_space, resume_errored=True)
     return tune.Tuner(
         trainable,
         param_space=param_space,
-        tune_config=tune.TuneConfig(metric=obj.metric, mode=obj.mode, num_samples=plan.num_samples,
+        tune_config=tune.TuneConfig(metric=obj.metric, mode=obj.mode, num_samples=plan.options.num_samples,
                                     scheduler=make_scheduler(obj),
-                                    search_alg=make_search(plan.search, plan.base.seed, plan.max_concurrent),
+                                    search_alg=make_search(plan.options.search, plan.base.seed,
+                                                          plan.options.max_concurrent),
                                     # a local trial's process (torch imported, warm) serves the next trial
                                     reuse_actors=engine == "local"),
         run_config=run_config,
@@ -266,7 +236,7 @@ def _summary(plan: SweepPlan, results: Any, best: Any, engine: str, parent: Pare
             "parent_run_id": parent.run_id, "experiment_id": parent.experiment_id, "tracking_uri": uri,
             "trials": len(results), "errors": len(failed), "first_error": failed[0] if failed else None,
             "storage": plan.exp_path, "trial_engine": engine, "scheduler": obj.scheduler,
-            "grace_period": obj.grace_period, "max_t": obj.max_t, "search": plan.search,
+            "grace_period": obj.grace_period, "max_t": obj.max_t, "search": plan.options.search,
             "view": view_url(uri, parent.experiment_id, view_key(plan.name))}
 
 

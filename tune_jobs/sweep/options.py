@@ -1,0 +1,155 @@
+"""A sweep's options, once: :class:`SweepOptions` (what ``lcfed sweep`` and ``lcfed compare`` share, checked by
+:meth:`SweepOptions.validate`), the flags that set them (:func:`add_sweep_options`) and the parsed flags as
+options (:func:`sweep_options`).
+
+No Ray here: the ``lcfed sweep`` and ``lcfed compare`` parsers, built for every ``lcfed`` command, declare
+these flags.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from lcfed.config import NAME_RULE, require, safe_name
+from lcfed.metric_catalog import objectives
+from lcfed.output_paths import check_output_dir
+from lcfed.tracking import check_registry
+from tune_jobs.sweep.objective import METRIC, SCHEDULERS, SEARCHES, Objective, check_finishes, resolve_objective
+from tune_jobs.sweep.placement import trial_engines
+from tune_jobs.sweep.storage import DEFAULT_KEEP_CHECKPOINTS, DEFAULT_STORAGE, check_keep
+
+
+@dataclass(frozen=True)
+class SweepOptions:
+    """How a sweep searches, what it optimises, where its trials run and where it keeps them: one field per
+    ``lcfed sweep`` flag (``--max-concurrent`` is ``max_concurrent``), defaults as the flags'.
+
+    ``name`` and ``storage``: ``None`` is the command's default (a sweep: ``<config name>-sweep`` and
+    ``DEFAULT_STORAGE``; a comparison: the ``--out`` directory's name and ``<out>/tune``). ``log_models``
+    (no flag): the best trial's final models are logged on its child run (always with ``register``).
+    :meth:`validate` checks them all.
+    """
+
+    search: str = "random"
+    num_samples: int = 1
+    metric: str = METRIC
+    mode: str | None = None
+    scheduler: str = "asha"
+    grace_period: int | None = None
+    max_t: int | None = None
+    max_concurrent: int = 0
+    gpus_per_trial: float = 0.0
+    trial_engine: str = "auto"
+    name: str | None = None
+    storage: str | Path | None = None
+    keep_checkpoints: int = DEFAULT_KEEP_CHECKPOINTS
+    register: str | None = None
+    resume: bool = False
+    log_models: bool = True
+
+    def validate(self, rounds: int) -> Objective:
+        """Refuse, before anything starts, an option no sweep of ``rounds`` rounds (the base config's
+        ``train.rounds``) can run: a :class:`~lcfed.config.ConfigError` naming the flag and what it takes.
+        Returns the objective the options resolve to (:func:`resolve_objective`: the metric's mode, the
+        scheduler's grace period and ``max_t`` filled in)."""
+        require(self.name is None or safe_name(self.name), "--name", self.name, NAME_RULE)
+        check_output_dir(self.storage, "--storage")
+        require(_integer(self.num_samples) and self.num_samples >= 1, "--num-samples", self.num_samples,
+                "must be >= 1")
+        require(_integer(self.max_concurrent) and self.max_concurrent >= 0, "--max-concurrent", self.max_concurrent,
+                "must be >= 0")
+        require(isinstance(self.gpus_per_trial, (int, float)) and self.gpus_per_trial >= 0, "--gpus-per-trial",
+                self.gpus_per_trial, "must be >= 0")
+        require(self.trial_engine in trial_engines(), "--trial-engine", self.trial_engine,
+                f"one of {trial_engines()}")
+        require(self.search in SEARCHES, "--search", self.search, f"one of {list(SEARCHES)}")
+        check_keep(self.keep_checkpoints)
+        check_registry(self.register)
+        obj = resolve_objective(rounds, self.metric, self.mode, self.scheduler, self.grace_period, self.max_t)
+        check_finishes(obj, rounds, self.register)
+        return obj
+
+
+def _integer(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+#: each option's flag: its argparse settings and its help as ``lcfed sweep`` words it
+_FLAGS: dict[str, dict[str, Any]] = {
+    "search": dict(
+        choices=list(SEARCHES), default="random",
+        help="random (default): Tune's random samples, grid([...]) fields expanded; grid: every swept field "
+        "enumerated (grid or choice); optuna / hyperopt: Tune's OptunaSearch / HyperOptSearch, seeded by the "
+        "config's seed (pip install 'lcfed[search]')"),
+    "num_samples": dict(
+        type=int, default=1,
+        help="trials (optuna, hyperopt), or samples per grid point (random, grid) (default %(default)s)"),
+    "metric": dict(
+        default=METRIC,
+        help=f"the per-round metric to optimise (default %(default)s); one of: {', '.join(objectives())}"),
+    "mode": dict(
+        choices=["max", "min"],
+        help="max or min (default: the metric's direction: max for acc_*, label_homogeneity, ari, coverage; min "
+        "for *_loss, acc_std, bytes and seconds)"),
+    "scheduler": dict(
+        choices=list(SCHEDULERS), default="asha",
+        help="asha (default): Tune's ASHAScheduler stops trials behind at a rung; hyperband: HyperBandScheduler "
+        "(pauses and stops trials in brackets); fifo: every trial runs all rounds"),
+    "grace_period": dict(
+        type=int, metavar="N",
+        help="rounds a trial runs before asha/hyperband may stop it (default max(1, max_t // 2))"),
+    "max_t": dict(
+        type=int, metavar="N", help="rounds a trial runs at most under asha/hyperband (default train.rounds)"),
+    "max_concurrent": dict(type=int, default=0, help="trials at once (0 = as resources allow)"),
+    "gpus_per_trial": dict(type=float, default=0.0, help="GPUs per trial, shared by its device actors"),
+    "trial_engine": dict(
+        choices=trial_engines(), default="auto",
+        help="local: each trial's federation in the trial's process (engine.torch_threads x engine.workers CPUs, "
+        "its GPU share); ray: device actors in the trial's placement group; auto (default): local on a "
+        "single-node Ray with --gpus-per-trial <= 1, else ray"),
+    "name": dict(help="sweep name (Tune experiment and MLflow parent run); default <config name>-sweep"),
+    "storage": dict(
+        default=DEFAULT_STORAGE,
+        help="Tune storage: a path, or a URI every node reaches (s3://bucket/prefix, gs://..., file://...) as a "
+        "multi-node cluster needs (default %(default)s, under the working directory)"),
+    "keep_checkpoints": dict(
+        type=int, default=DEFAULT_KEEP_CHECKPOINTS, metavar="N",
+        help="checkpoints each trial keeps in the storage, the latest (default %(default)s)"),
+    "register": dict(
+        metavar="NAME",
+        help="register the best trial's model (its personalized models) as a new version of NAME in the MLflow "
+        "Model Registry, linked to its run (needs a database store or a server)"),
+    "resume": dict(action="store_true", help="continue an interrupted sweep of the same --name"),
+}
+#: ``lcfed sweep``'s option flags, in its ``--help``'s order
+SWEEP_FLAGS = tuple(_FLAGS)
+
+
+def flag(option: str) -> str:
+    """The flag of an option: ``max_concurrent`` -> ``--max-concurrent``."""
+    return "--" + option.replace("_", "-")
+
+
+def add_sweep_options(parser: argparse.ArgumentParser, options: Sequence[str] = SWEEP_FLAGS, *,
+                      help: Mapping[str, str] | None = None, defaults: Mapping[str, Any] | None = None) -> None:
+    """Declare the flags of ``options`` (:class:`SweepOptions` fields, in this order; default: all of
+    ``lcfed sweep``'s). A command that gives an option another meaning or default says so: ``help`` and
+    ``defaults`` map an option to its own (``lcfed compare``: ``--storage`` defaults to ``<out>/tune``)."""
+    for option in options:
+        spec = {**_FLAGS[option]}
+        if help and option in help:
+            spec["help"] = help[option]
+        if defaults and option in defaults:
+            spec["default"] = defaults[option]
+        parser.add_argument(flag(option), **spec)
+
+
+def sweep_options(args: argparse.Namespace, **fixed: Any) -> SweepOptions:
+    """The options the parsed flags set (a :class:`SweepOptions` field without a flag keeps its default;
+    ``fixed``: values the command sets itself). Not yet validated: :meth:`SweepOptions.validate`."""
+    given = {f.name: getattr(args, f.name) for f in fields(SweepOptions) if f.name in _FLAGS and hasattr(args, f.name)}
+    return SweepOptions(**{**given, **fixed})
