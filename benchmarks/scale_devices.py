@@ -71,7 +71,7 @@ def one(m: int, args: argparse.Namespace) -> dict[str, Any]:
             return out
 
     with tempfile.TemporaryDirectory(prefix="lcfed-scale-") as ckpt:
-        cfg = config(m, args, ckpt)
+        cfg = config(m, args, ckpt, list(getattr(args, "extra", None) or []))
         numerics.activate(cfg.engine.numerics)
         t0 = time.perf_counter()
         fed = LocalFederation(cfg, load(cfg), cfg.engine.num_cpus or len(os.sched_getaffinity(0)))
@@ -112,6 +112,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--data", choices=["images", "leaf"], default="images",
                     help="synthetic images and LeNet-5, or leaf_synthetic and the MLP")
     ap.add_argument("--one", type=int, default=0, help=argparse.SUPPRESS)  # the child process's m
+    ap.add_argument("--set", action="append", default=[], dest="extra", metavar="KEY=VALUE",
+                    help="a config override on top of the workload (e.g. the device model's)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     args = ap.parse_args(argv)
     if args.one:
@@ -122,7 +124,7 @@ def main(argv: list[str] | None = None) -> None:
     for m in args.devices:
         cmd = [sys.executable, str(Path(__file__).resolve()), "--one", str(m), "--participants", str(args.participants),
                "--samples-per-device", str(args.samples_per_device), "--rounds", str(args.rounds),
-               "--state-mb", str(args.state_mb), "--data", args.data]
+               "--state-mb", str(args.state_mb), "--data", args.data, *[f"--set={e}" for e in args.extra]]
         out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
         rows.append(json.loads(out.strip().splitlines()[-1]))
         r = rows[-1]

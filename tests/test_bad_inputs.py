@@ -379,6 +379,34 @@ ROWS += [
     ("head-stop-timeout-neg", "head stop --timeout -1", {}, "--timeout"),
     ("run-tracked-bad-value-no-store", "run --set train.lr=-1", {}, "train.lr"),
     ("run-tracked-bad-seed-no-store", "run --set seed=18446744073709551616", {}, "seed"),
+    # devices: traces and the round's policies (section 2c)
+    ("devices-capacity-negative", f"{R} --set devices.simulate=true --set devices.capacity_trace=cap.json",
+     {"cap.json": '{"1": {"computation": -5, "communication": 100}}'}, ("devices.capacity_trace", "computation")),
+    ("devices-capacity-nan", f"{R} --set devices.simulate=true --set devices.capacity_trace=cap.csv",
+     {"cap.csv": "id,computation,communication\n1,nan,100\n"}, ("devices.capacity_trace", "computation")),
+    ("devices-capacity-zero-link", f"{R} --set devices.simulate=true --set devices.capacity_trace=cap.json",
+     {"cap.json": '{"1": {"computation": 5, "communication": 0}}'}, ("devices.capacity_trace", "communication")),
+    ("devices-trace-unknown-format", f"{R} --set devices.simulate=true --set devices.capacity_trace=cap.xml",
+     {"cap.xml": "<x/>"}, "devices.capacity_trace"),
+    ("devices-trace-format-choice", f"{R} --set devices.simulate=true --set devices.trace_format=xml", {},
+     "devices.trace_format"),
+    ("devices-availability-overlap", f"{R} --set devices.simulate=true --set devices.availability=trace "
+     "--set devices.availability_trace=av.json",
+     {"av.json": '{"1": {"duration": 9, "active": [0, 2], "inactive": [3, 5], "finish_time": 9}}'},
+     "devices.availability_trace"),
+    ("devices-hostile-pickle", f"{R} --set devices.simulate=true --set devices.capacity_trace=cap.pkl",
+     {"cap.pkl": b"cos\nsystem\n(S'touch pwned'\ntR."}, ("devices.capacity_trace", "refused")),
+    ("devices-deadline-below-all", f"{R} --set devices.simulate=true --set devices.deadline_seconds=0.000001", {},
+     "devices.deadline_seconds"),
+    ("devices-overcommit-negative", f"{R} --set devices.simulate=true --set devices.overcommit=-0.3", {},
+     "devices.overcommit"),
+    ("devices-off-but-set", f"{R} --set devices.dropout=0.1", {}, ("devices.dropout", "devices.simulate: true")),
+    ("devices-async-buffer-0", f"{R} --set devices.simulate=true --set devices.aggregation=async "
+     "--set method.name=fedavg", {}, "devices.async_buffer"),
+    ("devices-async-buffer-over", f"{R} --set devices.simulate=true --set devices.aggregation=async "
+     "--set devices.async_buffer=999 --set method.name=fedavg", {}, "devices.async_buffer"),
+    ("devices-async-method", f"{R} --set devices.simulate=true --set devices.aggregation=async "
+     "--set devices.async_buffer=2 --set method.name=fesem", {}, ("devices.aggregation", "those that do: ")),
     # config / methods
     ("config-missing-file", "config --config nope.yaml", {}, "--config"),
     ("methods-extra-arg", "methods extra", {}, "lcfed: usage error: methods: unrecognized arguments: extra"),

@@ -123,6 +123,23 @@ def test_run_places_device_actors_on_gpu_workers_and_matches_in_process(env: Env
         assert summary[key] == local.final[key], key
 
 
+def test_the_device_model_schedules_the_same_on_a_multi_node_cluster(env: Env, tmp_path: Path):
+    """Asynchronous LCFed on devices that come and go: the queue lives in the server actor, the devices train
+    on the workers; the clock and the numbers are the in-process run's."""
+    sets = ["train.participation=0.5", "method.rank=2", "devices.simulate=true", "devices.aggregation=async",
+            "devices.async_buffer=2", "devices.speed_sigma=1.0", "devices.availability=diurnal",
+            "devices.online_fraction=0.6", "devices.dropout=0.2"]
+    out = tmp_path / "run.json"
+    proc = env.lcfed("run", "--config", str(env.config), "--no-track", "-q", "--json", str(out),
+                     *[a for s in sets for a in ("--set", s)])
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    summary = json.loads(out.read_text())
+    assert len({a["node_id"] for a in summary["placement"]["device_actors"]}) > 1
+    local = _in_process(env, *sets)
+    for key in ("sim_clock_seconds", "staleness_mean", "devices_kept", "acc_mean", "train_loss"):
+        assert summary[key] == local.final[key], key
+
+
 @pytest.mark.slow  # ~25 s; the fast suite keeps state per host and checkpoints of trained devices only: test_scale.py
 def test_each_actor_holds_only_its_own_devices_and_the_server_none(env: Env):
     """Many devices, a quarter of them per round: each device actor holds the samples of its own block

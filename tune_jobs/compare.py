@@ -86,7 +86,8 @@ def _seed_rows(grid: Any) -> dict[int, dict[str, Any]]:
                     (isinstance(v, float) and math.isnan(v))} for row in df[cols].to_dict("records")]
         history = [h for h in history if "round" in h]
         curve = [[h["round"], h["acc_mean"], h.get("bytes_up_total", 0.0) + h.get("bytes_down_total", 0.0),
-                  h.get("sim_seconds_total", math.nan)] for h in history if "acc_mean" in h]
+                  # the device model's clock where it runs (devices.simulate), else the ideal round's pricing
+                  h.get("sim_clock_seconds", h.get("sim_seconds_total", math.nan))] for h in history if "acc_mean" in h]
         # the assignment against a testbed's true groups, each round a method clustered
         recovery = [[h["round"], h.get("ari", math.nan), h.get("nmi", math.nan), h["num_clusters"]]
                     for h in history if "num_clusters" in h]

@@ -1,0 +1,39 @@
+"""README's reference tables follow the code: the methods table the registry, the config table the dataclasses
+(the metric table is tests/test_metric_catalog.py's)."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+
+from lcfed import registry
+from lcfed.config import _SECTIONS, ExperimentConfig
+
+README = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+
+
+def _table(header: str) -> list[list[str]]:
+    start = README.index(header)
+    block = README[start:README.index("\n\n", start)].splitlines()[2:]
+    return [[cell.strip() for cell in re.split(r"(?<!\\)\|", row.strip("|"))] for row in block]
+
+
+def test_methods_table_is_the_registry():
+    rows = _table("| name | method | what is shared | async |")
+    names = [re.fullmatch(r"`(\w+)`", r[0]).group(1) for r in rows]
+    builtins = [e.name for e in registry.names("method") if e.origin == "built-in"]
+    assert sorted(names) == sorted(builtins)
+    for name, row in zip(names, rows, strict=True):
+        assert (row[3] == "✓") == registry.method(name).strategy.supports_async, name
+
+
+def test_config_table_names_every_field_of_every_section():
+    rows = {re.fullmatch(r"`(\w+)`", r[0]).group(1): r[1] for r in _table("| section | fields (defaults) |")}
+    assert set(rows) == {*_SECTIONS, "method"}
+    for section, cls in _SECTIONS.items():
+        missing = [f.name for f in dataclasses.fields(cls) if f"`{f.name}`" not in rows[section]]
+        assert not missing, f"README's config table lacks {section}.{missing}"
+    lcfed = registry.method("lcfed").params
+    assert all(f"`{f.name}`" in rows["method"] for f in dataclasses.fields(lcfed))
+    assert {f.name for f in dataclasses.fields(ExperimentConfig)} == {*_SECTIONS, "method", "name", "seed"}
