@@ -165,6 +165,21 @@ def state_chunks(states: Mapping[int, Any]) -> Iterator[dict[int, Any]]:
         yield {d: states[d] for d in ids[start : start + PART_DEVICES]}
 
 
+#: the main file's name in ``checkpoint.dir``
+MAIN_FILE = "latest.pt"
+
+
+def path(directory: str | Path | None) -> Path | None:
+    """The main file of the checkpoint in ``directory`` (``checkpoint.dir``); None without one."""
+    return Path(directory).expanduser() / MAIN_FILE if directory else None
+
+
+def due(rnd: int, every: int, rounds: int) -> bool:
+    """Whether round ``rnd`` (from 0) ends with a checkpoint: every ``every`` rounds (``checkpoint.every``) and
+    after the last of ``rounds``."""
+    return (rnd + 1) % every == 0 or rnd == rounds - 1
+
+
 @dataclass
 class Snapshot:
     """Everything needed to continue a run bit-identically from ``next_round``."""

@@ -361,7 +361,7 @@ LATER_DEFAULTS: dict[str, dict[str, Any]] = {"data": {
     "val_fraction": 0.0, "holdout_fraction": 0.0, "path": "", "format": "auto", "label_column": "label",
     "device_column": "device", "image_size": (), "user_selection": "largest", "testbed": "none", "testbed_groups": 4,
     "synthetic_samples": 0, "synthetic_alpha": 1.0, "synthetic_beta": 1.0, "synthetic_clusters": 0,
-}, "devices": {f.name: f.default for f in dataclasses.fields(DevicesConfig)}}
+}, "train": {}, "devices": {f.name: f.default for f in dataclasses.fields(DevicesConfig)}}
 
 
 #: the sections every digest has always had (a later one at its defaults leaves the digest as it was)

@@ -105,7 +105,7 @@ def evaluate_round(
 
 
 def checkpoint_path(cfg: ExperimentConfig) -> Path | None:
-    return Path(cfg.checkpoint.dir).expanduser() / "latest.pt" if cfg.checkpoint.dir else None
+    return checkpoint.path(cfg.checkpoint.dir)
 
 
 def load_resume(cfg: ExperimentConfig) -> checkpoint.Snapshot | None:
@@ -352,7 +352,7 @@ def _loop(
             played = _play(cfg, fed, server, pool, rnd, trained, totals, clock)
             _time_to_target(cfg, played.metrics, result.history)
             history = [*result.history, played.metrics]
-            if ckpt is not None and ((rnd + 1) % cfg.checkpoint.every == 0 or rnd == cfg.train.rounds - 1):
+            if ckpt is not None and checkpoint.due(rnd, cfg.checkpoint.every, cfg.train.rounds):
                 last_snap = _save(ckpt, cfg, rnd + 1, server, pool, history, observers, played.trained)
         except ClusterLost as exc:  # nothing to restart hosts on: stop, saying where the run can go on from
             exc.during(rnd, last_snap.next_round if last_snap is not None else 0, ckpt)

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from lcfed import checkpoint
+from lcfed.config import to_dict
 from lcfed.engines.local import run_local
 from lcfed.loop import load_resume
 from lcfed.methods.lcfed import LCFedState
@@ -196,3 +197,22 @@ def test_sigterm_stops_at_a_round_boundary_checkpointed_and_killed_then_resume_c
     assert steps() == list(range(rounds))  # each round exactly once, in the same run
     clean = run_local(cfg.replace(**{"tracking.enabled": False, "checkpoint.dir": ""}))
     assert client.get_run(run.info.run_id).data.metrics["accuracy/acc_mean"] == pytest.approx(clean.final["acc_mean"], abs=0)
+
+
+def test_an_old_checkpoint_resumes_after_a_train_field_is_added(tmp_path, monkeypatch):
+    """A ``train`` field added later stays out of the digest at its default (``LATER_DEFAULTS``), so a checkpoint
+    written before it existed resumes; at another value the digest changes."""
+    import dataclasses
+
+    from lcfed import config as config_module
+
+    old = tiny_config("train.rounds=4", f"checkpoint.dir={tmp_path}")
+    run_local(tiny_config("train.rounds=2", f"checkpoint.dir={tmp_path}"))
+    later = dataclasses.make_dataclass("TrainConfig", [("warmup", int, dataclasses.field(default=0))],
+                                       bases=(type(old.train),), frozen=True)
+    monkeypatch.setitem(config_module.LATER_DEFAULTS, "train", {"warmup": 0})
+    new = dataclasses.replace(old, train=later(**vars(old.train)))
+    assert to_dict(new)["train"]["warmup"] == 0 and new.digest() == old.digest()
+    snap = load_resume(new)
+    assert snap is not None and snap.next_round == 2
+    assert dataclasses.replace(old, train=later(**vars(old.train), warmup=3)).digest() != old.digest()

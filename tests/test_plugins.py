@@ -76,6 +76,13 @@ def test_fedprox_with_mu_0_is_fedavg_number_for_number(installed, tmp_path):
     assert prox["method"] == "fedprox"
     pulled = run_json(tmp_path, "pulled", "method.name=fedprox", "method.mu=1")
     assert pulled["train_loss"] != avg["train_loss"]  # the proximal term is there
+    # FedProx inherits FedAvg's asynchronous aggregation (FedBuff): with mu = 0, the same numbers again
+    fedbuff = ["train.participation=0.5", "devices.simulate=true", "devices.aggregation=async", "devices.async_buffer=2",
+               "devices.speed_sigma=1.0"]
+    prox = run_json(tmp_path, "prox-async", "method.name=fedprox", "method.mu=0", *fedbuff)
+    avg = run_json(tmp_path, "avg-async", "method.name=fedavg", *fedbuff)
+    assert [prox[k] for k in (*keys, "sim_clock_seconds", "staleness_mean")] == \
+        [avg[k] for k in (*keys, "sim_clock_seconds", "staleness_mean")]
 
 
 def lcfed(site: Path, cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:

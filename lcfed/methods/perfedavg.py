@@ -26,7 +26,7 @@ Decisions where the paper leaves room:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -152,6 +152,6 @@ class PerFedAvg(Strategy[PerFedAvgState, None, ModelMessage, torch.Tensor]):
 
     def personalized(self, ctx: DeviceContext, dev: None, payload: PerFedAvgState) -> torch.Tensor:
         d = ctx.data
-        one = LocalWork(ctx.work.lr, ctx.work.batch_size, steps=1)
+        one = replace(ctx.work, steps=1, epochs=None)  # the round's work but one step: any later field carried
         (batch,) = _batches(d.x_train, d.y_train, one, batch_rng(ctx.seed, ctx.device, payload.rounds, _ADAPT))
         return adapt(ctx.net, payload.weights.to(d.x_train.device), batch, self.params.alpha)

@@ -76,7 +76,7 @@ class TuneReporter:
             data["provenance"], self.provenance = self.provenance, None
         report = {self.metric: self.value, "round": rnd, REPORT_KEY: data}
         ck = self.cfg.checkpoint
-        saved = bool(ck.dir) and ((rnd + 1) % ck.every == 0 or rnd == self.cfg.train.rounds - 1)
+        saved = bool(ck.dir) and checkpoint.due(rnd, ck.every, self.cfg.train.rounds)
         if rnd == self.cfg.train.rounds - 1:
             self.pending = (report, saved)
         else:
@@ -174,7 +174,9 @@ def run_trial(config: dict[str, Any], sources: dict[Any, Any] | None = None) -> 
         prior = tune.get_checkpoint()
         if prior is not None:  # into the trial's own folder: the states are read from their part files when used
             prior.to_directory(work)
-            resume = checkpoint.load(Path(work) / "latest.pt")
+            main_file = checkpoint.path(work)
+            assert main_file is not None
+            resume = checkpoint.load(main_file)
         fed = _trial_federation(cfg, dataset)
         try:
             placement = {"engine": cfg.engine.kind, "trial_node": ray.get_runtime_context().get_node_id(),
