@@ -188,7 +188,7 @@ def _probe_tcp(gcs: str, address: str) -> None:
 
 def _enable_auth_if_required(gcs: str, address: str) -> None:
     """Token mode on in this process when the GCS asks for a token and Ray's token passes."""
-    from ray._raylet import AuthenticationMode, AuthenticationTokenLoader, Config, get_authentication_mode  # (the same)
+    from ray._raylet import AuthenticationMode, AuthenticationTokenLoader, Config, get_authentication_mode  # type: ignore[attr-defined]  # (the same; Ray's _raylet.pyi omits its auth API)
     from ray.exceptions import AuthenticationError  # (the same)
 
     if not _gcs_refuses(gcs, address, None):
@@ -230,7 +230,7 @@ def _gcs_refuses(gcs: str, address: str, token: str | None) -> bool:
     with grpc.insecure_channel(gcs) as channel:
         stub = gcs_service_pb2_grpc.NodeInfoGcsServiceStub(channel)
         try:
-            stub.GetClusterId(gcs_service_pb2.GetClusterIdRequest(), timeout=PROBE_TIMEOUT_S, metadata=metadata)
+            stub.GetClusterId(gcs_service_pb2.GetClusterIdRequest(), timeout=PROBE_TIMEOUT_S, metadata=metadata)  # type: ignore[attr-defined]  # protobuf-generated: its messages exist only at run time
         except grpc.RpcError as err:
             if err.code() == grpc.StatusCode.UNAUTHENTICATED:
                 return True

@@ -95,7 +95,8 @@ def sweep(cfg: ExperimentConfig, space: Mapping[str, Any] | str | Path, **option
 
     resolved = load_space(space, cfg) if isinstance(space, (str, Path)) else dict(space)
     nesting = {k: options.pop(k) for k in ("parent_run_id", "named") if k in options}
-    return run_sweep(cfg, resolved, SweepOptions(**options), **nesting)
+    summary: dict[str, Any] = run_sweep(cfg, resolved, SweepOptions(**options), **nesting)  # (a lazy name: Any)
+    return summary
 
 
 class _Report:

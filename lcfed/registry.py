@@ -31,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 from importlib import metadata
-from typing import Any
+from typing import Any, cast
 
 KINDS = {"method": "lcfed.methods", "model": "lcfed.models", "dataset": "lcfed.datasets"}
 
@@ -157,7 +157,7 @@ def model(name: str) -> Callable[[tuple[int, ...], int], Any]:
     obj, origin = _load("model", name)
     if not callable(obj):
         raise PluginError(f"model {name!r} ({origin}) is {_what(obj)}, not a builder (input_shape, num_classes) -> nn.Module")
-    return obj
+    return cast(Callable[[tuple[int, ...], int], Any], obj)
 
 
 def dataset(name: str) -> Callable[..., Any]:
@@ -165,7 +165,7 @@ def dataset(name: str) -> Callable[..., Any]:
     obj, origin = _load("dataset", name)
     if not callable(obj):
         raise PluginError(f"dataset {name!r} ({origin}) is {_what(obj)}, not a loader (data_dir, download) -> Dataset")
-    return obj
+    return cast(Callable[..., Any], obj)
 
 
 def one_line(text: object) -> str:

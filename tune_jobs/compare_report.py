@@ -13,7 +13,7 @@ import json
 import math
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -205,7 +205,7 @@ def _device_pairs(methods: Sequence[str], seeds: list[int], phase2: dict[str, An
     return lines if rows else []
 
 
-def _nanmean(values: list[float]) -> float | str:
+def _nanmean(values: list[float]) -> float | Literal[""]:
     """The mean of the values that are numbers; '' where none is (a method that never clustered)."""
     kept = [v for v in values if not math.isnan(v)]
     return float(np.mean(kept)) if kept else ""

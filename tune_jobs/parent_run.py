@@ -67,6 +67,7 @@ class ParentRun:
     def connect(self, experiment: str) -> Any:
         """The tracking client (a fresh sqlite store is created under its lock) and ``experiment``'s id in
         :attr:`experiment_id` (the experiment created once, before any run nests under it)."""
+        assert self.uri is not None  # only a command with a tracking store opens its parent run
         self.client = open_client(self.uri)
         self.experiment_id = get_or_create_experiment(self.client, experiment, self.uri)
         return self.client
@@ -87,6 +88,7 @@ class ParentRun:
         if running:
             self.client.update_run(run_id, status="RUNNING")
         self.run_id = run_id
+        assert self.uri is not None  # (as in connect)
         self._guard = RunGuard(self.uri, run_id, self.hint)
         return run_id
 

@@ -218,7 +218,7 @@ def reproduce_table1(
 ) -> dict[str, Any]:
     """Run (or finish) every cell; return the table and where it went."""
     method_sets = dict(method_sets or {})
-    cells = [Cell(d, p, m, s) for d in datasets for p in partitions for m in methods for s in (seeds or [None])]
+    cells = [Cell(d, p, m, s) for d in datasets for p in partitions for m in methods for s in (seeds if seeds else [None])]
     configs = {c.key: cell_config(base, c, method_sets, out) for c in cells}  # every cell validated before work
     for d in datasets:  # and its data present and large enough
         cfg = next(configs[c.key] for c in cells if c.dataset == d)
@@ -278,7 +278,7 @@ def _cell_result(cell: Cell, cfg: ExperimentConfig, out: Path, parent: ParentRun
         result = fed.run(observers, resume)
     finally:
         fed.close()
-    row = {**summarize(result.history), "rounds": cfg.train.rounds, "digest": cfg.digest(),
+    row: dict[str, Any] = {**summarize(result.history), "rounds": cfg.train.rounds, "digest": cfg.digest(),
            "wall_seconds": result.wall_seconds, "seconds_per_round": result.round_seconds,
            "run_id": result.tracking.get("run_id", "")}
     write_json(done, row)  # a cell is finished only once its summary is whole on disk

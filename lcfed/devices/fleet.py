@@ -216,6 +216,7 @@ class Fleet:
         once d * P is large).
         """
         starts, _, offsets = self._csr
+        lo: np.ndarray  # (numpy types the fancy index below as Any)
         lo, hi = offsets[d].copy(), offsets[d + 1].copy()
         last = max(len(starts) - 1, 0)
         while True:

@@ -70,7 +70,7 @@ def mu_lambda_figure(trials: Sequence[Mapping[str, Any]]) -> Any:
     early = [i for i, v in enumerate(values) if v is None]
     fig, ax = plt.subplots(figsize=(5.5, 4.4), dpi=100, layout="constrained")
     if done:
-        sc = ax.scatter([mu[i] for i in done], [lam[i] for i in done], c=[values[i] for i in done], cmap="viridis",
+        sc = ax.scatter([mu[i] for i in done], [lam[i] for i in done], c=[v for v in values if v is not None], cmap="viridis",
                         s=80, edgecolors="k", label=f"reached round {at}")
         fig.colorbar(sc, ax=ax, label=f"{METRIC} at round {at}")
     if early:
@@ -88,7 +88,7 @@ def mu_lambda_figure(trials: Sequence[Mapping[str, Any]]) -> Any:
     return fig
 
 
-def assignment_figure(hist: np.ndarray, rounds: Sequence[int] | None = None, title: str = "") -> Any:
+def assignment_figure(hist: np.ndarray, rounds: Sequence[int] | np.ndarray | None = None, title: str = "") -> Any:
     """Cluster assignment per round (rows = rounds, columns = devices) with one categorical colour
     per cluster id (a discrete colour bar, integer ticks); unassigned (-1) is grey."""
     matplotlib.use("Agg")
@@ -96,9 +96,9 @@ def assignment_figure(hist: np.ndarray, rounds: Sequence[int] | None = None, tit
     if hist.ndim == 1:
         hist = hist[None]
     ids = [int(v) for v in np.unique(hist) if v >= 0]
-    pool = [c for name in ("tab20", "tab20b", "tab20c") for c in plt.get_cmap(name).colors]
+    pool = [c for name in ("tab20", "tab20b", "tab20c") for c in plt.get_cmap(name).colors]  # type: ignore[attr-defined]  # a ListedColormap (stubs: Colormap)
     if len(ids) <= 10:
-        colours = list(plt.get_cmap("tab10").colors[:len(ids)])
+        colours = list(plt.get_cmap("tab10").colors[:len(ids)])  # type: ignore[attr-defined]  # (the same)
     elif len(ids) <= len(pool):
         colours = pool[:len(ids)]
     else:

@@ -111,6 +111,7 @@ def _run_under(parent: ParentRun, plan: SweepPlan, sources: Any) -> dict[str, An
     engine = resolve_trial_engine(plan.options.trial_engine, plan.options.gpus_per_trial, len(alive_nodes()))
     parent.connect(base.tracking.experiment)  # once, before any trial
     _open_parent(parent, plan, engine)
+    assert uri is not None and parent.run_id is not None  # run_sweep resolved the uri; _open_parent opened the run
     tracker = TrialTracker(uri, parent.experiment_id, parent.run_id, plan.name, base.train.rounds, plan.swept,
                            plan.named)
     results = _fit(_tuner(plan, engine, parent.run_id, sources, tracker), tracker, plan.name)
@@ -229,6 +230,7 @@ def _summary(plan: SweepPlan, results: Any, best: Any, engine: str, parent: Pare
     """What ``lcfed sweep`` prints (and ``--json`` writes): the best trial, the runs, the failures, where
     Tune keeps the sweep and the settings it ran with."""
     obj, uri = plan.objective, plan.base.tracking.uri
+    assert uri is not None  # run_sweep resolved it
     best_cfg = {k: v for k, v in best.config.items() if not k.startswith("__")}
     failed = [error_line(str(r.error)) for r in results if r.error is not None]
     return {"best_config": best_cfg, "best_" + obj.metric: best.metrics.get(obj.metric),

@@ -67,8 +67,10 @@ def make_search(search: str, seed: int, max_concurrent: int = 0) -> Any:
 def make_scheduler(obj: Objective) -> Any:
     """Tune's scheduler for the objective (metric and mode come from the TuneConfig)."""
     if obj.scheduler == "asha":
+        assert obj.max_t is not None and obj.grace_period is not None  # resolve_objective fills both for asha
         return ASHAScheduler(time_attr="training_iteration", max_t=obj.max_t, grace_period=obj.grace_period)
     if obj.scheduler == "hyperband":
+        assert obj.max_t is not None  # resolve_objective fills it for hyperband
         sched = HyperBandScheduler(time_attr="training_iteration", max_t=obj.max_t)
         # Tune's HyperBand has no grace period: its brackets' first rung is max_t / 3^s rounds; no earlier
         # than grace_period here, so no trial is paused or stopped before it

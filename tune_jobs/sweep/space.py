@@ -135,7 +135,7 @@ def space_spec(domain: Any) -> Any:
     if isinstance(domain, (Float, Integer)):
         sampler, q = domain.get_sampler(), None
         if isinstance(sampler, Quantized):
-            sampler, q = sampler.sampler, sampler.q
+            q, sampler = sampler.q, sampler.sampler  # (q first: mypy reads sampler as reassigned)
         log = isinstance(sampler, LogUniform)
         if isinstance(domain, Integer):
             kind = "lograndint" if log else "randint"

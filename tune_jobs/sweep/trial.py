@@ -91,11 +91,13 @@ class TuneReporter:
             if getattr(result, "provenance", None):  # the engine's record, with its actors' kernels and GPUs
                 report[REPORT_KEY]["provenance"] = result.provenance
             if saved and getattr(result, "models", None) is not None and self.fed is not None and self.fed.input_shape:
+                assert self.cfg.checkpoint.dir is not None  # saved: on_round saves only with a checkpoint dir
                 save_bundle(Path(self.cfg.checkpoint.dir) / MODELS_FILE, model_bundle(self.fed, result.models))
             self._report(report, saved)
 
     def _report(self, metrics: dict[str, Any], saved: bool) -> None:
         if saved:
+            assert self.cfg.checkpoint.dir is not None  # (as in on_end)
             tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(self.cfg.checkpoint.dir))
         else:
             tune.report(metrics)
@@ -152,9 +154,9 @@ def load_sources(base: ExperimentConfig, space: dict[str, Any]) -> dict[Any, Any
     sources = {}
     for c in choices:
         cfg = base.replace(**c) if c else base
-        key = source_key(cfg)
-        if key not in sources:
-            sources[key] = load_source(cfg)
+        found = source_key(cfg)
+        if found not in sources:
+            sources[found] = load_source(cfg)
     return sources
 
 
