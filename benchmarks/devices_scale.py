@@ -41,12 +41,15 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--devices", type=int, default=100_000)
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--order", nargs="+", choices=list(VARIANTS), default=["sync", "off", "async"],
+                    help="the runs, in this order (one process each)")
     args = ap.parse_args()
     rows = {}
-    for name, extra in VARIANTS.items():
-        rows[name] = r = run(args.devices, args.rounds, extra)
-        print(f"{name:>5}: start-up {r['startup_s']:6.1f} s, {r['s_per_round']:5.2f} s/round, peak RSS "
-              f"{r['peak_rss_gb']:.2f} GB, final evaluation {r['final_eval_s']:.1f} s", flush=True)
+    for name in args.order:
+        rows[name] = r = run(args.devices, args.rounds, VARIANTS[name])
+        print(f"{name:>5}: start-up {r['startup_s']:6.1f} s, {r['s_per_round']:5.2f} s/round "
+              f"({', '.join(f'{t:.2f}' for t in r['round_s'])}), peak RSS {r['peak_rss_gb']:.2f} GB, "
+              f"final evaluation {r['final_eval_s']:.1f} s", flush=True)
     off = rows["off"]
     print(f"\nm = {args.devices:,}: device model on / off")
     for name in ("sync", "async"):
