@@ -6,7 +6,7 @@ current version as soon as a slot is free and it is online; the server aggregate
 one aggregation (version ``r`` -> ``r + 1``).
 
 The queue is ordered by (simulated finish time, device id), so the order and the numbers never depend on the
-wall clock or the engine. A device's time follows from numbers known when it starts (DESIGN §11), so the
+wall clock or the engine. A device's time follows from numbers known when it starts, so the
 server plans the round before any device trains: which devices start (from version ``r``), which updates
 arrive, when the B-th arrives. The devices that start are trained in the round they start; their messages
 wait in the queue (in the checkpoint, with the payload they trained from) until they arrive.

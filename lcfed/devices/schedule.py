@@ -1,6 +1,6 @@
 """The round's schedule on the simulated clock: who is online, who is selected, who is kept, how long it took.
 
-Everything here follows from numbers known before any device trains (DESIGN §11): a device's FLOPs for its
+Everything here follows from numbers known before any device trains: a device's FLOPs for its
 local work, the bytes it moves and its speeds. So the server decides the kept set first and the methods see
 only the kept devices' work; a lost device's work is never computed, and its state (a personal model) stays
 as it was. The draws are pure functions of (seed, round) and the clock, which the loop carries in each
