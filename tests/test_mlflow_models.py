@@ -152,3 +152,21 @@ def test_a_logged_model_scales_stored_samples_exactly_as_the_run_did(kind):
         model(torch.from_numpy(x).double())
     example, params = model.example()
     assert (example.shape, example.dtype, params) == ((1, *x.shape[1:]), x.dtype, {})
+
+
+def test_models_are_logged_in_their_runs_experiment_and_store(tmp_path, monkeypatch):
+    """The run's own experiment lists its models (the run page and the Models tab read that), their files lie in
+    the configured store, and nothing appears under ./mlruns."""
+    monkeypatch.chdir(tmp_path)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    cfg = tiny_config("method.name=fedavg", "train.rounds=1", "tracking.enabled=true", f"tracking.uri={uri}",
+                      "tracking.experiment=models-here")
+    obs = MLflowObserver(uri, system_metrics=False)
+    run_local(cfg, [obs])
+    client = mlflow.MlflowClient(uri)
+    exp = client.get_experiment_by_name("models-here")
+    models = client.search_logged_models(experiment_ids=[exp.experiment_id])
+    assert {m.name for m in models} == {"global", "personal"} and {m.source_run_id for m in models} == {obs.run_id}
+    assert not client.search_logged_models(experiment_ids=["0"])
+    assert not (tmp_path / "mlruns").exists()
+    assert all(m.artifact_location.startswith(exp.artifact_location) for m in models)

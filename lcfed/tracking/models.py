@@ -160,8 +160,17 @@ def log_model(run_id: str, name: str, module: RawInputModel, step: int, method: 
 
     requirements = [f"torch=={torch.__version__.split('+')[0]}", f"numpy=={np.__version__}"]
     x, params = module.example()
-    info = mlflow.pytorch.log_model(module, name=name, run_id=run_id, pip_requirements=requirements,
-                                    serialization_format="pickle", step=step, signature=signature(module),
-                                    input_example=(x, params) if params else x,
-                                    tags={"lcfed.model": name, "method": method})
+    tags = {"lcfed.model": name, "method": method}
+    # the logged model is created in its run's experiment: given only a run id, MLflow 3 puts it in the
+    # default experiment (no active one here), where neither the run page nor the Models tab lists it and
+    # its files go under ./mlruns whatever store is configured
+    client = mlflow.MlflowClient()
+    run = client.get_run(run_id)
+    logged = client.create_logged_model(
+        experiment_id=run.info.experiment_id, name=name, source_run_id=run_id, tags=tags,
+        params={k: str(v) for k, v in run.data.params.items()}, model_type=None)
+    info = mlflow.pytorch.log_model(module, name=name, run_id=run_id, model_id=logged.model_id,
+                                    pip_requirements=requirements, serialization_format="pickle", step=step,
+                                    signature=signature(module), input_example=(x, params) if params else x,
+                                    tags=tags)
     return str(info.model_uri)
