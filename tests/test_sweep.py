@@ -106,10 +106,10 @@ def test_sweep_of_four_trials_logs_children_and_parent(shared_ray, tmp_path, tra
     assert "grace_period" not in p.params
     text = Path(client.download_artifacts(summary["parent_run_id"], "space.yaml")).read_text()
     assert yaml.safe_load(text) == {"method.mu": {"loguniform": [0.001, 1.0]}, "method.lam": {"loguniform": [0.001, 1.0]}}
-    names = [c.info.run_name for c in children]  # the method, the swept values, the data and the seed; unique
+    names = [c.info.run_name for c in children]  # the swept values first, then the method, the data and the seed
     assert len(set(names)) == 4
-    assert all(re.fullmatch(r"lcfed mu=[\d.e-]+ lam=[\d.e-]+ · digits path2 · s0( #\d+)?", n) for n in names), names
-    assert best_child.info.run_name.startswith(f"lcfed mu={float(best_child.data.params['method.mu']):.3g} ")
+    assert all(re.fullmatch(r"mu=[\d.e-]+ lam=[\d.e-]+ · lcfed · digits path2 · s0( #\d+)?", n) for n in names), names
+    assert best_child.info.run_name.startswith(f"mu={float(best_child.data.params['method.mu']):.3g} ")
     assert {k: best_child.data.tags[k] for k in ("method", "dataset", "partition", "seed")} == {
         "method": "lcfed", "dataset": "digits", "partition": "path2", "seed": "0"}
     # Tune's own view of the sweep agrees: Tuner.restore(path, trainable).get_results()

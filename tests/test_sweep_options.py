@@ -240,3 +240,12 @@ def test_the_api_sweep_hands_its_options_to_run_sweep_as_one_object(monkeypatch)
     assert options == SweepOptions(num_samples=3, scheduler="fifo")
     with pytest.raises(TypeError, match="num_sample"):
         api.sweep(cfg, {"method.mu": 0.1}, num_sample=3)
+
+
+def test_a_trials_name_leads_with_its_swept_values():
+    from tune_jobs.sweep.callbacks import trial_run_name
+
+    cfg = tiny_config("train.rounds=3")
+    name = trial_run_name(cfg, {"method.mu": 0.03124, "method.lam": 0.2}, {"train.rounds": 3})
+    assert name == "mu=0.0312 lam=0.2 · lcfed rounds=3 · digits path2 · s0"
+    assert trial_run_name(cfg, {}, {}) == "lcfed · digits path2 · s0"

@@ -26,7 +26,7 @@ from lcfed.logs import progress_shown
 from lcfed.loop import RunResult
 from lcfed.progress import is_tty
 from lcfed.tracking import MLflowObserver, run_name
-from lcfed.tracking.naming import method_label, short_names
+from lcfed.tracking.naming import SEP, method_label, short_names, short_value
 from tune_jobs.sweep.errors import error_line
 from tune_jobs.sweep.objective import METRIC
 from tune_jobs.sweep.trial import REPORT_KEY, trial_config
@@ -52,14 +52,13 @@ class TrialTracker(Callback):
         self.names: set[str] | None = None  # child run names in use (unique within the sweep)
 
     def _name(self, client: Any, trial: Any, cfg: ExperimentConfig) -> str:
-        """:func:`lcfed.tracking.run_name` of the trial's config with the sweep's named values and the trial's
-        swept ones (``lcfed mu=0.0312 lam=0.2 · digits dir0.15 · s0``); `` #<trial index>`` where two round
-        alike."""
+        """:func:`trial_run_name`; `` #<trial index>`` where two round alike."""
         if self.names is None:
             children = client.search_runs([self.exp_id], f"tags.mlflow.parentRunId = '{self.parent_id}'")
             self.names = {r.info.run_name for r in children}
         swept = {k: trial.config[k] for k in self.swept if k in trial.config}
-        name = run_name(cfg, {**getattr(self, "named", {}), **swept})  # a tracker pickled before `named`: none
+        named = {k: v for k, v in getattr(self, "named", {}).items() if k not in swept}  # (pickled before `named`)
+        name = trial_run_name(cfg, swept, named)
         if name in self.names:
             index = trial.trial_id.rsplit("_", 1)[-1]
             name = f"{name} #{int(index) if index.isdigit() else index}"
@@ -148,6 +147,16 @@ def trial_error(trial: Any) -> str:
     if trial.error_file and Path(trial.error_file).is_file():
         text = Path(trial.error_file).read_text(errors="replace")
     return error_line(text)
+
+
+def trial_run_name(cfg: ExperimentConfig, swept: Mapping[str, Any], named: Mapping[str, Any]) -> str:
+    """A trial's run name, led by what differs between the trials, its swept values, then the run's own name
+    with the sweep's other ``--set`` values: ``mu=0.0312 lam=0.2 · lcfed rounds=3 · digits dir0.15 · s0`` (the
+    runs table cuts long names at the end, where the trials agree); at most 250 characters."""
+    base = run_name(cfg, named)
+    lead = " ".join(f"{k}={short_value(v)}" for k, v in zip(short_names(list(swept)), swept.values(), strict=True))
+    name = f"{lead}{SEP}{base}" if lead else base
+    return name if len(name) <= 250 else name[:249] + "…"
 
 
 #: ``lcfed mu=0.0312 lam=0.2``: a method and values (:func:`lcfed.tracking.naming.method_label`), the first
