@@ -32,7 +32,7 @@ def _run(tmp_path: Path, uri: str, *sets: str) -> dict:
 def test_run_logs_to_mlflow_and_lcfed_beats_fedavg(tmp_path, tracking_uri, capfd):
     lc = _run(tmp_path, tracking_uri, "method.mu=0.1")
     printed, err = capfd.readouterr()
-    assert "acc_mean" in printed and "mlflow ui --backend-store-uri" in printed and lc["run_id"] in printed
+    assert "acc_mean" in printed and "mlflow ui --backend-store-uri" in printed and ".venv/bin/mlflow ui" in printed and lc["run_id"] in printed
     # -q: the summary alone (a blank line, the title, 2 column heads, a row per metric, s/round, numerics, the
     # MLflow run in 3 lines): no partition line, no progress, none of MLflow's INFO lines (creating the store)
     rows = sum(key in lc for key in SUMMARY)

@@ -7,8 +7,10 @@ the CLI prints the hint after the runs are logged.
 from __future__ import annotations
 
 import json
+import sys
 import warnings
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from lcfed.tracking.store import is_server_uri
@@ -17,11 +19,24 @@ from lcfed.tracking.store import is_server_uri
 SHARED_VIEW_TAG = "mlflow.sharedViewState."
 
 
+def mlflow_command() -> str:
+    """``mlflow`` as this environment has it: the one beside this Python (a virtualenv's ``bin/``, which is not
+    on ``PATH`` unless it was activated), else the bare name."""
+    here = Path(sys.executable).parent / "mlflow"
+    if not here.is_file():
+        return "mlflow"
+    try:
+        return str(here.relative_to(Path.cwd()))
+    except ValueError:
+        return str(here)
+
+
 def ui_hint(uri: str) -> str:
     """How to open the MLflow UI for this store."""
     if is_server_uri(uri):
         return f"open {uri}"
-    return f"mlflow ui --backend-store-uri {uri} --host 127.0.0.1 --port 5000   # then open http://127.0.0.1:5000"
+    return (f"{mlflow_command()} ui --backend-store-uri {uri} --host 127.0.0.1 --port 5000   "
+            "# then open http://127.0.0.1:5000")
 
 
 def share_view(client: Any, exp_id: str, key: str, *, metrics: Sequence[str], params: Sequence[str] = (),
