@@ -89,8 +89,9 @@ def sweep(cfg: ExperimentConfig, space: Mapping[str, Any] | str | Path, **option
     """``lcfed sweep`` from Python: ``space`` maps dotted fields to Tune domains (or is a search-space YAML
     file); ``options`` are :func:`tune_jobs.sweep.run_sweep`'s: the fields of its
     :class:`~tune_jobs.sweep.SweepOptions` (``num_samples``, ``scheduler``, ``search``, ``metric``,
-    ``storage``, ...), ``parent_run_id`` and ``named``. Every trial is an MLflow child run of one parent.
-    Returns the summary (best config and metric, the parent run)."""
+    ``storage``, ...), ``parent_run_id`` and ``named``. With ``cfg.tracking.enabled`` every trial is an MLflow
+    child run of one parent; without it, the trials are in Tune's storage only. Returns the summary (best config
+    and metric, the parent run)."""
     from tune_jobs.sweep import SweepOptions, load_space, run_sweep  # Tune only when asked
 
     resolved = load_space(space, cfg) if isinstance(space, (str, Path)) else dict(space)

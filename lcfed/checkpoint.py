@@ -9,7 +9,8 @@ atomically: a crash mid-write keeps the previous checkpoint whole.
 States are frozen dataclasses of tensors, arrays and scalars. They are encoded into plain
 containers of tensors and scalars, written with ``torch.save`` and read back with
 ``torch.load(weights_only=True)``, which refuses arbitrary objects. Dataclasses are rebuilt only
-from this project's own modules (an allow-list), so a checkpoint file cannot run code.
+from this project's own modules and, for a run of a plugin method, from that method's module (an
+allow-list: :func:`load`'s ``allowed``), so a checkpoint file cannot run code.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
-#: module prefixes whose dataclasses a checkpoint may name
+#: module prefixes whose dataclasses a checkpoint may name (a run's method adds its own module: :func:`load`)
 ALLOWED_MODULES = ("lcfed.",)
 #: 3: device states in part files; 2: the content as one byte tensor with its SHA-256; 1: the content itself
 FORMAT_VERSION = 3
@@ -64,34 +65,81 @@ def encode(obj: Any) -> Any:
     raise TypeError(f"cannot checkpoint a {type(obj).__name__}")
 
 
-def _dataclass(path: str) -> type:
+def _modules(allowed: Iterable[str]) -> tuple[str, ...]:
+    """Extra allowed module names, as given (a trailing dot dropped; empty names and lcfed's, allowed anyway,
+    left out)."""
+    names = (m.rstrip(".") for m in allowed)
+    return tuple(dict.fromkeys(m for m in names if m and not (m + ".").startswith(ALLOWED_MODULES)))
+
+
+def _allowed(module: str, allowed: tuple[str, ...]) -> bool:
+    """Whether a checkpoint may rebuild a dataclass defined in ``module``: lcfed's (:data:`ALLOWED_MODULES`), or
+    one of ``allowed`` or a submodule of it (``ditto`` allows ``ditto`` and ``ditto.states``, never ``dittox``
+    or ``ditto``'s parent package)."""
+    return module.startswith(ALLOWED_MODULES) or any(module == m or module.startswith(m + ".") for m in allowed)
+
+
+def _dataclass(path: str, allowed: tuple[str, ...] = ()) -> type:
     module, _, qualname = path.partition(":")
-    if not module.startswith(ALLOWED_MODULES):
-        raise CheckpointError(f"checkpoint names {path!r}, outside the allowed modules {ALLOWED_MODULES}")
-    obj: Any = importlib.import_module(module)
+    if not _allowed(module, allowed):
+        raise CheckpointError(f"checkpoint names {path!r}, outside the allowed modules {(*ALLOWED_MODULES, *allowed)}")
+    needs = "resuming needs the code that wrote it"
+    try:  # an allowed module only: lcfed's own, or the run's method's, whose code the run imports anyway
+        obj: Any = importlib.import_module(module)
+    except Exception as exc:  # a plugin renamed or not installed here: one line, not the import's traceback
+        why = " ".join(f"{type(exc).__name__}: {exc}".split())
+        raise CheckpointError(f"checkpoint names {path!r}, but its module {module!r} cannot be imported ({why}); "
+                              f"{needs}") from None
     for part in qualname.split("."):
+        if not part.isidentifier() or not hasattr(obj, part):
+            raise CheckpointError(f"checkpoint names {path!r}, but module {module!r} has no class {qualname!r}; "
+                                  f"{needs}")
         obj = getattr(obj, part)
     if not (isinstance(obj, type) and dataclasses.is_dataclass(obj)):
         raise CheckpointError(f"checkpoint names {path!r}, which is not a dataclass")
+    if not _allowed(obj.__module__, allowed):  # reached through an allowed module, defined in another
+        raise CheckpointError(f"checkpoint names {path!r}, a class of {obj.__module__!r}, outside the allowed "
+                              f"modules {(*ALLOWED_MODULES, *allowed)}")
     return obj
 
 
-def decode(obj: Any) -> Any:
-    """Inverse of :func:`encode`."""
+def decode(obj: Any, allowed: Iterable[str] = ()) -> Any:
+    """Inverse of :func:`encode`. Dataclasses are rebuilt from :data:`ALLOWED_MODULES` and from ``allowed``
+    (module names, each with its submodules: :func:`load`); any other class is refused."""
+    return _decode(obj, _modules(allowed))
+
+
+def _decode(obj: Any, allowed: tuple[str, ...]) -> Any:
     if isinstance(obj, list):
-        return [decode(v) for v in obj]
+        return [_decode(v, allowed) for v in obj]
     if isinstance(obj, dict):
         if "__np__" in obj:
             return obj["__np__"].numpy().astype(obj["dtype"], copy=False)
         if "__dc__" in obj:
-            cls = _dataclass(obj["__dc__"])
-            return cls(**{k: decode(v) for k, v in obj["fields"].items()})
+            cls = _dataclass(obj["__dc__"], allowed)
+            return cls(**{k: _decode(v, allowed) for k, v in obj["fields"].items()})
         if "__map__" in obj:
-            return {decode(k): decode(v) for k, v in obj["__map__"]}
+            return {_decode(k, allowed): _decode(v, allowed) for k, v in obj["__map__"]}
         if "__tuple__" in obj:
-            return tuple(decode(v) for v in obj["__tuple__"])
+            return tuple(_decode(v, allowed) for v in obj["__tuple__"])
         raise CheckpointError(f"unknown checkpoint node with keys {sorted(obj)}")
     return obj
+
+
+def _named_modules(node: Any, out: set[str]) -> set[str]:
+    """The modules of the dataclasses named in ``node`` (:func:`encode`'s output), into ``out``."""
+    if isinstance(node, list):
+        for v in node:
+            _named_modules(v, out)
+    elif isinstance(node, dict):
+        if "__dc__" in node:
+            out.add(str(node["__dc__"]).partition(":")[0])
+            _named_modules(list(node["fields"].values()), out)
+        elif "__map__" in node:
+            _named_modules([v for pair in node["__map__"] for v in pair], out)
+        elif "__tuple__" in node:
+            _named_modules(node["__tuple__"], out)
+    return out
 
 
 def _sha256_of(path: Path) -> str:
@@ -115,12 +163,13 @@ class StateParts(Mapping[int, Any]):
     """A checkpoint's device states, read from its part files when used (the last part read is kept).
 
     :meth:`chunks` gives them a part at a time, which is how engines restore them without holding
-    all at once.
+    all at once. ``allowed``: the modules beyond lcfed's whose dataclasses they may name (:func:`load`).
     """
 
-    def __init__(self, folder: Path, parts: Iterable[Part]) -> None:
+    def __init__(self, folder: Path, parts: Iterable[Part], allowed: Iterable[str] = ()) -> None:
         self.folder = folder
         self.parts = tuple(parts)
+        self.allowed = _modules(allowed)
         self._where = {d: i for i, p in enumerate(self.parts) for d in p.devices}
         self._cached: tuple[int, dict[int, Any]] | None = None
 
@@ -131,7 +180,7 @@ class StateParts(Mapping[int, Any]):
         path = self.folder / part.file
         try:
             raw = torch.load(path, map_location="cpu", weights_only=True)
-            states = decode(raw["states"])
+            states = _decode(raw["states"], self.allowed)
         except CheckpointError:
             raise
         except Exception as exc:
@@ -227,12 +276,15 @@ def write(path: str | Path, snap: Snapshot, parts: Iterable[Mapping[int, Any]] |
     path.parent.mkdir(parents=True, exist_ok=True)
     generation = secrets.token_hex(4)
     written: list[Part] = []
+    named: set[str] = set()  # the modules of the states written: the snapshot returned reads them back
     try:
         for i, chunk in enumerate(parts if parts is not None else state_chunks(snap.device_states)):
             if not chunk:
                 continue
             part = path.parent / f"{_part_prefix(path)}{generation}-{i}.pt"
-            _write_atomic(part, {"format": FORMAT_VERSION, "states": encode(dict(chunk))})
+            states = encode(dict(chunk))
+            _named_modules(states, named)
+            _write_atomic(part, {"format": FORMAT_VERSION, "states": states})
             written.append(Part(part.name, _sha256_of(part), tuple(int(d) for d in chunk)))
         content = {
             "next_round": snap.next_round,
@@ -258,10 +310,10 @@ def write(path: str | Path, snap: Snapshot, parts: Iterable[Mapping[int, Any]] |
     for old in path.parent.glob(f"{_part_prefix(path)}*.pt"):
         if old.name not in keep:
             old.unlink(missing_ok=True)
-    return dataclasses.replace(snap, device_states=StateParts(path.parent, written))
+    return dataclasses.replace(snap, device_states=StateParts(path.parent, written, sorted(named)))
 
 
-def _parts(path: Path, raw: dict[str, Any]) -> StateParts:
+def _parts(path: Path, raw: dict[str, Any], allowed: tuple[str, ...]) -> StateParts:
     """The main file's parts, each checked (present, and its SHA-256) before any is read."""
     parts = [Part(str(p["file"]), str(p["sha256"]), tuple(int(d) for d in p["devices"])) for p in raw["device_parts"]]
     for p in parts:
@@ -272,12 +324,23 @@ def _parts(path: Path, raw: dict[str, Any]) -> StateParts:
             raise CheckpointError(f"checkpoint {path} is damaged: its part {file} is missing")
         if _sha256_of(file) != p.sha256:
             raise CheckpointError(f"checkpoint {path} is damaged: its part {file} does not match its SHA-256")
-    return StateParts(path.parent, parts)
+    return StateParts(path.parent, parts, allowed)
 
 
-def load(path: str | Path) -> Snapshot:
-    """Read a checkpoint written by :func:`save` (tensors and plain data only)."""
+def load(path: str | Path, allowed: Iterable[str] = ()) -> Snapshot:
+    """Read a checkpoint written by :func:`save` (tensors and plain data only).
+
+    Its dataclasses are rebuilt from lcfed's modules and from ``allowed``: the module of the run's
+    method when it is a plugin (:func:`lcfed.loop.checkpoint_modules`), which keeps its own state
+    classes there. Each allowed name allows its submodules too, since a plugin package may define its
+    states beside its strategy (``ditto.states`` for ``ditto:Ditto``); nothing above or beside it (not
+    the parent package, not ``dittox``), and a class must be defined in an allowed module, not merely
+    reachable from one. That is code the run imports anyway to run the method; any other class named in
+    the file is refused before anything is imported. A state class whose module cannot be imported or
+    lacks it (the plugin renamed or not installed) is a :class:`CheckpointError` naming both.
+    """
     path = Path(path)
+    extra = _modules(allowed)
     if not path.is_file():
         raise CheckpointError(f"no checkpoint at {path}")
     try:
@@ -301,13 +364,13 @@ def load(path: str | Path) -> Snapshot:
     try:
         return Snapshot(
             next_round=int(raw["next_round"]),
-            server_state=decode(raw["server_state"]),
-            device_states=_parts(path, raw) if "device_parts" in raw else decode(raw["device_states"]),
+            server_state=_decode(raw["server_state"], extra),
+            device_states=_parts(path, raw, extra) if "device_parts" in raw else _decode(raw["device_states"], extra),
             history=decode(raw["history"]),
             config_digest=str(raw["config_digest"]),
             tracking=decode(raw["tracking"]),
             trained=tuple(int(d) for d in raw.get("trained", ())),
-            pending=decode(raw["pending"]) if "pending" in raw else None,
+            pending=_decode(raw["pending"], extra) if "pending" in raw else None,
         )
     except CheckpointError:
         raise

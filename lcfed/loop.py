@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from lcfed import checkpoint
+from lcfed import checkpoint, registry
 from lcfed.config import ExperimentConfig
 from lcfed.contracts import (
     MAX_PERSONAL_BYTES,
@@ -43,8 +43,8 @@ from lcfed.stop import STOP, Stopped, StopRequest
 __all__ = [
     "MAX_PERSONAL_BYTES", "SERVER_MODELS", "STOP", "DevicePool", "DivergenceError", "ErrorObserver", "FinalModels",
     "HostFailure", "LocatingObserver", "ModelsObserver", "Newcomer", "Observer", "PersonalLimit", "Plan", "RunResult",
-    "Server", "StopRequest", "Stopped", "checkpoint_path", "eval_sample", "evaluate_round", "final_models",
-    "load_resume", "newcomer", "newcomer_metrics", "run_rounds", "should_evaluate", "simulated_seconds",
+    "Server", "StopRequest", "Stopped", "checkpoint_modules", "checkpoint_path", "eval_sample", "evaluate_round",
+    "final_models", "load_resume", "newcomer", "newcomer_metrics", "run_rounds", "should_evaluate", "simulated_seconds",
 ]
 
 
@@ -108,12 +108,21 @@ def checkpoint_path(cfg: ExperimentConfig) -> Path | None:
     return checkpoint.path(cfg.checkpoint.dir)
 
 
+def checkpoint_modules(cfg: ExperimentConfig) -> tuple[str, ...]:
+    """The module, beyond lcfed's, whose state dataclasses the run's checkpoint may name: that of the strategy
+    ``method.name`` names (a built-in's, a ``module:Attr`` path's, an entry point's), where a plugin keeps
+    its own server and device states (:func:`lcfed.checkpoint.load`); the strategy's base classes' modules
+    are not added."""
+    return (registry.method(cfg.method.name).strategy.__module__,)
+
+
 def load_resume(cfg: ExperimentConfig) -> checkpoint.Snapshot | None:
-    """The run's latest checkpoint if ``checkpoint.dir`` has one, checked against this config."""
+    """The run's latest checkpoint if ``checkpoint.dir`` has one, checked against this config; its dataclasses
+    from lcfed's modules and the method's (:func:`checkpoint_modules`)."""
     path = checkpoint_path(cfg)
     if path is None or not path.exists():
         return None
-    snap = checkpoint.load(path)
+    snap = checkpoint.load(path, allowed=checkpoint_modules(cfg))
     if snap.config_digest != cfg.digest():
         raise checkpoint.CheckpointError(
             f"checkpoint {path} was written by a different config (digest {snap.config_digest}, "

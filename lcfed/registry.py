@@ -33,6 +33,8 @@ from functools import cache
 from importlib import metadata
 from typing import Any, cast
 
+from lcfed.errors import did_you_mean
+
 KINDS = {"method": "lcfed.methods", "model": "lcfed.models", "dataset": "lcfed.datasets"}
 
 
@@ -102,12 +104,27 @@ def _import_path(name: str) -> Any:
     try:
         obj: Any = importlib.import_module(module_name)
     except Exception as exc:  # the plugin's own import error, in its words
-        raise PluginError(f"cannot import {module_name!r}: {type(exc).__name__}: {one_line(exc)}") from None
+        raise PluginError(f"cannot import {module_name!r}: {type(exc).__name__}: {one_line(exc)}"
+                          f"{_where_looked(module_name, exc)}") from None
+    found = module_name + ":"
     for part in attr.split("."):
         if not hasattr(obj, part):
-            raise PluginError(f"module {module_name!r} has no attribute {attr!r}")
+            public = [n for n in dir(obj) if not n.startswith("_")]
+            raise PluginError(f"module {module_name!r} has no attribute {attr!r}{did_you_mean(part, public, found)}")
         obj = getattr(obj, part)
+        found += part + "."
     return obj
+
+
+def _where_looked(module_name: str, exc: Exception) -> str:
+    """Where Python looked for a plugin module it did not find (not for a module the plugin itself imports)."""
+    missing = getattr(exc, "name", None) if isinstance(exc, ModuleNotFoundError) else None
+    if not missing or not (module_name == missing or module_name.startswith(missing + ".")):
+        return ""
+    path = os.environ.get("PYTHONPATH") or "unset"
+    return (f" (looked in the working directory {os.getcwd()}, on PYTHONPATH ({path}) and among the installed "
+            f"packages: run lcfed in the directory that holds {missing.replace('.', '/')}.py or its package, or add "
+            "that directory to PYTHONPATH)")
 
 
 def _load(kind: str, name: str) -> tuple[Any, str]:
@@ -149,7 +166,47 @@ def method(name: str) -> Any:
                           "(lcfed.methods.base.Strategy) or a MethodSpec")
     if not (isinstance(spec.params, type) and dataclasses.is_dataclass(spec.params)):
         raise PluginError(f"method {name!r}: its parameters ({_what(spec.params)}) are not a dataclass")
+    _check_params(name, spec.params)
+    _check_hooks(name, spec.strategy, Strategy)
     return spec
+
+
+#: the Strategy hooks the base class leaves unimplemented: every method overrides them
+REQUIRED_HOOKS = ("init", "configure", "local", "aggregate", "personalized")
+
+
+def _check_params(name: str, params: type) -> None:
+    """Every field of a method's ``Params`` has a default (the config sets only what it changes), and no
+    class attribute of it lacks an annotation (a dataclass would silently leave it out of the fields)."""
+    fields = dataclasses.fields(params)
+    for f in fields:
+        if f.init and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            raise PluginError(f"method {name!r}: {params.__qualname__}.{f.name} has no default: every field of a "
+                              f"method's Params needs one (e.g. {f.name}: float = 0.1)")
+    names = {f.name for f in fields}
+    for cls in params.__mro__[:-1]:
+        annotated = cls.__dict__.get("__annotations__", {})
+        for key, value in cls.__dict__.items():
+            # methods, properties and other descriptors are the class's own, not values
+            if key.startswith("_") or key in names or key in annotated or callable(value) or \
+                    hasattr(type(value), "__get__"):
+                continue
+            shown = one_line(repr(value))
+            shown = shown if len(shown) <= 40 else shown[:37] + "..."
+            raise PluginError(f"method {name!r}: {params.__qualname__}.{key} = {shown} has no type annotation, so "
+                              f"it is not a field: annotate it (e.g. {key}: {type(value).__name__} = {shown})")
+
+
+def _check_hooks(name: str, strategy: type, base: type) -> None:
+    """The strategy overrides every hook :class:`~lcfed.methods.base.Strategy` leaves raising
+    NotImplementedError (and ``aggregate_async`` if it says it ``supports_async``)."""
+    required = REQUIRED_HOOKS + (("aggregate_async",) if getattr(strategy, "supports_async", False) else ())
+    missing = [h for h in required if getattr(strategy, h, None) is getattr(base, h)]
+    if missing:
+        hooks = ", ".join(missing)
+        raise PluginError(f"method {name!r}: {strategy.__name__} does not implement the Strategy hook"
+                          f"{'s' if len(missing) > 1 else ''} {hooks} (every method overrides "
+                          f"{', '.join(REQUIRED_HOOKS)}: lcfed.methods.base.Strategy)")
 
 
 def model(name: str) -> Callable[[tuple[int, ...], int], Any]:

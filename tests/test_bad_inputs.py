@@ -310,6 +310,21 @@ RESUME_ROWS = [
      ("checkpoint ck/latest.pt names its MLflow run as ['x']", "use another checkpoint.dir")),
 ]
 
+# a plugin author's mistakes (section 7b): each module subclasses FedAvg or Strategy with one thing wrong
+_PLUGIN_HEAD = "from dataclasses import dataclass\n\nfrom lcfed.methods.base import Strategy\nfrom lcfed.methods.fedavg import FedAvg\n\n\n"
+NO_DEFAULT = {"plugnodef.py": _PLUGIN_HEAD + "class Mine(FedAvg):\n    @dataclass(frozen=True)\n    class Params:\n"
+                              "        mu: float\n"}
+UNANNOTATED = {"plugunann.py": _PLUGIN_HEAD + "class Mine(FedAvg):\n    @dataclass(frozen=True)\n    class Params:\n"
+                               "        mu = 0.1\n"}
+NO_HOOKS = {"plughooks.py": _PLUGIN_HEAD + "class Mine(Strategy):\n    @dataclass(frozen=True)\n    class Params:\n"
+                            "        pass\n\n    def init(self):\n        return None\n"}
+NO_PERSONALIZED = {"plugpers.py": _PLUGIN_HEAD + "class Mine(Strategy):\n    @dataclass(frozen=True)\n    class Params:\n"
+                                  "        pass\n\n" + "".join(f"    def {h}(self, *a):\n        return None\n\n"
+                                                                  for h in ("init", "configure", "local", "aggregate"))}
+NO_SPACE = {"plugnospace.py": _PLUGIN_HEAD + "class Mine(FedAvg):\n    pass\n"}
+BAD_SPACE = {"plugbadspace.py": _PLUGIN_HEAD + "class Mine(FedAvg):\n    compare_space = 'nope.yaml'\n"}
+TYPO = {"plugtypo.py": _PLUGIN_HEAD + "class FedProx(FedAvg):\n    pass\n"}
+
 ROWS: list[tuple[str, str, dict[str, str | bytes], str | tuple[str, ...]]] = []
 ROWS += [(f"run-set-{v}", f"{R} --set {shlex.quote(v)}", {"inputs/afile": "x"}, want) for v, want in CONFIG_VALUES]
 ROWS += [(f"config-set-{v}", f"config --set {shlex.quote(v)}", {"inputs/afile": "x"}, want)
@@ -530,6 +545,38 @@ ROWS += [
      "data.dataset"),
     ("plugin-dataset-returns-a-list", f"{R} --set data.dataset=plugdata2:load",
      {"plugdata2.py": "def load(data_dir, download):\n    return [1, 2]\n"}, "not an lcfed.data.Dataset"),
+    # a plugin author's mistakes: refused when the name is resolved, naming the method and what to fix
+    ("plugin-params-no-default", f"{R} --set method.name=plugnodef:Mine", NO_DEFAULT,
+     ("method 'plugnodef:Mine': Mine.Params.mu has no default", "every field of a method's Params needs one")),
+    ("config-plugin-params-no-default", "config --set method.name=plugnodef:Mine", NO_DEFAULT,
+     ("Mine.Params.mu has no default", "needs one")),
+    ("check-plugin-params-no-default", "check plugnodef:Mine", NO_DEFAULT, ("METHOD", "Mine.Params.mu has no default")),
+    ("plugin-params-unannotated", f"{R} --set method.name=plugunann:Mine --set method.mu=0.2", UNANNOTATED,
+     ("method 'plugunann:Mine': Mine.Params.mu = 0.1 has no type annotation", "annotate it")),
+    ("plugin-hooks-missing", f"{R} --set method.name=plughooks:Mine", NO_HOOKS,
+     ("method 'plughooks:Mine'", "does not implement the Strategy hooks configure, local, aggregate, personalized")),
+    ("plugin-hook-personalized-missing", f"{R} --set method.name=plugpers:Mine", NO_PERSONALIZED,
+     "Mine does not implement the Strategy hook personalized ("),
+    ("sweep-plugin-hooks-missing", "sweep --space s.yaml --set method.name=plughooks:Mine",
+     {**NO_HOOKS, "s.yaml": "train.lr: {grid: [0.1]}\n"}, ("method.name", "does not implement the Strategy hooks")),
+    ("check-plugin-hooks-missing", "check plughooks:Mine", NO_HOOKS, "does not implement the Strategy hooks"),
+    ("plugin-attr-typo", f"{R} --set method.name=plugtypo:FedProxx", TYPO,
+     "module 'plugtypo' has no attribute 'FedProxx'; did you mean plugtypo:FedProx?"),
+    ("plugin-model-package-missing", f"{R} --set model.name=nosuchpkg.models:mlp", {},
+     ("No module named 'nosuchpkg'", "looked in the working directory", "on PYTHONPATH", "nosuchpkg.py")),
+    ("compare-plugin-no-space", "compare --methods plugnospace:Mine,fedavg", NO_SPACE,
+     ("method plugnospace:Mine has no search space among the built-in ones", "compare_space", "--space-dir")),
+    ("compare-plugin-space-not-a-file", "compare --methods plugbadspace:Mine,fedavg", BAD_SPACE,
+     "compare_space names nope.yaml, which is not a file"),
+    ("compare-builtin-no-space-dir", "compare --methods lcfed,flhc --space-dir sp", {"sp/lcfed.yaml": "train.lr: 0.1\n"},
+     ("--methods: got 'flhc'", "write sp/flhc.yaml")),
+    # untracked (--no-track, tracking.enabled=false): what needs MLflow is refused naming both
+    ("sweep-no-track-register", "sweep --space mu_lambda.yaml --no-track --register best", {},
+     ("--register: got 'best'", "--no-track")),
+    ("sweep-tracking-off-register", "sweep --space mu_lambda.yaml --set tracking.enabled=false --register best", {},
+     ("--register: got 'best'", "tracking.enabled=false")),
+    ("compare-no-track-register", "compare --methods fedavg,standalone --no-track --register best", {},
+     ("--register: got 'best'", "--no-track")),
     # mlflow-server
     ("server-port-neg", "mlflow-server --port -1", {}, "--port"),
     ("server-port-big", "mlflow-server --port 70000", {}, "--port"),

@@ -313,7 +313,8 @@ def test_a_plugin_in_the_jobs_working_directory_runs_in_trials_on_the_workers(en
     entry = ["lcfed", "sweep", "--config", "mn.yaml", "--space", "space.yaml", "--scheduler", "fifo",
              "--gpus-per-trial", "0.5", "--storage", env.s3.uri("plugin"), "--name", "plugin",
              "--set", "method.name=mymethods:FedProx", "--set", "engine.cpus_per_actor=0.5", "--set", "train.rounds=1",
-             "--set", f"tracking.uri={env.mlflow_url}", "--set", "tracking.experiment=mn-plugin"]
+             "--set", "tracking.enabled=true", "--set", f"tracking.uri={env.mlflow_url}",
+             "--set", "tracking.experiment=mn-plugin"]
     proc = subprocess.run([sys.executable, "-m", "tune_jobs", "submit", "--address", env.cluster.dashboard,
                            "--working-dir", str(work), "--env", f"LCFED_TEST_IMPORTS={imports}", "--", *entry],
                           env=env.cluster.client_env(env.home), cwd=tmp_path, capture_output=True, text=True,

@@ -249,3 +249,5 @@ def test_a_trials_name_leads_with_its_swept_values():
     name = trial_run_name(cfg, {"method.mu": 0.03124, "method.lam": 0.2}, {"train.rounds": 3})
     assert name == "mu=0.0312 lam=0.2 · lcfed rounds=3 · digits path2 · s0"
     assert trial_run_name(cfg, {}, {}) == "lcfed · digits path2 · s0"
+    # a seeds sweep (lcfed compare's phase 2): the seed stays where the name shows it
+    assert trial_run_name(cfg, {"seed": 1}, {"method.mu": 0.1}) == "lcfed mu=0.1 · digits path2 · s0"

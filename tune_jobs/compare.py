@@ -9,9 +9,10 @@ the mean with its 95 % Student-t interval over seeds, and the paired difference 
 Standalone and against the best other method with a paired t-test and a Wilcoxon signed-rank test.
 
 Every sweep is a nested MLflow run under one ``compare`` parent run (the parent of its trials' runs);
-``compare.md`` / ``compare.csv`` / plots go to ``--out`` and onto the parent. A phase's result is
-written to ``<out>/phase1|phase2/<method>.json`` when it ends and never redone, and an interrupted
-sweep resumes from Tune's state: rerun the same command to continue.
+``compare.md`` / ``compare.csv`` / plots go to ``--out`` and onto the parent. Untracked (``--no-track`` or
+``tracking.enabled=false``) there are no runs: the report is read from Tune's results and goes to ``--out``.
+A phase's result is written to ``<out>/phase1|phase2/<method>.json`` when it ends and never redone, and an
+interrupted sweep resumes from Tune's state: rerun the same command to continue.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from tune_jobs.options import config_options, examples, verbosity_options
 from tune_jobs.outdir import open_recorded, read_state, write_json
 from tune_jobs.parent_run import ParentRun
 from tune_jobs.reproduce import parse_seeds, summarize
-from tune_jobs.sweep.options import SweepOptions, add_sweep_options, sweep_options
+from tune_jobs.sweep.options import SweepOptions, add_no_track, add_sweep_options, sweep_options, tracking_of
 
 COMPARE_SPACES = Path(__file__).resolve().parent / "spaces" / "compare"
 #: ``lcfed compare``'s wording of the sweep options it offers (:func:`add_sweep_options`), where it differs
@@ -62,9 +63,15 @@ def method_space(method: str, space_dir: str | Path | None) -> Path:
     shipped = getattr(registry.method(method).strategy, "compare_space", None)
     if space_dir is None and not path.is_file() and shipped is not None:
         path = Path(shipped)
+        require(path.is_file(), "--methods", method, f"its strategy's compare_space names {shipped}, which is not a "
+                "file (give it the YAML's path, e.g. str(Path(__file__).with_name('space.yaml')))")
+    if space_dir is not None:
+        require(path.is_file(), "--methods", method, f"has no search space in --space-dir: write {path}")
     bundled = sorted(p.stem for p in COMPARE_SPACES.glob("*.yaml"))
     require(path.is_file(), "--methods", method,
-            f"has no search space {path} (bundled: {bundled}; write one there, or pass --space-dir)")
+            f"method {method} has no search space among the built-in ones ({', '.join(bundled)}): give its "
+            "strategy a compare_space attribute (the path of a search-space YAML next to its module) or pass "
+            f"--space-dir DIR with DIR/{method}.yaml")
     return path
 
 
@@ -148,6 +155,7 @@ def run_compare(base: ExperimentConfig, methods: Sequence[str], out: str | Path,
     ``register`` (the best method's best phase-2 trial's model is registered under that name, as ``lcfed
     sweep --register``). The comparison decides its sweeps' metric (:data:`METRIC`), trial counts
     (``budget``; one per seed), resume and models itself (:meth:`ComparePlan.tuning`, :meth:`ComparePlan.seeding`).
+    With ``base.tracking.enabled`` false nothing is logged to MLflow (``register`` is refused).
     """
     out = Path(out)
     require(len(methods) >= 2 and len(set(methods)) == len(methods), "--methods", ",".join(methods),
@@ -160,7 +168,8 @@ def run_compare(base: ExperimentConfig, methods: Sequence[str], out: str | Path,
     storage = options.storage or str(out.resolve() / "tune")
     options = replace(options, name=options.name or (out.name or "compare"), storage=storage, metric=METRIC,
                       mode=None)
-    options.validate(base.train.rounds)
+    tracked = base.tracking.enabled
+    options.validate(base.train.rounds, tracked)
     val_fraction = base.data.val_fraction or DEFAULT_VAL_FRACTION
     configs = {m: method_config(base, m, val_fraction) for m in methods}
     spaces = {m: sweep.load_space(method_space(m, space_dir), configs[m]) for m in methods}  # validated before work
@@ -171,7 +180,7 @@ def run_compare(base: ExperimentConfig, methods: Sequence[str], out: str | Path,
     params = {"methods": ",".join(methods), "budget": str(budget), "seeds": ",".join(map(str, seeds)),
               "search": options.search, "scheduler": options.scheduler, "metric": METRIC,
               "val_fraction": str(val_fraction), "rounds": str(base.train.rounds), "base_digest": base.digest(),
-              "name": str(options.name)}
+              "name": str(options.name), **({} if tracked else {"tracking": "off"})}
     plan = ComparePlan(base=base, methods=tuple(methods), out=out, configs=configs, spaces=spaces, params=params,
                        options=options, budget=budget, seeds=tuple(seeds), target=target)
     for m in methods:  # each sweep's own options (its name holds the method's), before any work
@@ -182,8 +191,8 @@ def run_compare(base: ExperimentConfig, methods: Sequence[str], out: str | Path,
     # a rerun of a finished comparison only writes the report again: no sweep, so no Ray to start
     finished = state is not None and all((out / phase / f"{m}.json").exists()
                                          for m in methods for phase in ("phase1", "phase2"))
-    with ParentRun(base.engine, resolve_tracking_uri(base.tracking.uri), "; rerun the same command to resume",
-                   ray=not finished) as parent:
+    uri = resolve_tracking_uri(base.tracking.uri) if tracked else None
+    with ParentRun(base.engine, uri, "; rerun the same command to resume", ray=not finished) as parent:
         if not finished:  # a multi-node cluster needs a storage every node reaches
             sweep.check_storage(sweep.storage_location(storage))
         return _run_phases(parent, plan, state)
@@ -192,12 +201,16 @@ def run_compare(base: ExperimentConfig, methods: Sequence[str], out: str | Path,
 def _run_phases(parent: ParentRun, plan: ComparePlan, state: dict[str, Any] | None) -> dict[str, Any]:
     """Under the comparison's parent run (the plan's ``params``; ``state``: what ``<out>/state.json``
     recorded), phase 1 then phase 2 for every method not finished before, then the report, also on the
-    parent run."""
+    parent run (untracked, ``parent.uri`` None: no parent run; ``state.json`` records the settings alone)."""
     base, methods, out, configs = plan.base, plan.methods, plan.out, plan.configs
     out.mkdir(parents=True, exist_ok=True)
-    client = parent.connect(base.tracking.experiment)
-    parent_id = open_recorded(parent, out, state, plan.name, {"compare_parent": "true"}, plan.params)
-    tracked = {"tracking.uri": parent.uri, "tracking.enabled": True}
+    client, parent_id = None, None
+    if parent.uri is not None:
+        client = parent.connect(base.tracking.experiment)
+        parent_id = open_recorded(parent, out, state, plan.name, {"compare_parent": "true"}, plan.params)
+    elif state is None:
+        write_json(out / "state.json", {"parent_run_id": None, "params": plan.params})
+    tracked = {"tracking.uri": parent.uri, "tracking.enabled": True} if parent.uri is not None else {}
     t0 = time.perf_counter()
     phase1: dict[str, dict[str, Any]] = {}
     phase2: dict[str, dict[int, dict[str, Any]]] = {}
@@ -225,14 +238,16 @@ def _run_phases(parent: ParentRun, plan: ComparePlan, state: dict[str, Any] | No
         phase2[m] = _seed_rows(sweep.restore_results(summary["storage"]))
         write_json(done, phase2[m])
     report = write_report(out, list(methods), list(plan.seeds), phase1, phase2, plan.target, base)
-    client.log_text(parent_id, report["md"], "compare.md")
-    client.log_text(parent_id, report["csv"], "compare.csv")
-    for png in report["plots"]:
-        client.log_artifact(parent_id, png, "plots")
-    top = max(report["rows"], key=lambda r: r["test_acc_mean"])["method"]  # the report's first row
-    register = plan.options.register
-    registered = sweep.register_sweep_best(client, parent.uri, parent.experiment_id, plan.sweep_name(top, "seeds"),
-                                           register) if register else None
+    registered = None
+    if client is not None:
+        client.log_text(parent_id, report["md"], "compare.md")
+        client.log_text(parent_id, report["csv"], "compare.csv")
+        for png in report["plots"]:
+            client.log_artifact(parent_id, png, "plots")
+        top = max(report["rows"], key=lambda r: r["test_acc_mean"])["method"]  # the report's first row
+        register = plan.options.register
+        registered = sweep.register_sweep_best(client, parent.uri, parent.experiment_id,
+                                               plan.sweep_name(top, "seeds"), register) if register else None
     return {"table": report["md"], "out": str(out), "parent_run_id": parent_id, "tracking_uri": parent.uri,
             "wall_seconds": time.perf_counter() - t0, "results": report["rows"], "registered": registered}
 
@@ -259,20 +274,23 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--out", default="outputs/compare", help="output directory; rerun with the same one to resume")
     add_sweep_options(p, ("storage", "name", "keep_checkpoints", "register"), help=COMPARE_HELP,
                       defaults={"storage": None})
+    add_no_track(p, "do not log to MLflow (as --set tracking.enabled=false): no parent or nested runs, no tracking "
+                 "store created; the report still goes to --out")
     verbosity_options(p, "no progress tables: errors and the report only")
     p.set_defaults(func=cmd_compare)
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    base = load_config(args.config, args.set)
+    base = tracking_of(load_config(args.config, args.set), args.no_track)
     check_output_dir(args.out, "--out")
-    check_tracking_store(base.tracking.uri)  # a comparison is always tracked
+    if base.tracking.enabled:  # tracked unless --no-track or tracking.enabled=false
+        check_tracking_store(base.tracking.uri)
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     result = run_compare(base, methods, args.out, sweep_options(args), budget=args.budget,
                          seeds=parse_seeds(args.seeds), space_dir=args.space_dir, target=args.target)
     print(result["table"])
-    print(f"lcfed compare: {result['out']}/compare.md, compare.csv, compare.png; MLflow parent run "
-          f"{result['parent_run_id']} ({result['wall_seconds']:.0f} s)")
+    run = f"; MLflow parent run {result['parent_run_id']}" if result["parent_run_id"] else ""
+    print(f"lcfed compare: {result['out']}/compare.md, compare.csv, compare.png{run} ({result['wall_seconds']:.0f} s)")
     if result["registered"]:
         reg = result["registered"]
         print(f"lcfed compare: registered {reg['uri']} ({reg['model']} models of run {reg['run_id']})")

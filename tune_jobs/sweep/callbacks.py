@@ -26,7 +26,7 @@ from lcfed.logs import progress_shown
 from lcfed.loop import RunResult
 from lcfed.progress import is_tty
 from lcfed.tracking import MLflowObserver, run_name
-from lcfed.tracking.naming import SEP, method_label, short_names, short_value
+from lcfed.tracking.naming import SEP, method_label, named_values, short_names, short_value
 from tune_jobs.sweep.errors import error_line
 from tune_jobs.sweep.objective import METRIC
 from tune_jobs.sweep.trial import REPORT_KEY, trial_config
@@ -114,8 +114,10 @@ class TrialTracker(Callback):
         evals = [h for h in hist if METRIC in h]
         final = dict(evals[-1] if evals else hist[-1] if hist else {})
         obs.on_end(RunResult(final=final, history=hist, assignment=self.assignment.get(tid)))
-        if self.last_round.get(tid, -1) < self.rounds - 1:  # the scheduler stopped it: not a failure
-            obs.client.set_tag(obs.run_id, "stopped_early", "true")
+        stopped = self.last_round.get(tid, -1) < self.rounds - 1  # the scheduler stopped it: not a failure
+        # on every trial, so the sweep's saved view always has the column (a tag no run carries is not shown)
+        obs.client.set_tag(obs.run_id, "stopped_early", "true" if stopped else "false")
+        if stopped:
             obs.client.set_tag(obs.run_id, "stopped_at_round", str(self.last_round.get(tid, -1)))
 
     def on_step_end(self, iteration: int, trials: list, **info: Any) -> None:
@@ -152,9 +154,11 @@ def trial_error(trial: Any) -> str:
 def trial_run_name(cfg: ExperimentConfig, swept: Mapping[str, Any], named: Mapping[str, Any]) -> str:
     """A trial's run name, led by what differs between the trials, its swept values, then the run's own name
     with the sweep's other ``--set`` values: ``mu=0.0312 lam=0.2 · lcfed rounds=3 · digits dir0.15 · s0`` (the
-    runs table cuts long names at the end, where the trials agree); at most 250 characters."""
+    runs table cuts long names at the end, where the trials agree); swept values the other parts show (the seed,
+    the method, the data) stay there; at most 250 characters."""
     base = run_name(cfg, named)
-    lead = " ".join(f"{k}={short_value(v)}" for k, v in zip(short_names(list(swept)), swept.values(), strict=True))
+    shown = named_values(swept)  # not what the name's other parts show (the seed, the method, the data)
+    lead = " ".join(f"{k}={short_value(v)}" for k, v in zip(short_names(list(shown)), shown.values(), strict=True))
     name = f"{lead}{SEP}{base}" if lead else base
     return name if len(name) <= 250 else name[:249] + "…"
 

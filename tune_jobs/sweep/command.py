@@ -16,7 +16,7 @@ from lcfed.config import load_config, parse_override
 from lcfed.output_paths import check_output_file
 from lcfed.tracking import check_tracking_store, ui_hint
 from tune_jobs.options import config_options, examples, verbosity_options
-from tune_jobs.sweep.options import add_sweep_options, sweep_options
+from tune_jobs.sweep.options import add_no_track, add_sweep_options, sweep_options, tracking_of
 
 
 def add_parser(sub: Any) -> None:
@@ -24,7 +24,7 @@ def add_parser(sub: Any) -> None:
         "sweep", help="Ray Tune sweep over config fields; each trial a full federation",
         description="A Ray Tune sweep over the config fields a search space (--space) names: each trial is "
         "a full federation on the base config, reported every round; all trials go under one MLflow "
-        "parent run. Prints the best config and its metric.",
+        "parent run (none with --no-track). Prints the best config and its metric.",
         epilog=examples(
             "lcfed sweep --config configs/digits_dirichlet.yaml --space mu_lambda.yaml --num-samples 16",
             "lcfed sweep --space mu_lambda.yaml --search optuna --num-samples 20 --metric val_acc_mean "
@@ -35,17 +35,19 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--space", required=True, metavar="FILE",
                    help="search space YAML (a path, or a bundled name under tune_jobs/spaces/, e.g. mu_lambda.yaml)")
     add_sweep_options(p)
+    add_no_track(p)
     p.add_argument("--json", metavar="FILE", help="also write the summary (best config, metric, runs, storage) as JSON")
     verbosity_options(p, "no progress table: errors and the final summary only")
     p.set_defaults(func=cmd_sweep)
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    base = load_config(args.config, args.set)
+    base = tracking_of(load_config(args.config, args.set), args.no_track)
     check_output_file(args.json, "--json", protect=[args.config, args.space])
-    check_tracking_store(base.tracking.uri)  # a sweep is always tracked
+    if base.tracking.enabled:  # tracked unless --no-track or tracking.enabled=false
+        check_tracking_store(base.tracking.uri)
     options = sweep_options(args)
-    options.validate(base.train.rounds)  # bad flags fail here, before Tune, MLflow or matplotlib loads
+    options.validate(base.train.rounds, base.tracking.enabled)  # bad flags fail here, before Tune, MLflow or matplotlib loads
     from tune_jobs.sweep.space import load_space  # Tune when a sweep runs, not with lcfed's parser
 
     space = load_space(args.space, base)
@@ -58,8 +60,11 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     print(json.dumps(summary, indent=2, default=str))
     if args.json:
         Path(args.json).write_text(json.dumps(summary, indent=2, default=str) + "\n")
-    print(f"MLflow parent run {summary['parent_run_id']}: {ui_hint(summary['tracking_uri'])}")
-    print(f"the trials side by side (metric, swept values): {summary['view']}")
+    if summary["parent_run_id"]:
+        print(f"MLflow parent run {summary['parent_run_id']}: {ui_hint(summary['tracking_uri'])}")
+        print(f"the trials side by side (metric, swept values): {summary['view']}")
+    else:
+        print(f"not tracked: the trials are in Tune's storage, {summary['storage']}")
     if summary.get("registered"):
         reg = summary["registered"]
         print(f"registered {reg['uri']} (the best trial's {reg['model']} models, run {reg['run_id']})")

@@ -14,7 +14,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from lcfed.config import NAME_RULE, require, safe_name
+from lcfed.config import NAME_RULE, ExperimentConfig, require, safe_name
 from lcfed.metric_catalog import objectives
 from lcfed.output_paths import check_output_dir
 from lcfed.tracking import check_registry
@@ -51,11 +51,12 @@ class SweepOptions:
     resume: bool = False
     log_models: bool = True
 
-    def validate(self, rounds: int) -> Objective:
+    def validate(self, rounds: int, tracked: bool = True) -> Objective:
         """Refuse, before anything starts, an option no sweep of ``rounds`` rounds (the base config's
         ``train.rounds``) can run: a :class:`~lcfed.config.ConfigError` naming the flag and what it takes.
-        Returns the objective the options resolve to (:func:`resolve_objective`: the metric's mode, the
-        scheduler's grace period and ``max_t`` filled in)."""
+        ``tracked``: whether the sweep logs to MLflow (untracked: ``--no-track`` or ``tracking.enabled=false``,
+        where ``--register`` has no registry). Returns the objective the options resolve to
+        (:func:`resolve_objective`: the metric's mode, the scheduler's grace period and ``max_t`` filled in)."""
         require(self.name is None or safe_name(self.name), "--name", self.name, NAME_RULE)
         check_output_dir(self.storage, "--storage")
         require(_integer(self.num_samples) and self.num_samples >= 1, "--num-samples", self.num_samples,
@@ -69,9 +70,28 @@ class SweepOptions:
         require(self.search in SEARCHES, "--search", self.search, f"one of {list(SEARCHES)}")
         check_keep(self.keep_checkpoints)
         check_registry(self.register)
+        require(tracked or self.register is None, "--register", self.register,
+                f"cannot be used with {NO_TRACK}: the Model Registry is in the MLflow tracking store")
         obj = resolve_objective(rounds, self.metric, self.mode, self.scheduler, self.grace_period, self.max_t)
         check_finishes(obj, rounds, self.register)
         return obj
+
+
+#: how a sweep or comparison is told not to log to MLflow, as its errors name it
+NO_TRACK = "--no-track (or tracking.enabled=false)"
+NO_TRACK_HELP = ("do not log to MLflow (as --set tracking.enabled=false): no parent or child runs, no tracking store "
+                 "created; the summary still gives the best trial")
+
+
+def add_no_track(parser: argparse.ArgumentParser, help: str = NO_TRACK_HELP) -> None:
+    """``--no-track`` (``args.no_track``), as ``lcfed run`` has it."""
+    parser.add_argument("--no-track", action="store_true", help=help)
+
+
+def tracking_of(base: ExperimentConfig, no_track: bool) -> ExperimentConfig:
+    """``base`` with tracking off where ``--no-track`` says so: a sweep or comparison is tracked exactly
+    when the result's ``tracking.enabled`` is true (``--set tracking.enabled=false`` is the same)."""
+    return base.replace(**{"tracking.enabled": False}) if no_track and base.tracking.enabled else base
 
 
 def _integer(value: Any) -> bool:

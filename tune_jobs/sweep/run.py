@@ -8,7 +8,8 @@ GPU share; trial processes are reused from trial to trial, so torch is imported 
 GPU workers needs. Every round is reported to Tune (so ASHA can stop poor trials early); the trial
 checkpoint is the engine's snapshot, so ``--resume`` continues interrupted trials bit-identically.
 MLflow gets one parent run per sweep and one child run per trial; the parent gets the best config
-and summary plots.
+and summary plots. An untracked sweep (``tracking.enabled`` false: ``--no-track``) has neither: its trials
+report to Tune alone and the summary gives the best trial.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ from tune_jobs.sweep.trial import load_sources, run_trial, trial_resources
 class SweepPlan:
     """A sweep's settings, resolved and checked before anything starts."""
 
-    base: ExperimentConfig  # its tracking: an absolute URI, enabled
+    base: ExperimentConfig  # its tracking: an absolute URI, or disabled (an untracked sweep)
     space: dict[str, Any]  # as given: Tune domains, grids and fixed values
     tune_space: dict[str, Any]  # the Tuner's param_space entries for the search (:func:`check_search`)
     options: SweepOptions  # as given, validated
@@ -67,9 +68,14 @@ class SweepPlan:
         return experiment_path(self.storage_uri, self.name)
 
     @property
+    def tracked(self) -> bool:
+        """Whether the sweep logs to MLflow (a parent run, a child run per trial)."""
+        return self.base.tracking.enabled
+
+    @property
     def models_wanted(self) -> bool:
         """Whether the best trial's models are logged on its child run (``--register`` needs them)."""
-        return self.options.log_models or self.options.register is not None
+        return self.tracked and (self.options.log_models or self.options.register is not None)
 
 
 def run_sweep(base: ExperimentConfig, space: dict[str, Any], options: SweepOptions, *,
@@ -84,12 +90,15 @@ def run_sweep(base: ExperimentConfig, space: dict[str, Any], options: SweepOptio
     :mod:`tune_jobs.sweep.models`). A resumed sweep keeps the objective and search it started with.
     ``parent_run_id``: the sweep's run nests under it (``lcfed compare``). ``named``: config values every
     trial's run name shows besides its swept ones (``lcfed sweep``: its ``--set`` values; a trial is named
-    ``lcfed mu=0.0312 lam=0.2 · digits dir0.15 · s0``).
+    ``lcfed mu=0.0312 lam=0.2 · digits dir0.15 · s0``). With ``base.tracking.enabled`` false the sweep is
+    untracked: no MLflow run or store, the summary's run fields None (``register`` is refused).
     """
-    obj = options.validate(base.train.rounds)
+    tracked = base.tracking.enabled
+    obj = options.validate(base.train.rounds, tracked)
     tune_space = check_search(options.search, space)
-    uri = resolve_tracking_uri(base.tracking.uri)
-    base = base.replace(**{"tracking.uri": uri, "tracking.enabled": True})
+    uri = resolve_tracking_uri(base.tracking.uri) if tracked else None
+    if tracked:
+        base = base.replace(**{"tracking.uri": uri})
     storage = DEFAULT_STORAGE if options.storage is None else options.storage
     plan = SweepPlan(base=base, space=space, tune_space=tune_space, options=options, objective=obj,
                      name=options.name or f"{base.name}-sweep", storage_uri=storage_location(storage),
@@ -109,18 +118,22 @@ def _run_under(parent: ParentRun, plan: SweepPlan, sources: Any) -> dict[str, An
     base, obj, uri = plan.base, plan.objective, plan.base.tracking.uri
     check_storage(plan.storage_uri)
     engine = resolve_trial_engine(plan.options.trial_engine, plan.options.gpus_per_trial, len(alive_nodes()))
-    parent.connect(base.tracking.experiment)  # once, before any trial
-    _open_parent(parent, plan, engine)
-    assert uri is not None and parent.run_id is not None  # run_sweep resolved the uri; _open_parent opened the run
-    tracker = TrialTracker(uri, parent.experiment_id, parent.run_id, plan.name, base.train.rounds, plan.swept,
-                           plan.named)
+    tracker = None
+    if plan.tracked:
+        parent.connect(base.tracking.experiment)  # once, before any trial
+        _open_parent(parent, plan, engine)
+        assert uri is not None and parent.run_id is not None  # run_sweep resolved the uri; _open_parent opened the run
+        tracker = TrialTracker(uri, parent.experiment_id, parent.run_id, plan.name, base.train.rounds, plan.swept,
+                               plan.named)
     results = _fit(_tuner(plan, engine, parent.run_id, sources, tracker), tracker, plan.name)
     best = best_result(results, obj.metric, obj.mode, trial_order(results))
     summary = _summary(plan, results, best, engine, parent)
-    log_parent(parent.client, parent.run_id, parent.experiment_id, results, best, summary["best_config"], plan.space,
-               obj.metric, obj.mode)
+    if plan.tracked:
+        assert parent.run_id is not None  # (as above)
+        log_parent(parent.client, parent.run_id, parent.experiment_id, results, best, summary["best_config"],
+                   plan.space, obj.metric, obj.mode)
     wanted = plan.models_wanted
-    summary.update(_best_models(parent, uri, best, plan.options.register) if wanted
+    summary.update(_best_models(parent, uri, best, plan.options.register) if wanted and uri is not None
                    else {"best_models": {}, "registered": None})
     prune_models(results, best if wanted else None)
     return summary
@@ -179,7 +192,8 @@ def view_key(name: str) -> str:
     return f"sweep-{name}"
 
 
-def _tuner(plan: SweepPlan, engine: str, parent_id: str, sources: dict[Any, Any], tracker: TrialTracker) -> Any:
+def _tuner(plan: SweepPlan, engine: str, parent_id: str | None, sources: dict[Any, Any],
+           tracker: TrialTracker | None) -> Any:
     """The sweep's Tuner: restored from the storage to resume it, else a new one. Each trial gets the base
     config and the sweep's facts beside its sampled values, and the datasets through the object store."""
     obj = plan.objective
@@ -192,7 +206,8 @@ def _tuner(plan: SweepPlan, engine: str, parent_id: str, sources: dict[Any, Any]
                                     trial_resources(plan.base, plan.options.gpus_per_trial, engine))
     progress = SweepProgress(plan.swept, obj.metric, obj.mode, obj.max_t or plan.base.train.rounds)
     # verbose=0 but with -v: Tune's own status output repeats the whole base config; the progress table replaces it
-    run_config = tune.RunConfig(name=plan.name, storage_path=plan.storage_uri, callbacks=[tracker, progress],
+    callbacks: list[Any] = [progress] if tracker is None else [tracker, progress]
+    run_config = tune.RunConfig(name=plan.name, storage_path=plan.storage_uri, callbacks=callbacks,
                                 verbose=tune_verbosity(),
                                 checkpoint_config=tune.CheckpointConfig(num_to_keep=plan.options.keep_checkpoints))
     if plan.options.resume and tune.Tuner.can_restore(plan.exp_path):
@@ -210,18 +225,19 @@ def _tuner(plan: SweepPlan, engine: str, parent_id: str, sources: dict[Any, Any]
     )
 
 
-def _fit(tuner: Any, tracker: TrialTracker, name: str) -> Any:
+def _fit(tuner: Any, tracker: TrialTracker | None, name: str) -> Any:
     """Tune's results of the sweep. A signal stops it, Tune saving its state: the unfinished trials' runs are
     closed KILLED and :class:`SweepInterrupted` says how to continue."""
     with forward_signals_to_tune() as received:
         results = tuner.fit()
     unfinished = len([t for t in getattr(getattr(results, "_experiment_analysis", None), "trials", None) or []
-                      if t.status not in ("TERMINATED", "ERROR")]) or tracker.unfinished()
+                      if t.status not in ("TERMINATED", "ERROR")]) or (tracker.unfinished() if tracker is not None else 0)
     if received or unfinished:
         reason = received[0] if received else "SIGINT"
         why = (f"{reason}: sweep stopped with {unfinished} trial(s) unfinished; the Tune state is saved: "
                f"continue with the same command plus --resume --name {name}")
-        tracker.close_open(why)
+        if tracker is not None:
+            tracker.close_open(why)
         raise SweepInterrupted(reason, why)
     return results
 
@@ -229,17 +245,17 @@ def _fit(tuner: Any, tracker: TrialTracker, name: str) -> Any:
 def _summary(plan: SweepPlan, results: Any, best: Any, engine: str, parent: ParentRun) -> dict[str, Any]:
     """What ``lcfed sweep`` prints (and ``--json`` writes): the best trial, the runs, the failures, where
     Tune keeps the sweep and the settings it ran with."""
-    obj, uri = plan.objective, plan.base.tracking.uri
-    assert uri is not None  # run_sweep resolved it
+    obj, uri = plan.objective, plan.base.tracking.uri if plan.tracked else None
+    assert uri is not None or not plan.tracked  # run_sweep resolved it
     best_cfg = {k: v for k, v in best.config.items() if not k.startswith("__")}
     failed = [error_line(str(r.error)) for r in results if r.error is not None]
     return {"best_config": best_cfg, "best_" + obj.metric: best.metrics.get(obj.metric),
             "metric": obj.metric, "mode": obj.mode, "best_trial_id": best.metrics.get("trial_id"),
-            "parent_run_id": parent.run_id, "experiment_id": parent.experiment_id, "tracking_uri": uri,
+            "parent_run_id": parent.run_id, "experiment_id": parent.experiment_id or None, "tracking_uri": uri,
             "trials": len(results), "errors": len(failed), "first_error": failed[0] if failed else None,
             "storage": plan.exp_path, "trial_engine": engine, "scheduler": obj.scheduler,
             "grace_period": obj.grace_period, "max_t": obj.max_t, "search": plan.options.search,
-            "view": view_url(uri, parent.experiment_id, view_key(plan.name))}
+            "view": view_url(uri, parent.experiment_id, view_key(plan.name)) if uri is not None else None}
 
 
 def restore_results(path: str) -> Any:

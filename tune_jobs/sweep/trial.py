@@ -21,7 +21,7 @@ from lcfed import checkpoint, engines, provenance
 from lcfed.config import ConfigError, ExperimentConfig, apply_overrides, from_dict
 from lcfed.contracts import Engine
 from lcfed.federation import load, load_source, source_key
-from lcfed.loop import MAX_PERSONAL_BYTES
+from lcfed.loop import MAX_PERSONAL_BYTES, checkpoint_modules
 from lcfed.tracking import federation_facts, model_bundle, save_bundle
 from tune_jobs.sweep.objective import METRIC
 from tune_jobs.sweep.placement import local_trial_cpus, trial_layout
@@ -178,7 +178,7 @@ def run_trial(config: dict[str, Any], sources: dict[Any, Any] | None = None) -> 
             prior.to_directory(work)
             main_file = checkpoint.path(work)
             assert main_file is not None
-            resume = checkpoint.load(main_file)
+            resume = checkpoint.load(main_file, allowed=checkpoint_modules(cfg))  # a plugin's own states too
         fed = _trial_federation(cfg, dataset)
         try:
             placement = {"engine": cfg.engine.kind, "trial_node": ray.get_runtime_context().get_node_id(),
