@@ -21,22 +21,23 @@ from ray.util.placement_group import remove_placement_group
 from actors.connect import ensure_ray
 from actors.hosts import Hosts, fast_tensor_transfer
 from actors.liveness import get
-from actors.nodes import PlacementError, alive_nodes, alive_nodes_info, head_node_id, place_pool
-from actors.placement import NodeResources, cluster_layout, fits, pool_layout
+from actors.nodes import alive_nodes, alive_nodes_info, place_pool
+from actors.placement import cluster_layout, pool_layout
 from lcfed import fingerprint, numerics, provenance
 from lcfed.checkpoint import Snapshot, state_chunks
 from lcfed.config import ExperimentConfig
+from lcfed.contracts import Observer
 from lcfed.data import Dataset, Partition
 from lcfed.devices.schedule import RoundTiming, SimClock
 from lcfed.engines import run_closed
 from lcfed.federation import Setup, load, prepare, shard
 from lcfed.local_update import EvalResult
-from lcfed.loop import Newcomer, Observer, RunResult, run_rounds
+from lcfed.loop import run_rounds
 from lcfed.methods.base import RoundPlan, RoundStats
+from lcfed.run_result import Newcomer, RunResult
 
-#: besides the engine's own: the names callers have found here (the cluster's nodes and the placement)
-__all__ = ["NodeResources", "PlacementError", "RayFederation", "RayPlan", "RayPool", "RayServer", "alive_nodes",
-           "cluster_layout", "fits", "head_node_id", "place_pool", "pool_layout", "run_ray"]
+#: the engine's own names (the cluster's nodes are :mod:`actors.nodes`'s, the placement :mod:`actors.placement`'s)
+__all__ = ["RayFederation", "RayPlan", "RayPool", "RayServer", "run_ray"]
 
 
 @dataclass(frozen=True)
@@ -55,7 +56,7 @@ class RayPlan:
 
 
 class RayServer:
-    """Driver-side handle on the ServerActor (implements :class:`lcfed.loop.Server`)."""
+    """Driver-side handle on the ServerActor (implements :class:`lcfed.contracts.Server`)."""
 
     def __init__(self, hosts: Hosts) -> None:
         self.hosts = hosts
@@ -89,7 +90,7 @@ class RayServer:
 
 
 class RayPool:
-    """Driver-side handle on the DeviceActors (implements :class:`lcfed.loop.DevicePool`)."""
+    """Driver-side handle on the DeviceActors (implements :class:`lcfed.contracts.DevicePool`)."""
 
     def __init__(self, hosts: Hosts) -> None:
         self.hosts = hosts

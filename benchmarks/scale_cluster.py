@@ -60,7 +60,7 @@ class StopAfter:
     def on_start(self, cfg: Any, fed: Any) -> None: ...
 
     def on_round(self, rnd: int, metrics: dict[str, float], stats: Any) -> None:
-        from lcfed.loop import STOP
+        from lcfed.stop import STOP
 
         self.seconds.append(float(metrics["round_seconds"]))
         if rnd + 1 >= self.rounds:
@@ -74,7 +74,7 @@ def driver(m: int, args: argparse.Namespace) -> dict[str, Any]:
     import resource
 
     from actors.ray_engine import RayFederation, RayPool, RayServer
-    from lcfed.loop import Stopped
+    from lcfed.stop import Stopped
 
     with tempfile.TemporaryDirectory(prefix="lcfed-scale-") as ckpt:
         cfg = config(m, args, ckpt)

@@ -24,8 +24,12 @@ from pathlib import Path
 from typing import Any
 
 from lcfed import engines, numerics
-from lcfed.config import ExperimentConfig, apply_overrides, from_dict, parse_override, read_yaml, require, to_dict
-from lcfed.loop import Observer, RunResult
+from lcfed.config import ExperimentConfig, from_dict, to_dict
+from lcfed.contracts import Observer
+from lcfed.errors import require
+from lcfed.overrides import apply_overrides, parse_override
+from lcfed.run_result import RunResult
+from lcfed.yaml_input import read_yaml
 
 #: metrics a trainable reports on every round (NaN until the first evaluation), so that a Tune metric
 #: named after one of them is in every result even when ``train.eval_every`` skips rounds
@@ -62,7 +66,7 @@ class _KeepModels:
 
 def run(cfg: ExperimentConfig, *, engine: str | None = None, track: bool = False, models: bool = False,
         observers: Sequence[Observer] = ()) -> RunResult:
-    """Run one federation and return its :class:`~lcfed.loop.RunResult`: ``final`` (the last evaluation),
+    """Run one federation and return its :class:`~lcfed.run_result.RunResult`: ``final`` (the last evaluation),
     ``history`` (every round), ``assignment``, ``provenance`` and, with ``models=True``, ``models`` (the
     server's state and each device's personalized weights).
 
@@ -87,12 +91,15 @@ def run(cfg: ExperimentConfig, *, engine: str | None = None, track: bool = False
 
 def sweep(cfg: ExperimentConfig, space: Mapping[str, Any] | str | Path, **options: Any) -> dict[str, Any]:
     """``lcfed sweep`` from Python: ``space`` maps dotted fields to Tune domains (or is a search-space YAML
-    file); ``options`` are :func:`tune_jobs.sweep.run_sweep`'s: the fields of its
-    :class:`~tune_jobs.sweep.SweepOptions` (``num_samples``, ``scheduler``, ``search``, ``metric``,
+    file); ``options`` are :func:`tune_jobs.sweep.run.run_sweep`'s: the fields of its
+    :class:`~tune_jobs.sweep.options.SweepOptions` (``num_samples``, ``scheduler``, ``search``, ``metric``,
     ``storage``, ...), ``parent_run_id`` and ``named``. With ``cfg.tracking.enabled`` every trial is an MLflow
     child run of one parent; without it, the trials are in Tune's storage only. Returns the summary (best config
     and metric, the parent run)."""
-    from tune_jobs.sweep import SweepOptions, load_space, run_sweep  # Tune only when asked
+    # Tune only when asked
+    from tune_jobs.sweep.options import SweepOptions
+    from tune_jobs.sweep.run import run_sweep
+    from tune_jobs.sweep.space import load_space
 
     resolved = load_space(space, cfg) if isinstance(space, (str, Path)) else dict(space)
     nesting = {k: options.pop(k) for k in ("parent_run_id", "named") if k in options}

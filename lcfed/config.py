@@ -31,10 +31,9 @@ from lcfed.config_rules import (
     check_tracking,
     check_train,
     holdout_count,
-    uri_scheme,
 )
 from lcfed.config_types import build_dataclass, typed_value
-from lcfed.errors import (  # defined in a leaf module (the methods import it); still this API
+from lcfed.errors import (  # a leaf module (the methods import it); ConfigError and require: this API too
     ConfigError,
     did_you_mean,
     require,
@@ -42,14 +41,14 @@ from lcfed.errors import (  # defined in a leaf module (the methods import it); 
 from lcfed.overrides import apply_overrides, parse_override, resolve
 from lcfed.yaml_input import read_yaml
 
-#: what callers import from here, some of it defined in the leaf modules above (the methods import
-#: lcfed.errors; lcfed.config_rules holds the long sections' checks)
+#: what this module defines, and two names it re-exports on purpose: ``ConfigError`` and ``require``
+#: (:mod:`lcfed.errors`'s) are the plugin face (a strategy's ``validate`` raises through
+#: ``lcfed.config.require``, README section 7b); the repository's own code imports them from lcfed.errors
 __all__ = [
     "LATER_DEFAULTS", "MAX_SEED", "NAME_RULE", "CheckpointConfig", "ConfigError", "DataConfig", "DevicesConfig",
     "EngineConfig",
     "ExperimentConfig", "MethodConfig", "ModelConfig", "NetworkConfig", "TrackingConfig", "TrainConfig",
-    "apply_overrides", "did_you_mean", "drop_later_defaults", "field_types", "flatten", "from_dict", "holdout_count",
-    "load_config", "parse_override", "read_yaml", "require", "resolve", "safe_name", "to_dict", "uri_scheme",
+    "drop_later_defaults", "field_types", "flatten", "from_dict", "load_config", "require", "safe_name", "to_dict",
 ]
 
 #: numpy, torch and scikit-learn all take it (seed + round stays below 2**32)

@@ -27,12 +27,14 @@ import numpy as np
 import torch
 
 from lcfed import engines, numerics
-from lcfed.config import ExperimentConfig, from_dict, resolve
+from lcfed.config import ExperimentConfig, from_dict
 from lcfed.engines.local import LocalFederation, LocalPool, LocalServer
 from lcfed.federation import load, make_strategy
-from lcfed.loop import RunResult, load_resume, run_rounds
+from lcfed.loop import load_resume, run_rounds
 from lcfed.methods.base import Message, Strategy
 from lcfed.methods.traffic import tensor_bytes
+from lcfed.overrides import resolve
+from lcfed.run_result import RunResult
 
 PROPERTIES = ("seeded", "pure", "priced", "resumable", "engines")
 #: the hooks whose arguments must come back unchanged, by argument position

@@ -15,7 +15,8 @@ import numpy as np
 import torch
 
 from lcfed import numerics, registry
-from lcfed.config import ConfigError, ExperimentConfig, holdout_count, require
+from lcfed.config import ExperimentConfig
+from lcfed.config_rules import holdout_count
 from lcfed.data import (
     Dataset,
     FileSource,
@@ -30,6 +31,7 @@ from lcfed.data import (
 from lcfed.data.generated import GENERATED, leaf_synthetic
 from lcfed.data.sources import synthetic_dataset
 from lcfed.data.testbeds import apply_testbed
+from lcfed.errors import ConfigError, require
 from lcfed.local_update import DeviceData, LocalWork
 from lcfed.methods import Strategy
 from lcfed.methods.base import Federation

@@ -1,7 +1,7 @@
 """The round loop, written once. It drives a server and a device pool, in-process or on Ray.
 
 What it calls on them and on its observers is in :mod:`lcfed.contracts`; what it returns, in
-:mod:`lcfed.run_result` (both re-exported here, where engines and observers have always found them).
+:mod:`lcfed.run_result`; import those names from there (this module defines only the loop and its helpers).
 It checks the stop flag (:mod:`lcfed.stop`) after every round.
 """
 
@@ -20,14 +20,12 @@ import numpy as np
 from lcfed import checkpoint, registry
 from lcfed.config import ExperimentConfig
 from lcfed.contracts import (
-    MAX_PERSONAL_BYTES,
     DevicePool,
     ErrorObserver,
     LocatingObserver,
     ModelsObserver,
     Observer,
     PersonalLimit,
-    Plan,
     PlanT,
     Server,
 )
@@ -37,14 +35,12 @@ from lcfed.local_update import EvalResult
 from lcfed.methods.base import Federation, RoundStats
 from lcfed.metrics import accuracy_metrics, label_homogeneity
 from lcfed.recovery import adjusted_rand_index, normalized_mutual_info
-from lcfed.run_result import SERVER_MODELS, FinalModels, Newcomer, RunResult, newcomer, newcomer_metrics
-from lcfed.stop import STOP, Stopped, StopRequest
+from lcfed.run_result import FinalModels, RunResult, newcomer, newcomer_metrics
+from lcfed.stop import STOP, Stopped
 
 __all__ = [
-    "MAX_PERSONAL_BYTES", "SERVER_MODELS", "STOP", "DevicePool", "DivergenceError", "ErrorObserver", "FinalModels",
-    "HostFailure", "LocatingObserver", "ModelsObserver", "Newcomer", "Observer", "PersonalLimit", "Plan", "RunResult",
-    "Server", "StopRequest", "Stopped", "checkpoint_modules", "checkpoint_path", "eval_sample", "evaluate_round",
-    "final_models", "load_resume", "newcomer", "newcomer_metrics", "run_rounds", "should_evaluate", "simulated_seconds",
+    "DivergenceError", "HostFailure", "checkpoint_modules", "checkpoint_path", "eval_sample", "evaluate_round",
+    "final_models", "load_resume", "run_rounds", "should_evaluate", "simulated_seconds",
 ]
 
 

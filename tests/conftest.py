@@ -8,7 +8,8 @@ import sys
 
 import pytest
 
-from lcfed.config import ExperimentConfig, apply_overrides, from_dict, parse_override
+from lcfed.config import ExperimentConfig, from_dict
+from lcfed.overrides import apply_overrides, parse_override
 
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 

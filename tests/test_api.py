@@ -10,7 +10,7 @@ import ray
 from ray import tune
 
 from lcfed import api
-from lcfed.config import ConfigError
+from lcfed.errors import ConfigError
 from tests.conftest import TINY, start_test_ray
 
 ROOT = Path(__file__).resolve().parents[1]

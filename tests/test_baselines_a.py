@@ -11,8 +11,9 @@ import ray
 import torch
 
 from actors.ray_engine import RayFederation
-from lcfed.config import ConfigError, load_config
+from lcfed.config import load_config
 from lcfed.engines.local import run_local
+from lcfed.errors import ConfigError
 from lcfed.federation import prepare
 from lcfed.local_update import DeviceData, LocalWork
 from lcfed.methods import METHODS

@@ -14,8 +14,9 @@ import numpy as np
 import pytest
 import yaml
 
-from lcfed.config import ConfigError, to_dict
+from lcfed.config import to_dict
 from lcfed.data.sources import load_dataset
+from lcfed.errors import ConfigError
 from lcfed.federation import prepare
 from tests.conftest import tiny_config
 from tests.test_data import write_idx

@@ -28,7 +28,8 @@ from lcfed.data import (
     split_train_test,
     to_float,
 )
-from lcfed.data.sources import CACHE_DIR, _from_cifar
+from lcfed.data.dataset import CACHE_DIR
+from lcfed.data.sources import _from_cifar
 
 DEBIAN_FASHION = Path("/usr/share/datasets/fashion-mnist")
 

@@ -13,10 +13,10 @@ import torch
 from PIL import Image
 
 import lcfed.data.formats as formats
-from lcfed.config import ConfigError
 from lcfed.data import DataError, Dataset, FileSource, Scaling, load_dataset
-from lcfed.data.sources import CACHE_DIR
+from lcfed.data.dataset import CACHE_DIR
 from lcfed.engines.local import run_local
+from lcfed.errors import ConfigError
 from lcfed.federation import load, prepare
 from lcfed.models import build_network
 from tests.conftest import tiny_config

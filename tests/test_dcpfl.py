@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from lcfed.config import ConfigError, load_config
+from lcfed.config import load_config
 from lcfed.engines.local import run_local
+from lcfed.errors import ConfigError
 from lcfed.local_update import DeviceData, LocalWork, batch_rng, local_update
 from lcfed.loop import load_resume
 from lcfed.methods.base import DeviceContext, Federation

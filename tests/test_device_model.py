@@ -8,10 +8,10 @@ import math
 import numpy as np
 import pytest
 
-from lcfed.config import ConfigError
 from lcfed.devices.fleet import fleet_from_arrays
 from lcfed.devices.schedule import RoundTiming, Scheduler, SimClock
 from lcfed.engines.local import run_local
+from lcfed.errors import ConfigError
 from lcfed.federation import prepare
 from lcfed.loop import load_resume
 from tests.conftest import same_metrics, tiny_config

@@ -15,7 +15,6 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from lcfed.config import ConfigError
 from lcfed.devices.traces import (
     ROW_BLOCK,
     TRACE_FORMATS,
@@ -26,6 +25,7 @@ from lcfed.devices.traces import (
     read_capacity,
     trace_rows,
 )
+from lcfed.errors import ConfigError
 
 CAP_FIELD = "devices.capacity_trace"
 AV_FIELD = "devices.availability_trace"

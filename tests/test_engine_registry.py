@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from lcfed import api, engines
-from lcfed.config import ConfigError
 from lcfed.engines.local import LocalFederation, open_local
+from lcfed.errors import ConfigError
 from tests.conftest import same_history, tiny_config
 from tune_jobs.cli import build_parser
 from tune_jobs.sweep.placement import resolve_trial_engine, trial_engines

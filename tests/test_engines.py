@@ -10,10 +10,12 @@ import ray
 import torch
 
 from actors.hosts import _tensor_to_wire, fast_tensor_transfer
-from actors.ray_engine import NodeResources, RayFederation, cluster_layout, fits, pool_layout
+from actors.placement import NodeResources, cluster_layout, fits, pool_layout
+from actors.ray_engine import RayFederation
 from lcfed import checkpoint
-from lcfed.config import ConfigError, EngineConfig
+from lcfed.config import EngineConfig
 from lcfed.engines.local import HostedDevices, run_local
+from lcfed.errors import ConfigError
 from lcfed.federation import prepare
 from tests.conftest import same_metrics, start_test_ray, tiny_config
 
@@ -186,7 +188,7 @@ def test_cluster_layout_asks_for_stated_gpus_before_any_gpu_node_exists():
 
 
 def test_unplaceable_pool_on_a_private_ray_fails_at_once(ray_cluster):
-    from actors.ray_engine import PlacementError, alive_nodes, place_pool
+    from actors.nodes import PlacementError, alive_nodes, place_pool
 
     lay = cluster_layout(EngineConfig(kind="ray", num_actors=3, gpus_per_actor=1), 3, alive_nodes())
     with pytest.raises(PlacementError, match=r"asked for 3 device actor\(s\) x \{CPU: 0.6666, GPU: 1\}.*1 alive node"):

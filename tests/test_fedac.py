@@ -10,8 +10,9 @@ import pytest
 import torch
 
 from lcfed import checkpoint
-from lcfed.config import ConfigError, load_config
+from lcfed.config import load_config
 from lcfed.engines.local import run_local
+from lcfed.errors import ConfigError
 from lcfed.loop import load_resume
 from lcfed.methods.base import Federation, RoundPlan
 from lcfed.methods.fedac import FedAC, FedACParams, FedACState, gap_ratios, split_labels, tune_clusters

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from lcfed.config import ConfigError
 from lcfed.data.generated import BLOCK, DEFAULT_PER_DEVICE, FEATURES, device_sizes, leaf_synthetic
 from lcfed.engines.local import run_local
+from lcfed.errors import ConfigError
 from lcfed.federation import prepare
 from tests.conftest import tiny_config
 

@@ -9,8 +9,8 @@ import math
 import numpy as np
 import pytest
 
-from lcfed.config import ConfigError
 from lcfed.engines.local import run_local
+from lcfed.errors import ConfigError
 from lcfed.federation import held_out_devices
 from lcfed.methods.base import select_devices
 from lcfed.tracking import partition_digest

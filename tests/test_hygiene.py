@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from lcfed.config import ConfigError, load_config
+from lcfed.config import load_config
 from lcfed.data import (
     Partition,
     PartitionError,
@@ -24,6 +24,7 @@ from lcfed.data import (
     split_train_test,
 )
 from lcfed.data.schemes import _niid_bench_counts
+from lcfed.errors import ConfigError
 from tune_jobs.cli import main
 from tune_jobs.run_command import last_evals, summary_table
 

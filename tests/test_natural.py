@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from lcfed.config import ConfigError
 from lcfed.data import DataError, PartitionError, import_leaf, load_dataset, make_partition, natural
 from lcfed.data.formats import FileSource
+from lcfed.errors import ConfigError
 from lcfed.federation import load, prepare
 from tests.conftest import tiny_config
 from tune_jobs.cli import main

@@ -15,7 +15,7 @@ import torch
 import yaml
 
 from lcfed import numerics, provenance
-from lcfed.config import ConfigError
+from lcfed.errors import ConfigError
 from tests.conftest import TINY, tiny_config
 from tests.raycluster import ROOT
 from tune_jobs.cli import main

@@ -3,9 +3,10 @@ observer has them, their defaults where it has not."""
 
 from __future__ import annotations
 
+from lcfed.contracts import MAX_PERSONAL_BYTES, ErrorObserver, LocatingObserver, ModelsObserver, PersonalLimit
 from lcfed.engines.local import HostedDevices, LocalPool, LocalServer, make_strategy, run_local
 from lcfed.federation import prepare
-from lcfed.loop import MAX_PERSONAL_BYTES, ErrorObserver, LocatingObserver, ModelsObserver, PersonalLimit, run_rounds
+from lcfed.loop import run_rounds
 from lcfed.progress import ProgressBar
 from lcfed.tracking import MLflowObserver
 from tests.conftest import tiny_config

@@ -5,8 +5,8 @@ from __future__ import annotations
 import mlflow
 import pytest
 
-from lcfed.config import ConfigError
 from lcfed.engines.local import run_local
+from lcfed.errors import ConfigError
 from tests.conftest import tiny_config
 from tune_jobs.cli import main
 from tune_jobs.reproduce import (

@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from lcfed.checkpoint import load
-from lcfed.config import ConfigError
 from lcfed.data.sources import synthetic_dataset
 from lcfed.device_states import DeviceStates
 from lcfed.engines.local import HostedDevices, LocalPool, LocalServer, run_local
+from lcfed.errors import ConfigError
 from lcfed.federation import make_strategy, prepare
 from lcfed.loop import eval_sample, run_rounds
 from lcfed.methods.base import PersonalModel

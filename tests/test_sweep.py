@@ -12,8 +12,9 @@ import mlflow
 import pytest
 import yaml
 
-from lcfed.config import ConfigError, to_dict
+from lcfed.config import to_dict
 from lcfed.engines.local import run_local
+from lcfed.errors import ConfigError
 from lcfed.federation import load, prepare
 from lcfed.tracking import mlflow_key
 from tests.conftest import start_test_ray, tiny_config

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
-from lcfed.config import ConfigError
+from lcfed.errors import ConfigError
 from lcfed.metric_catalog import CATALOG, objectives
 from tests.conftest import tiny_config
 from tune_jobs.sweep.best import best_result
@@ -232,7 +232,7 @@ def test_the_api_sweep_hands_its_options_to_run_sweep_as_one_object(monkeypatch)
     from tune_jobs.sweep.options import SweepOptions
 
     calls = []
-    monkeypatch.setattr("tune_jobs.sweep.run_sweep", lambda *a, **k: calls.append((a, k)) or {"trials": 0})
+    monkeypatch.setattr("tune_jobs.sweep.run.run_sweep", lambda *a, **k: calls.append((a, k)) or {"trials": 0})
     cfg = tiny_config()
     assert api.sweep(cfg, {"method.mu": 0.1}, num_samples=3, scheduler="fifo", named={"seed": 0}) == {"trials": 0}
     ((base, space, options), nesting), = calls

@@ -8,10 +8,10 @@ import math
 import numpy as np
 import pytest
 
-from lcfed.config import ConfigError
 from lcfed.data import Dataset, apply_testbed, group_layout, make_partition
 from lcfed.data.testbeds import label_permutations, rotate, shift
 from lcfed.engines.local import run_local
+from lcfed.errors import ConfigError
 from lcfed.federation import load, prepare
 from lcfed.recovery import adjusted_rand_index, normalized_mutual_info, recovery_scores
 from tests.conftest import tiny_config

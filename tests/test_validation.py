@@ -9,11 +9,12 @@ import numpy as np
 import pytest
 import ray
 
-from lcfed.config import ConfigError
 from lcfed.data import Dataset, Scaling, format_stats, partition_stats, split_validation
 from lcfed.engines.local import HostedDevices, LocalPool, LocalServer, run_local
+from lcfed.errors import ConfigError
 from lcfed.federation import load, make_strategy, partition, prepare
-from lcfed.loop import RunResult, run_rounds
+from lcfed.loop import run_rounds
+from lcfed.run_result import RunResult
 from tests.conftest import start_test_ray, tiny_config
 
 VAL = "data.val_fraction=0.25"

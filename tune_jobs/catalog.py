@@ -9,7 +9,7 @@ import sys
 from typing import Any
 
 from lcfed import conformance, registry
-from lcfed.config import require
+from lcfed.errors import require
 from tune_jobs.options import examples
 
 

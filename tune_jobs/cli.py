@@ -23,8 +23,9 @@ import yaml
 from actors.connect import ClusterError
 from lcfed import logs, provenance
 from lcfed.checkpoint import CheckpointError
-from lcfed.config import ConfigError, did_you_mean, load_config, to_dict
+from lcfed.config import load_config, to_dict
 from lcfed.data import DataError
+from lcfed.errors import ConfigError, did_you_mean
 from lcfed.faults import ClusterLost
 from lcfed.loop import DivergenceError
 from lcfed.output_paths import check_output_dir

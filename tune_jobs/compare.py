@@ -29,16 +29,18 @@ from pathlib import Path
 from typing import Any
 
 from lcfed import registry
-from lcfed.config import ExperimentConfig, load_config, require, resolve
+from lcfed.config import ExperimentConfig, load_config
+from lcfed.errors import require
 from lcfed.output_paths import check_output_dir
+from lcfed.overrides import resolve
 from lcfed.tracking import check_tracking_store, resolve_tracking_uri
-from tune_jobs import sweep  # a lazy package: Tune loads when a comparison first uses it, not with lcfed's parser
 from tune_jobs.compare_report import METRIC, write_report
 from tune_jobs.options import config_options, examples, verbosity_options
 from tune_jobs.outdir import open_recorded, read_state, write_json
 from tune_jobs.parent_run import ParentRun
 from tune_jobs.reproduce import parse_seeds, summarize
 from tune_jobs.sweep.options import SweepOptions, add_no_track, add_sweep_options, sweep_options, tracking_of
+from tune_jobs.sweep.storage import check_storage, storage_location
 
 COMPARE_SPACES = Path(__file__).resolve().parent / "spaces" / "compare"
 #: ``lcfed compare``'s wording of the sweep options it offers (:func:`add_sweep_options`), where it differs
@@ -157,6 +159,11 @@ def run_compare(base: ExperimentConfig, methods: Sequence[str], out: str | Path,
     (``budget``; one per seed), resume and models itself (:meth:`ComparePlan.tuning`, :meth:`ComparePlan.seeding`).
     With ``base.tracking.enabled`` false nothing is logged to MLflow (``register`` is refused).
     """
+    # Tune loads when a comparison runs, not with lcfed's parser (which imports this module)
+    from tune_jobs.sweep.search import check_search
+    from tune_jobs.sweep.space import load_space
+    from tune_jobs.sweep.trial import load_sources
+
     out = Path(out)
     require(len(methods) >= 2 and len(set(methods)) == len(methods), "--methods", ",".join(methods),
             "at least two distinct methods")
@@ -172,9 +179,9 @@ def run_compare(base: ExperimentConfig, methods: Sequence[str], out: str | Path,
     options.validate(base.train.rounds, tracked)
     val_fraction = base.data.val_fraction or DEFAULT_VAL_FRACTION
     configs = {m: method_config(base, m, val_fraction) for m in methods}
-    spaces = {m: sweep.load_space(method_space(m, space_dir), configs[m]) for m in methods}  # validated before work
+    spaces = {m: load_space(method_space(m, space_dir), configs[m]) for m in methods}  # validated before work
     for m in methods:
-        sweep.check_search(options.search, spaces[m])
+        check_search(options.search, spaces[m])
     for s in seeds:
         base.replace(seed=s)
     params = {"methods": ",".join(methods), "budget": str(budget), "seeds": ",".join(map(str, seeds)),
@@ -186,7 +193,7 @@ def run_compare(base: ExperimentConfig, methods: Sequence[str], out: str | Path,
     for m in methods:  # each sweep's own options (its name holds the method's), before any work
         plan.tuning(m).validate(base.train.rounds)
         plan.seeding(m).validate(base.train.rounds)
-    sweep.load_sources(configs[methods[0]], {})  # a missing dataset fails here, before any run or file exists
+    load_sources(configs[methods[0]], {})  # a missing dataset fails here, before any run or file exists
     state = read_state(out, params, "a comparison")  # other settings are refused before Ray starts
     # a rerun of a finished comparison only writes the report again: no sweep, so no Ray to start
     finished = state is not None and all((out / phase / f"{m}.json").exists()
@@ -194,7 +201,7 @@ def run_compare(base: ExperimentConfig, methods: Sequence[str], out: str | Path,
     uri = resolve_tracking_uri(base.tracking.uri) if tracked else None
     with ParentRun(base.engine, uri, "; rerun the same command to resume", ray=not finished) as parent:
         if not finished:  # a multi-node cluster needs a storage every node reaches
-            sweep.check_storage(sweep.storage_location(storage))
+            check_storage(storage_location(storage))
         return _run_phases(parent, plan, state)
 
 
@@ -202,6 +209,9 @@ def _run_phases(parent: ParentRun, plan: ComparePlan, state: dict[str, Any] | No
     """Under the comparison's parent run (the plan's ``params``; ``state``: what ``<out>/state.json``
     recorded), phase 1 then phase 2 for every method not finished before, then the report, also on the
     parent run (untracked, ``parent.uri`` None: no parent run; ``state.json`` records the settings alone)."""
+    from tune_jobs.sweep.models import register_sweep_best  # Tune, as in run_compare
+    from tune_jobs.sweep.run import restore_results, run_sweep
+
     base, methods, out, configs = plan.base, plan.methods, plan.out, plan.configs
     out.mkdir(parents=True, exist_ok=True)
     client, parent_id = None, None
@@ -220,8 +230,8 @@ def _run_phases(parent: ParentRun, plan: ComparePlan, state: dict[str, Any] | No
             phase1[m] = json.loads(done.read_text())
             continue
         print(f"lcfed compare: phase 1, {m} ({i}/{len(methods)}): {plan.budget} trials on {METRIC}", file=sys.stderr)
-        summary = sweep.run_sweep(configs[m].replace(**tracked), plan.spaces[m], plan.tuning(m),
-                                  parent_run_id=parent_id)
+        summary = run_sweep(configs[m].replace(**tracked), plan.spaces[m], plan.tuning(m),
+                            parent_run_id=parent_id)
         phase1[m] = {"best_config": summary["best_config"], METRIC: summary[f"best_{METRIC}"],
                      "trials": summary["trials"], "errors": summary["errors"], "run_id": summary["parent_run_id"]}
         write_json(done, phase1[m])
@@ -233,21 +243,22 @@ def _run_phases(parent: ParentRun, plan: ComparePlan, state: dict[str, Any] | No
         print(f"lcfed compare: phase 2, {m} ({i}/{len(methods)}): seeds {list(plan.seeds)}", file=sys.stderr)
         from ray import tune  # Tune when a phase runs: `lcfed` imports this module to build its parser
         chosen = configs[m].replace(**tracked, **phase1[m]["best_config"])
-        summary = sweep.run_sweep(chosen, {"seed": tune.grid_search(list(plan.seeds))}, plan.seeding(m),
-                                  parent_run_id=parent_id, named=phase1[m]["best_config"])
-        phase2[m] = _seed_rows(sweep.restore_results(summary["storage"]))
+        summary = run_sweep(chosen, {"seed": tune.grid_search(list(plan.seeds))}, plan.seeding(m),
+                            parent_run_id=parent_id, named=phase1[m]["best_config"])
+        phase2[m] = _seed_rows(restore_results(summary["storage"]))
         write_json(done, phase2[m])
     report = write_report(out, list(methods), list(plan.seeds), phase1, phase2, plan.target, base)
     registered = None
     if client is not None:
+        assert parent.uri is not None  # a client only where there is a store (above)
         client.log_text(parent_id, report["md"], "compare.md")
         client.log_text(parent_id, report["csv"], "compare.csv")
         for png in report["plots"]:
             client.log_artifact(parent_id, png, "plots")
         top = max(report["rows"], key=lambda r: r["test_acc_mean"])["method"]  # the report's first row
         register = plan.options.register
-        registered = sweep.register_sweep_best(client, parent.uri, parent.experiment_id,
-                                               plan.sweep_name(top, "seeds"), register) if register else None
+        registered = register_sweep_best(client, parent.uri, parent.experiment_id,
+                                         plan.sweep_name(top, "seeds"), register) if register else None
     return {"table": report["md"], "out": str(out), "parent_run_id": parent_id, "tracking_uri": parent.uri,
             "wall_seconds": time.perf_counter() - t0, "results": report["rows"], "registered": registered}
 

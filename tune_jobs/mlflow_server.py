@@ -29,7 +29,8 @@ from pathlib import Path
 from typing import Any, TextIO
 from urllib.parse import urlparse
 
-from lcfed.config import require, uri_scheme
+from lcfed.config_rules import uri_scheme
+from lcfed.errors import require
 from lcfed.logs import server_environment
 from lcfed.output_paths import check_output_dir
 from lcfed.tracking import resolve_tracking_uri

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from lcfed import fingerprint, numerics
-from lcfed.config import require
+from lcfed.errors import require
 from tune_jobs.options import examples
 
 

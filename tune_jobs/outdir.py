@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from lcfed.config import ConfigError
+from lcfed.errors import ConfigError
 from tune_jobs.parent_run import ParentRun
 
 

@@ -26,11 +26,13 @@ import numpy as np
 
 from lcfed import registry
 from lcfed.checkpoint import CheckpointError
-from lcfed.config import ConfigError, ExperimentConfig, load_config, parse_override, require, resolve
+from lcfed.config import ExperimentConfig, load_config
+from lcfed.errors import ConfigError, require
 from lcfed.federation import check_against_data, load
 from lcfed.logs import progress_shown
 from lcfed.loop import load_resume
 from lcfed.output_paths import check_output_dir
+from lcfed.overrides import parse_override, resolve
 from lcfed.progress import ProgressBar
 from lcfed.stats import mean_ci
 from lcfed.stop import stop_on_signals

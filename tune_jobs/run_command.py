@@ -15,12 +15,14 @@ from typing import Any
 import torch
 
 from lcfed import engines, logs, numerics
-from lcfed.config import ConfigError, ExperimentConfig, load_config, parse_override, require
+from lcfed.config import ExperimentConfig, load_config
 from lcfed.data import format_stats, partition_stats
+from lcfed.errors import ConfigError, require
 from lcfed.federation import check_against_data, load
 from lcfed.loop import checkpoint_path, load_resume
 from lcfed.metric_catalog import SUMMARY
 from lcfed.output_paths import check_output_dir, check_output_file
+from lcfed.overrides import parse_override
 from lcfed.progress import ProgressBar
 from lcfed.stop import stop_on_signals
 from lcfed.tracking import MLflowObserver, check_tracking_store, run_name, ui_hint

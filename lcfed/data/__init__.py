@@ -2,8 +2,14 @@
 testbeds with known clusters, and local imports (IDX files, LEAF's JSON).
 
 Nothing here touches the network unless a loader is asked to download.
+
+This package is the data layer's face for other code: it re-exports the names imported below from the
+modules that define them. The modules of this package import from each other, never through this file.
 """
 
+from types import ModuleType as _ModuleType
+
+from lcfed.data.dataset import DataError, Dataset
 from lcfed.data.formats import FILE_FORMATS, FileSource, load_file
 from lcfed.data.importer import DEFAULT_IDX_DIRS, IDX_DIRS_ENV, import_idx
 from lcfed.data.leaf import import_leaf
@@ -28,44 +34,10 @@ from lcfed.data.schemes import (
     natural,
     pathological,
 )
-from lcfed.data.sources import SOURCES, DataError, Dataset, Scaling, load_dataset, to_float
+from lcfed.data.sources import SOURCES, Scaling, load_dataset, to_float
 from lcfed.data.split import split_train_test
 from lcfed.data.testbeds import TESTBEDS, apply_testbed
 
-__all__ = [
-    "DEFAULT_IDX_DIRS",
-    "DIRICHLET_CONVENTIONS",
-    "FILE_FORMATS",
-    "IDX_DIRS_ENV",
-    "PARTITIONERS",
-    "SOURCES",
-    "TESTBEDS",
-    "USER_SELECTIONS",
-    "DataError",
-    "Dataset",
-    "FileSource",
-    "Partition",
-    "PartitionError",
-    "PartitionParams",
-    "apply_testbed",
-    "dirichlet",
-    "dirichlet_niid_bench",
-    "dominant_label",
-    "format_groups",
-    "format_stats",
-    "group_layout",
-    "iid",
-    "import_idx",
-    "import_leaf",
-    "load_dataset",
-    "load_file",
-    "make_partition",
-    "natural",
-    "partition_schemes",
-    "partition_stats",
-    "pathological",
-    "split_train_test",
-    "split_validation",
-    "Scaling",
-    "to_float",
-]
+#: the face: every name imported above, listed once (by its import)
+__all__ = sorted(name for name, value in globals().items()
+                 if not name.startswith("_") and not isinstance(value, _ModuleType))

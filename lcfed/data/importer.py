@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from lcfed.data.sources import DataError
+from lcfed.data.dataset import DataError
 
 __all__ = ["DEFAULT_IDX_DIRS", "IDX_DIRS_ENV", "IDX_FILES", "RAW_DIRS", "import_idx"]
 

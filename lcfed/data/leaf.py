@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from lcfed.data.sources import DataError
+from lcfed.data.dataset import DataError
 
 __all__ = ["FEMNIST_SHAPE", "LeafImport", "import_leaf", "read_leaf"]
 

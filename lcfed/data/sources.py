@@ -28,7 +28,7 @@ from lcfed.data.dataset import CACHE_DIR, DataError, Dataset, _stamp
 from lcfed.data.formats import FileSource, load_file
 from lcfed.data.generated import GENERATED, leaf_synthetic
 
-__all__ = ["CACHE_DIR", "SOURCES", "DataError", "Dataset", "Scaling", "load_dataset", "to_float"]
+__all__ = ["SOURCES", "Scaling", "load_dataset", "to_float"]
 
 def to_float(x: np.ndarray) -> torch.Tensor:
     """uint8 images -> float32 tensor in [0, 1] (a fresh copy, so the dataset stays untouched)."""

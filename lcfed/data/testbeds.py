@@ -22,8 +22,8 @@ from collections.abc import Callable
 
 import numpy as np
 
+from lcfed.data.dataset import Dataset
 from lcfed.data.schemes import PartitionError, group_layout
-from lcfed.data.sources import Dataset
 
 __all__ = ["FEATURE_SHIFTS", "MAX_GROUPS", "TESTBEDS", "apply_testbed", "label_permutations", "rotate", "shift"]
 

@@ -16,15 +16,17 @@ import torch
 from lcfed import numerics, provenance
 from lcfed.checkpoint import PART_DEVICES, Snapshot, state_chunks
 from lcfed.config import ExperimentConfig
+from lcfed.contracts import Observer
 from lcfed.device_states import DeviceStates
 from lcfed.devices.buffered import BufferedRound, BufferedScheduler, Pending, fill_messages, staleness_weight
 from lcfed.devices.schedule import Scheduler, SimClock
 from lcfed.engines import run_closed
 from lcfed.federation import Setup, device_data, load, local_work, make_network, make_strategy, prepare, resolve_device
 from lcfed.local_update import EvalResult, batch_rng, evaluate, local_update
-from lcfed.loop import DivergenceError, Newcomer, Observer, RunResult, run_rounds
+from lcfed.loop import DivergenceError, run_rounds
 from lcfed.methods.base import Arrival, DeviceContext, Message, RoundPlan, RoundStats, Strategy
 from lcfed.methods.traffic import downlink_traffic, layer_traffic, tensor_bytes
+from lcfed.run_result import Newcomer, RunResult
 from lcfed.vectorized import BatchedNet, StepBatcher
 
 
@@ -358,7 +360,7 @@ class HostedDevices:
 
 
 class DeviceHost:
-    """The device-pool calls (:class:`lcfed.loop.DevicePool`) a process answers from the devices it
+    """The device-pool calls (:class:`lcfed.contracts.DevicePool`) a process answers from the devices it
     hosts (``self.hosted``): written once for :class:`LocalPool` and the Ray engine's ``DeviceActor``.
 
     ``train`` is each one's own: the in-process pool takes the round's plan, an actor its parts (Ray

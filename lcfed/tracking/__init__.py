@@ -2,7 +2,8 @@
 reproductions share with it (the store, experiments, tags, artifacts, the run guard, the replay of
 metrics a gone store never took).
 
-One idea per module; this package re-exports the names code imports from ``lcfed.tracking``:
+One idea per module; this package re-exports the names code imports from ``lcfed.tracking`` (the
+modules of this package import from each other, never through this file):
 
 - ``store``: the tracking URI, the lock around a local sqlite store, the client, experiments, a
   server's health;
@@ -25,6 +26,8 @@ Importing this package loads neither MLflow nor matplotlib (Tune trials import i
 where MLflow is not installed): each module imports them inside the functions that log or draw.
 """
 
+from types import ModuleType as _ModuleType
+
 from lcfed.tracking.artifacts import (
     ROUND_AXIS,
     accuracy_figure,
@@ -36,7 +39,6 @@ from lcfed.tracking.artifacts import (
 from lcfed.tracking.guard import RunGuard
 from lcfed.tracking.inputs import dataset_input, federation_facts, log_dataset, partition_digest
 from lcfed.tracking.models import (
-    MAX_PERSONAL_BYTES,
     StackedModels,
     bundle_models,
     final_modules,
@@ -64,53 +66,6 @@ from lcfed.tracking.tags import git_commit, provenance_tags, run_tags, source_ta
 from lcfed.tracking.ui import SHARED_VIEW_TAG, share_view, ui_hint, view_url
 from lcfed.tracking.unlogged import read_unlogged, replay
 
-__all__ = [
-    "check_registry",
-    "check_tracking_store",
-    "EXPERIMENT_KIND",
-    "HTTP_RETRY_BUDGET",
-    "MAX_PERSONAL_BYTES",
-    "ROUND_AXIS",
-    "SHARED_VIEW_TAG",
-    "STORE_LOCK_TIMEOUT_S",
-    "SYSTEM_METRICS_INTERVAL_S",
-    "MLflowObserver",
-    "ModelBundle",
-    "RawInputModel",
-    "SELECTORS",
-    "RunGuard",
-    "StackedModels",
-    "TrackingError",
-    "accuracy_figure",
-    "assignment_history_csv",
-    "dataset_input",
-    "devices_csv",
-    "federation_facts",
-    "bundle_models",
-    "final_modules",
-    "load_bundle",
-    "log_model",
-    "logging_models_to",
-    "model_bundle",
-    "save_bundle",
-    "get_or_create_experiment",
-    "git_commit",
-    "history_csv",
-    "log_dataset",
-    "metric_name",
-    "mlflow_key",
-    "open_client",
-    "partition_digest",
-    "provenance_tags",
-    "read_assignment_history",
-    "read_unlogged",
-    "replay",
-    "resolve_tracking_uri",
-    "run_name",
-    "run_tags",
-    "share_view",
-    "source_tags",
-    "store_lock",
-    "ui_hint",
-    "view_url",
-]
+#: the face: every name imported above, listed once (by its import)
+__all__ = sorted(name for name, value in globals().items()
+                 if not name.startswith("_") and not isinstance(value, _ModuleType))

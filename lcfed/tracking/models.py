@@ -21,10 +21,11 @@ import torch
 from torch.func import functional_call
 
 from lcfed.config import ExperimentConfig
+from lcfed.contracts import MAX_PERSONAL_BYTES
 from lcfed.logs import quiet_logger
-from lcfed.loop import MAX_PERSONAL_BYTES, SERVER_MODELS, FinalModels, RunResult
 from lcfed.methods.base import Federation
 from lcfed.models import ParamSpec, build_network
+from lcfed.run_result import SERVER_MODELS, FinalModels, RunResult
 from lcfed.tracking.raw_input import SELECTORS, ModelBundle, RawInputModel, signature
 
 

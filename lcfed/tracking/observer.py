@@ -21,9 +21,11 @@ import numpy as np
 
 from lcfed import provenance
 from lcfed.config import ExperimentConfig
+from lcfed.contracts import MAX_PERSONAL_BYTES
 from lcfed.faults import ClusterLost
-from lcfed.loop import MAX_PERSONAL_BYTES, STOP, RunResult
 from lcfed.methods.base import Federation, RoundStats
+from lcfed.run_result import RunResult
+from lcfed.stop import STOP
 from lcfed.tracking.artifacts import log_artifacts
 from lcfed.tracking.guard import RunGuard
 from lcfed.tracking.inputs import dataset_input, federation_facts, log_dataset, log_params
@@ -80,7 +82,7 @@ class MLflowObserver:
         self.system_metrics = wanted_by_env() if system_metrics is None else system_metrics
         self.monitor: Any = None  # mlflow's SystemMetricsMonitor while it runs
         self.wants_models = False  # read by the engine: collect the final models for on_end
-        self.max_personal_bytes = MAX_PERSONAL_BYTES  # (lcfed.loop.PersonalLimit) none built past what is logged
+        self.max_personal_bytes = MAX_PERSONAL_BYTES  # (lcfed.contracts.PersonalLimit) none built past what is logged
         self.fed: Federation | None = None
         self.model_uris: dict[str, str] = {}
         self.model_seconds = 0.0  # time spent logging models (reported, kept small)

@@ -116,7 +116,7 @@ def signature(model: RawInputModel) -> Any:
 @dataclass(frozen=True)
 class ModelBundle:
     """What rebuilds a finished run's logged models: the server's model tensors (``weights``, ``centers``,
-    ``embedding``: :data:`lcfed.loop.SERVER_MODELS`), each device's personalized weights, the sample shape,
+    ``embedding``: :data:`lcfed.run_result.SERVER_MODELS`), each device's personalized weights, the sample shape,
     the classes and the run's :class:`Scaling`. A Tune trial writes it beside its last checkpoint."""
 
     server: dict[str, torch.Tensor]

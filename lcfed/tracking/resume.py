@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from lcfed.checkpoint import CheckpointError
-from lcfed.config import ConfigError
+from lcfed.errors import ConfigError
 from lcfed.tracking.store import is_server_uri, resolve_tracking_uri
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from lcfed.config import require
+from lcfed.errors import require
 from lcfed.output_paths import check_holds_files
 
 

@@ -12,7 +12,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from lcfed.config import ConfigError, TrackingConfig, require
+from lcfed.config import TrackingConfig
+from lcfed.errors import ConfigError, require
 from lcfed.tracking.store import METRICS_PER_BATCH
 
 

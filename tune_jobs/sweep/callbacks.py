@@ -23,8 +23,8 @@ from ray.tune import Callback
 
 from lcfed.config import ExperimentConfig
 from lcfed.logs import progress_shown
-from lcfed.loop import RunResult
 from lcfed.progress import is_tty
+from lcfed.run_result import RunResult
 from lcfed.tracking import MLflowObserver, run_name
 from lcfed.tracking.naming import SEP, method_label, named_values, short_names, short_value
 from tune_jobs.sweep.errors import error_line

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from lcfed.config import require
+from lcfed.errors import require
 from lcfed.metric_catalog import objectives
 
 METRIC = "acc_mean"  # the default --metric

@@ -14,7 +14,8 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from lcfed.config import NAME_RULE, ExperimentConfig, require, safe_name
+from lcfed.config import NAME_RULE, ExperimentConfig, safe_name
+from lcfed.errors import require
 from lcfed.metric_catalog import objectives
 from lcfed.output_paths import check_output_dir
 from lcfed.tracking import check_registry

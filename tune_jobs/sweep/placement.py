@@ -7,8 +7,9 @@ resources a trial asks for are :func:`tune_jobs.sweep.trial.trial_resources`.
 
 from __future__ import annotations
 
-from lcfed.config import ExperimentConfig, require
+from lcfed.config import ExperimentConfig
 from lcfed.engines import ENGINES
+from lcfed.errors import require
 
 
 def trial_engines() -> list[str]:

@@ -25,9 +25,10 @@ from typing import Any
 import yaml
 from ray import tune
 
-from actors.ray_engine import alive_nodes
+from actors.nodes import alive_nodes
 from lcfed import logs
-from lcfed.config import ConfigError, ExperimentConfig, to_dict
+from lcfed.config import ExperimentConfig, to_dict
+from lcfed.errors import ConfigError
 from lcfed.logs import tune_verbosity
 from lcfed.tracking import mlflow_key, resolve_tracking_uri, run_tags, share_view, view_url
 from tune_jobs.parent_run import ParentRun

@@ -12,7 +12,7 @@ from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, HyperBandScheduler
 from ray.tune.search import BasicVariantGenerator, ConcurrencyLimiter
 from ray.tune.search.sample import Categorical, Domain
 
-from lcfed.config import ConfigError, require
+from lcfed.errors import ConfigError, require
 from tune_jobs.sweep.objective import SEARCH_LIBRARIES, SEARCHES, Objective
 from tune_jobs.sweep.space import describe_domain
 

@@ -15,18 +15,11 @@ from typing import Any
 from ray import tune
 from ray.tune.search.sample import Categorical, Float, Integer, LogUniform, Quantized
 
-from lcfed.config import (
-    ConfigError,
-    ExperimentConfig,
-    apply_overrides,
-    field_types,
-    flatten,
-    from_dict,
-    read_yaml,
-    require,
-    to_dict,
-)
+from lcfed.config import ExperimentConfig, field_types, flatten, from_dict, to_dict
 from lcfed.config_types import accepts, type_name
+from lcfed.errors import ConfigError, require
+from lcfed.overrides import apply_overrides
+from lcfed.yaml_input import read_yaml
 
 SPACES_DIR = Path(__file__).resolve().parent.parent / "spaces"
 

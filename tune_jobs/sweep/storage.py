@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from lcfed.config import require
+from lcfed.errors import require
 
 #: where Tune keeps sweeps unless --storage says: under the working directory's outputs/, which the
 #: project's .gitignore covers (relative: made absolute when the sweep starts)

@@ -18,10 +18,12 @@ import ray
 from ray import tune
 
 from lcfed import checkpoint, engines, provenance
-from lcfed.config import ConfigError, ExperimentConfig, apply_overrides, from_dict
-from lcfed.contracts import Engine
+from lcfed.config import ExperimentConfig, from_dict
+from lcfed.contracts import MAX_PERSONAL_BYTES, Engine
+from lcfed.errors import ConfigError
 from lcfed.federation import load, load_source, source_key
-from lcfed.loop import MAX_PERSONAL_BYTES, checkpoint_modules
+from lcfed.loop import checkpoint_modules
+from lcfed.overrides import apply_overrides
 from lcfed.tracking import federation_facts, model_bundle, save_bundle
 from tune_jobs.sweep.objective import METRIC
 from tune_jobs.sweep.placement import local_trial_cpus, trial_layout
@@ -44,8 +46,8 @@ class TuneReporter:
     (:data:`MODELS_FILE`), which the driver logs for the sweep's best trial.
     """
 
-    wants_models = True  # the engine hands the final models to on_end (lcfed.loop.ModelsObserver)
-    max_personal_bytes = MAX_PERSONAL_BYTES  # (lcfed.loop.PersonalLimit) none past what the best trial would log
+    wants_models = True  # the engine hands the final models to on_end (lcfed.contracts.ModelsObserver)
+    max_personal_bytes = MAX_PERSONAL_BYTES  # (lcfed.contracts.PersonalLimit) none past what the best trial would log
 
     def __init__(self, cfg: ExperimentConfig, placement: dict[str, Any] | None = None, metric: str = METRIC) -> None:
         self.cfg = cfg
