@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from lcfed.devices.fleet import Fleet
-from lcfed.devices.schedule import RoundTiming, SimClock, samples_per_device
+from lcfed.devices.schedule import RoundTiming, SimClock, samples_per_device, training_mask
 from lcfed.methods.base import devices_per_round
 
 if TYPE_CHECKING:  # annotations only
@@ -81,8 +81,7 @@ class BufferedScheduler:
         self.fed = fed
         self.fleet = fleet
         self.samples = samples_per_device(cfg, fed)
-        self.training = np.ones(fed.num_devices, dtype=bool)
-        self.training[list(fed.held_out)] = False
+        self.training = training_mask(fed)
         self.concurrency = devices_per_round(cfg)
         self.buffer = cfg.devices.async_buffer
 

@@ -23,7 +23,7 @@ if TYPE_CHECKING:  # annotations only
     from lcfed.config import ExperimentConfig
     from lcfed.methods.base import Federation
 
-__all__ = ["RoundTiming", "Scheduler", "SimClock", "make_fleet", "samples_per_device"]
+__all__ = ["RoundTiming", "Scheduler", "SimClock", "make_fleet", "samples_per_device", "training_mask"]
 
 #: the selection's stream: the same as :func:`lcfed.methods.base.select_devices`', so that with every device
 #: online and no over-commitment the device model selects exactly today's participants
@@ -123,7 +123,7 @@ def _check_deadline(cfg: ExperimentConfig, fed: Federation, fleet: Fleet) -> Non
     if deadline <= 0:
         return
     size = 4.0 * fed.spec.size
-    training = _training_mask(fed)
+    training = training_mask(fed)
     devices = np.flatnonzero(training)
     fastest = float(np.min(sum(fleet.round_seconds(devices, samples_per_device(cfg, fed)[devices],
                                                    fed.flops_per_sample, size, size))))
@@ -132,7 +132,8 @@ def _check_deadline(cfg: ExperimentConfig, fed: Federation, fleet: Fleet) -> Non
                           f"one round ({fastest:.4g} s); below it no round could keep any work")
 
 
-def _training_mask(fed: Federation) -> np.ndarray:
+def training_mask(fed: Federation) -> np.ndarray:
+    """The devices rounds may select: all but the held-out ones (``data.holdout_fraction``)."""
     mask = np.ones(fed.num_devices, dtype=bool)
     mask[list(fed.held_out)] = False
     return mask
@@ -146,7 +147,7 @@ class Scheduler:
         self.fed = fed
         self.fleet = fleet
         self.samples = samples_per_device(cfg, fed)
-        self.training = _training_mask(fed)
+        self.training = training_mask(fed)
         self.quota = devices_per_round(cfg)
         self.count = max(1, math.ceil((1 + cfg.devices.overcommit) * self.quota - 1e-9))
 
