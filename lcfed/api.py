@@ -108,7 +108,10 @@ def sweep(cfg: ExperimentConfig, space: Mapping[str, Any] | str | Path, **option
 
 
 class _Report:
-    """Each round's metrics to Tune (the evaluated ones carried forward between evaluations)."""
+    """Each round's metrics to Tune: the evaluated ones (:data:`EVALUATED`, the ``val_*`` ones with
+    ``data.val_fraction``) carried forward between evaluations, and ``round``, the round's index from 0
+    as in ``RunResult.history`` and MLflow's steps (rounds completed = ``round + 1``, as the CLI prints
+    them; Tune's own ``training_iteration`` counts from 1)."""
 
     def __init__(self) -> None:
         self.last = dict.fromkeys(EVALUATED, math.nan)
@@ -129,7 +132,8 @@ def trainable(base: ExperimentConfig | Mapping[str, Any] | str | Path, *, track:
               ) -> Callable[[dict[str, Any]], None]:
     """A Ray Tune function trainable for your own ``tune.Tuner``: each trial runs ``base`` with the trial's
     ``param_space`` entries (dotted config fields, e.g. ``"method.mu"``) in the trial's process and
-    reports every round (all metrics, ``round``; accuracies carried forward between evaluations).
+    reports every round (all metrics, ``round`` from 0 as in ``RunResult.history``; accuracies and
+    validation metrics carried forward between evaluations).
     ``track``: each trial also logs its own MLflow run (``base.tracking``). Give trials CPUs with
     ``tune.with_resources``; a trial trains on as many threads as it holds CPUs."""
     cfg = base if isinstance(base, ExperimentConfig) else config(base)

@@ -89,6 +89,7 @@ class DataConfig:
     format: str = "auto"
     label_column: str = "label"
     device_column: str = "device"
+    group_column: str = ""
     image_size: tuple[int, ...] = ()
     user_selection: str = "largest"
     testbed: str = "none"
@@ -358,8 +359,8 @@ def from_dict(raw: Mapping[str, Any]) -> ExperimentConfig:
 #: out of digests at that value, so digests of configs that do not use them stay as they were
 LATER_DEFAULTS: dict[str, dict[str, Any]] = {"data": {
     "val_fraction": 0.0, "holdout_fraction": 0.0, "path": "", "format": "auto", "label_column": "label",
-    "device_column": "device", "image_size": (), "user_selection": "largest", "testbed": "none", "testbed_groups": 4,
-    "synthetic_samples": 0, "synthetic_alpha": 1.0, "synthetic_beta": 1.0, "synthetic_clusters": 0,
+    "device_column": "device", "group_column": "", "image_size": (), "user_selection": "largest", "testbed": "none",
+    "testbed_groups": 4, "synthetic_samples": 0, "synthetic_alpha": 1.0, "synthetic_beta": 1.0, "synthetic_clusters": 0,
 }, "train": {}, "devices": {f.name: f.default for f in dataclasses.fields(DevicesConfig)}}
 
 

@@ -193,6 +193,15 @@ def _check_sources(data: DataConfig, prefix: str) -> None:
         require(bool(getattr(data, name).strip()), f"{prefix}.{name}", getattr(data, name), "must be a column name")
     require(data.label_column != data.device_column, f"{prefix}.device_column", data.device_column,
             "must differ from data.label_column")
+    if data.group_column:
+        require(bool(data.group_column.strip()), f"{prefix}.group_column", data.group_column,
+                'must be a column name (or "" for none)')
+        require(data.dataset == "file", f"{prefix}.group_column", data.group_column,
+                f"is read only by data.dataset=file (data.dataset is {data.dataset!r}): leave it empty")
+        require(data.group_column.strip() not in (data.label_column, data.device_column), f"{prefix}.group_column",
+                data.group_column, "must differ from data.label_column and data.device_column")
+        require(data.testbed == "none", f"{prefix}.group_column", data.group_column,
+                "names the file's true groups, and a data.testbed makes groups of its own: use one or the other")
     require(data.image_size == () or (len(data.image_size) == 2 and all(v >= 1 for v in data.image_size)),
             f"{prefix}.image_size", list(data.image_size),
             "must be [] (the images' own size) or [height, width] in pixels, e.g. [28, 28]")

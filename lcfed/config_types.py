@@ -95,7 +95,8 @@ def build_dataclass(cls: type, values: Mapping[str, Any], prefix: str) -> Any:
     names = [f.name for f in dataclasses.fields(cls) if f.init]
     kwargs: dict[str, Any] = {}
     for key, value in values.items():
+        allowed = f"allowed: {', '.join(names)}" if names else "there are none to set here"
         require(key in names, f"{prefix}.{key}", value,
-                f"unknown field; allowed: {', '.join(names)}{did_you_mean(key, names, f'{prefix}.')}")
+                f"unknown field; {allowed}{did_you_mean(key, names, f'{prefix}.')}")
         kwargs[key] = typed_value(f"{prefix}.{key}", value, hints[key])
     return cls(**kwargs)

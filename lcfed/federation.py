@@ -57,7 +57,7 @@ def file_source(cfg: ExperimentConfig) -> FileSource | None:
     d = cfg.data
     if d.dataset != "file":
         return None
-    return FileSource(d.path, d.format, d.label_column, d.device_column, tuple(d.image_size))
+    return FileSource(d.path, d.format, d.label_column, d.device_column, tuple(d.image_size), d.group_column)
 
 
 def source_key(cfg: ExperimentConfig) -> tuple[Any, ...]:

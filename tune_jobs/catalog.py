@@ -10,6 +10,7 @@ from typing import Any
 
 from lcfed import conformance, registry
 from lcfed.errors import require
+from lcfed.overrides import parse_override
 from tune_jobs.options import examples
 
 
@@ -38,10 +39,13 @@ def _add_check(sub: Any) -> None:
         "resuming from a checkpoint bit-identical, and (--ray) the Ray engine giving the in-process numbers. "
         "Exit 1 when a property fails; the report names it.",
         epilog=examples("lcfed check fedavg", "lcfed check mypackage.strategies:FedProx --ray",
-                        "lcfed check lcfed fedac --rounds 6"))
+                        "lcfed check lcfed fedac --rounds 6", "lcfed check fedavg --set train.lr=0.01"))
     check.add_argument("methods", nargs="+", metavar="METHOD", help="a method name or a package.module:attr path")
     check.add_argument("--ray", action="store_true", help="also compare the Ray engine with the in-process one")
     check.add_argument("--rounds", type=int, default=2, help="rounds of the small federation (default: %(default)s)")
+    check.add_argument("--set", "-s", metavar="KEY=VALUE", action="append", default=[],
+                       help="change the small federation's config, e.g. --set train.lr=0.01 --set method.mu=0.5 "
+                            "(repeatable; applied to every METHOD)")
     check.set_defaults(func=cmd_check)
 
 
@@ -79,7 +83,10 @@ def cmd_methods(args: argparse.Namespace) -> int:
 def cmd_check(args: argparse.Namespace) -> int:
     """The conformance report of each method; exit 1 when a property fails."""
     require(args.rounds >= 2, "--rounds", args.rounds, "must be >= 2 (resuming needs a round before the last)")
-    configs = [conformance.small_config(name, **{"train.rounds": args.rounds}) for name in args.methods]
+    sets = dict(parse_override(text) for text in args.set)  # a malformed one: one line, exit 2
+    configs = [conformance.small_config(name, **{"train.rounds": args.rounds, **sets}) for name in args.methods]
+    for cfg in configs:  # (--set train.rounds=N bypasses --rounds' check)
+        require(cfg.train.rounds >= 2, "train.rounds", cfg.train.rounds, "must be >= 2 in lcfed check")
     failed = 0
     for name, cfg in zip(args.methods, configs, strict=True):
         def progress(what: str, n: str = name) -> None:  # (a def: mypy infers no lambda with a bound default)
@@ -105,6 +112,9 @@ def cmd_components(args: argparse.Namespace) -> int:
 
 
 def _first_line(obj: Any) -> str:
-    """The first paragraph of ``obj``'s docstring (its module's for a class without one), as one line."""
-    doc = obj.__doc__ if obj.__doc__ and not isinstance(obj, type) else sys.modules[obj.__module__].__doc__
+    """The first paragraph of ``obj``'s docstring, whole, as one line: a class's own docstring (not one
+    inherited from ``Strategy`` or another parent), else its module's; a function's own, else its module's."""
+    own = obj.__dict__.get("__doc__") if isinstance(obj, type) else obj.__doc__
+    module = sys.modules.get(getattr(obj, "__module__", ""), None)
+    doc = own if isinstance(own, str) and own.strip() else getattr(module, "__doc__", None)
     return " ".join((doc or "").strip().split("\n\n")[0].split())

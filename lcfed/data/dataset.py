@@ -23,8 +23,8 @@ class Dataset:
     ``x`` is either images, uint8 (N, C, H, W), or feature vectors, float32 (N, F) (tables: CSV,
     parquet, an ``.npz`` of vectors). ``device_ids`` (N,) int64, when the source has them, is the
     device (user, writer, client) each sample came from: what ``data.partition: natural`` splits by.
-    ``groups`` (N,) int64, when a generator knows them, is the true cluster of each sample's device: a
-    natural partition's ground truth.
+    ``groups`` (N,) int64, when the source knows them (a generator, or a file's ``data.group_column``), is
+    each sample's true cluster: the partition's ground truth (a device's group is its samples' most common).
     """
 
     name: str
@@ -43,9 +43,9 @@ class Dataset:
         if self.device_ids is not None and (self.device_ids.shape != (len(self.x),) or self.device_ids.dtype != np.int64):
             raise ValueError(f"{self.name}: device_ids must be int64 ({len(self.x)},), "
                              f"got {self.device_ids.dtype} {self.device_ids.shape}")
-        if self.groups is not None and (self.device_ids is None or self.groups.shape != (len(self.x),)
-                                        or self.groups.dtype != np.int64):
-            raise ValueError(f"{self.name}: groups must be int64 ({len(self.x)},), beside device_ids")
+        if self.groups is not None and (self.groups.shape != (len(self.x),) or self.groups.dtype != np.int64):
+            raise ValueError(f"{self.name}: groups must be int64 ({len(self.x)},), "
+                             f"got {self.groups.dtype} {self.groups.shape}")
         if len(self.y) and (int(self.y.min()) < 0 or int(self.y.max()) >= self.num_classes):
             bad = int(self.y.min()) if int(self.y.min()) < 0 else int(self.y.max())
             raise DataError(f"{self.name}: label {bad} in the files; labels must be 0-{self.num_classes - 1} "

@@ -9,6 +9,13 @@
   default ``label``), an optional device column (``data.device_column``), every other column a numeric
   feature.
 
+``data.group_column`` (default ``""``: none) names the samples' true groups, when the user knows them: a
+table's column or an ``.npz``'s (N,) array of group ids (integers, or names; numbered 0..G-1 in sorted order
+of the ids), not a feature. Each device's group is then the most common group among its samples (a
+``natural`` partition's users: all of a user's samples, which should share one group; the other partitions:
+the device's training samples; ties go to the smallest id), and the clustering metrics score against these
+groups (``ari`` and ``nmi``, as for a testbed) instead of the label-skew proxy. An ImageFolder has no groups.
+
 A relative ``data.path`` lies under ``data.data_dir`` (where the built-in datasets' files are). Each file
 is checked before anything is built, and a bad one is a :class:`DataError` naming the file and the
 problem. ``data.image_size: [H, W]`` resizes images (PIL, bilinear); without it an ImageFolder's images
@@ -55,6 +62,7 @@ class FileSource:
     label_column: str = "label"
     device_column: str = "device"
     image_size: tuple[int, ...] = ()
+    group_column: str = ""
 
     def resolve(self, data_dir: Path) -> Path:
         """The file or folder: ``path`` as given if absolute, else under ``data_dir``."""
@@ -87,8 +95,13 @@ def load_file(source: FileSource, data_dir: Path) -> Dataset:
     if fmt != "imagefolder" and path.is_dir():
         raise DataError(f"{path}: is a directory, not a .{fmt} file (a directory is read as an ImageFolder: "
                         "data.format=imagefolder or auto)")
+    if fmt == "imagefolder" and source.group_column:
+        raise DataError(f"{path}: an ImageFolder has no group column; data.group_column ({source.group_column!r}) "
+                        "names a column of a .csv/.parquet table or an array of an .npz: leave it empty")
     options = {"format": fmt, "label_column": source.label_column, "device_column": source.device_column,
                "image_size": list(source.image_size)}
+    if source.group_column:  # only when set: caches written before the field existed stay valid
+        options["group_column"] = source.group_column
     where = str(path.absolute())
     key = {"path": where, "options": options, "files": file_stamp(path)}
     cache = Path(data_dir).expanduser() / CACHE_DIR / f"file-{path.name}-{digest(where)}"
@@ -113,7 +126,11 @@ def _npz(path: Path, source: FileSource) -> Dataset:
             if missing:
                 raise DataError(f"{path}: no {' or '.join(repr(k) for k in missing)} array (keys: {keys or 'none'}); "
                                 "an .npz dataset holds x (inputs) and y (labels), e.g. numpy.savez(path, x=x, y=y)")
-            arrays = {k: f[k] for k in ("x", "y", source.device_column, "num_classes") if k in keys}
+            if source.group_column and source.group_column not in keys:
+                raise DataError(f"{path}: no {source.group_column!r} array (keys: {keys}), which data.group_column "
+                                "names: the samples' group ids, one per sample")
+            wanted = ("x", "y", source.device_column, "num_classes", source.group_column)
+            arrays = {k: f[k] for k in wanted if k and k in keys}
     except DataError:
         raise
     except ValueError as exc:  # object arrays: lists of unequal rows saved as one array
@@ -136,7 +153,9 @@ def _npz(path: Path, source: FileSource) -> Dataset:
     y, num_classes = _labels(path, "y", arrays["y"], n, None if given is None else int(given))
     ids = arrays.get(source.device_column)
     device = None if ids is None else _device_ids(path, repr(source.device_column), ids, n)
-    return Dataset(path.name, x, y, num_classes, device)
+    groups = _group_ids(path, f"array {source.group_column!r}", arrays[source.group_column], n) \
+        if source.group_column else None
+    return Dataset(path.name, x, y, num_classes, device, groups)
 
 
 def _npz_inputs(path: Path, x: np.ndarray) -> np.ndarray:
@@ -265,22 +284,26 @@ def _table(path: Path, df: Any, source: FileSource) -> Dataset:
         dup = next(c for c in columns if columns.count(c) > 1)
         raise DataError(f"{path}: column {dup!r} appears twice")
     df.columns = columns
-    label, device = source.label_column, source.device_column
+    label, device, group = source.label_column, source.device_column, source.group_column
     if source.image_size:
         raise DataError(f"{path}: data.image_size resizes images, and a table holds feature vectors")
     if label not in columns:
         raise DataError(f"{path}: no label column {label!r} (columns: {', '.join(columns[:20])}"
                         f"{', ...' if len(columns) > 20 else ''}); name it with data.label_column")
+    if group and group not in columns:
+        raise DataError(f"{path}: no group column {group!r}, which data.group_column names (columns: "
+                        f"{', '.join(columns[:20])}{', ...' if len(columns) > 20 else ''})")
     if len(df) == 0:
         raise DataError(f"{path}: the table holds no rows")
-    features = [c for c in columns if c not in (label, device)]
+    features = [c for c in columns if c not in (label, device, group)]
     if not features:
         raise DataError(f"{path}: no feature columns (only {', '.join(repr(c) for c in columns)})")
     text = [c for c in features if not (is_numeric_dtype(df[c]) or is_bool_dtype(df[c]))]
     if text:
         raise DataError(f"{path}: feature column {text[0]!r} is not numeric ({df[text[0]].dtype}; "
                         f"{len(text)} such columns); every column but data.label_column ({label!r}) and "
-                        f"data.device_column ({device!r}) must be a number")
+                        f"data.device_column ({device!r}){f' and data.group_column ({group!r})' if group else ''} "
+                        "must be a number")
     values = df[features].to_numpy(dtype=np.float64, na_value=np.nan)
     bad = ~np.isfinite(values)
     if bad.any():
@@ -291,7 +314,8 @@ def _table(path: Path, df: Any, source: FileSource) -> Dataset:
     n = len(df)
     y, num_classes = _labels(path, f"column {label!r}", df[label].to_numpy(), n, None)
     ids = _device_ids(path, f"column {device!r}", df[device].to_numpy(), n) if device in columns else None
-    return Dataset(path.name, x, y, num_classes, ids)
+    groups = _group_ids(path, f"column {group!r}", df[group].to_numpy(), n) if group else None
+    return Dataset(path.name, x, y, num_classes, ids, groups)
 
 
 _DECODERS = {"npz": _npz, "imagefolder": _imagefolder, "csv": _csv, "parquet": _parquet}
@@ -350,6 +374,41 @@ def _device_ids(path: Path, what: str, values: np.ndarray, n: int) -> np.ndarray
     return codes.astype(np.int64).reshape(n)
 
 
+def _group_ids(path: Path, what: str, values: np.ndarray, n: int) -> np.ndarray:
+    """Per-sample true group ids (``data.group_column``: integers or names, none missing) as int64 codes
+    0..G-1 in sorted order of the ids."""
+    def bad(problem: str) -> DataError:
+        return DataError(f"{path}: data.group_column ({what}) {problem}; it must hold one group id per sample: "
+                         "integers or names, none missing")
+
+    values = np.asarray(values)
+    if values.shape != (n,):
+        raise bad(f"has shape {values.shape}, but there are {n} samples")
+    if values.dtype.kind in "OUS":  # names (or a nullable column's Python ints)
+        items = values.tolist()
+        for i, v in enumerate(items):
+            if v is None or type(v).__name__ == "NAType" or (isinstance(v, float) and v != v):  # NAType: pandas.NA
+                raise bad(f"is missing (empty or NaN) at sample {i}")
+        if all(isinstance(v, str) for v in items):
+            values = values.astype(str)
+        elif all(isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_)) for v in items):
+            values = values.astype(np.int64)
+        else:
+            i = next(i for i, v in enumerate(items) if not isinstance(v, str))
+            raise bad(f"holds {items[i]!r} at sample {i}, among names")
+    elif values.dtype == np.bool_ or not np.issubdtype(values.dtype, np.number) \
+            or np.issubdtype(values.dtype, np.complexfloating):
+        raise bad(f"holds {values.dtype} values")
+    elif np.issubdtype(values.dtype, np.floating):
+        whole = np.isfinite(values) & (values == np.round(values))
+        if not whole.all():
+            i = int(np.flatnonzero(~whole)[0])
+            problem = "is missing (empty or NaN)" if np.isnan(values[i]) else f"holds {values[i]}, not an integer,"
+            raise bad(f"{problem} at sample {i} ({int((~whole).sum())} such samples)")
+    _, codes = np.unique(values, return_inverse=True)
+    return codes.astype(np.int64).reshape(n)
+
+
 # ---------------------------------------------------------------- the cache
 
 
@@ -361,7 +420,10 @@ def _read_cache(cache: Path, key: dict[str, Any], name: str) -> Dataset | None:
         x = np.load(cache / "x.npy", mmap_mode="r")
         y = np.load(cache / "y.npy")
         ids = np.load(cache / "device.npy") if meta.get("device") else None
-        return Dataset(name, x, y, int(meta["num_classes"]), ids)
+        groups = np.load(cache / "groups.npy") if meta.get("groups") else None
+        if bool(key["options"].get("group_column")) != (groups is not None):
+            return None
+        return Dataset(name, x, y, int(meta["num_classes"]), ids, groups)
     except (OSError, ValueError, KeyError, TypeError, AttributeError, DataError):
         return None
 
@@ -370,4 +432,7 @@ def _write_cache(cache: Path, key: dict[str, Any], ds: Dataset) -> None:
     arrays = {"x.npy": ds.x, "y.npy": ds.y}
     if ds.device_ids is not None:
         arrays["device.npy"] = ds.device_ids
-    write_arrays(cache, arrays, {"source": key, "num_classes": ds.num_classes, "device": ds.device_ids is not None})
+    if ds.groups is not None:
+        arrays["groups.npy"] = ds.groups
+    write_arrays(cache, arrays, {"source": key, "num_classes": ds.num_classes, "device": ds.device_ids is not None,
+                                 "groups": ds.groups is not None})

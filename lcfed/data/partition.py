@@ -186,8 +186,10 @@ def make_partition(
     a ``testbed`` (any name but ``none``), the devices and samples first form ``testbed_groups`` groups
     (:func:`group_layout`), ``scheme`` splits each group's samples over the group's devices (with a
     seed of its own), and each device's group is its ground truth (``group_kind`` = ``testbed``).
-    A ``natural`` partition of a generated dataset that knows its devices' true clusters
-    (``sample_groups``, per sample) takes them as its ground truth, named ``group_kind``.
+    A dataset that knows its samples' true clusters (``sample_groups``, per sample: a generated one, or
+    a file's ``data.group_column``) gives each device the most common group among its samples (ties: the
+    smallest id) as its ground truth, named ``group_kind``: in a ``natural`` partition all of a user's
+    samples (which should share one group), in the others the device's training samples.
     """
     try:
         partitioner = _natural_scheme if scheme == NATURAL else PARTITIONERS[scheme]
@@ -203,13 +205,27 @@ def make_partition(
         kind = testbed
     else:
         devices, groups = partitioner(labels, params)
-        if partitioner is _natural_scheme and sample_groups is not None:
-            groups = np.asarray([sample_groups[idx[0]] if len(idx) else -1 for idx in devices], dtype=np.int64)
+        if sample_groups is not None:
+            if len(sample_groups) != len(labels):
+                raise ValueError(f"sample_groups has {len(sample_groups)} entries for {len(labels)} samples")
             kind = group_kind or "generated"
+            if partitioner is _natural_scheme:
+                groups = _majority_groups(devices, sample_groups)
     if quantity is not None:
         devices = quantity_skew(devices, int(quantity[0]), int(quantity[1]), seed)
     train, test = split_train_test(devices, labels, test_fraction, _split_seed(seed), min_test_samples)
+    if sample_groups is not None and testbed == "none" and partitioner is not _natural_scheme:
+        groups = _majority_groups(train, sample_groups)
     return Partition(tuple(train), tuple(test), np.asarray(groups, dtype=np.int64), group_kind=kind)
+
+
+def _majority_groups(devices: Sequence[np.ndarray], sample_groups: np.ndarray) -> np.ndarray:
+    """Each device's most common group among its samples ``devices[d]`` (ties: the smallest id; -1 for none)."""
+    out = np.full(len(devices), -1, dtype=np.int64)
+    for d, idx in enumerate(devices):
+        if len(idx):
+            out[d] = int(np.argmax(np.bincount(np.asarray(sample_groups)[idx])))
+    return out
 
 
 def _within_groups(

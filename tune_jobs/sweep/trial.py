@@ -76,6 +76,8 @@ class TuneReporter:
             data["placement"], self.placement = self.placement, None
         if self.provenance is not None:
             data["provenance"], self.provenance = self.provenance, None
+        # "round": the round's index from 0, as in the history and MLflow's steps (the CLI prints rnd + 1; the
+        # driver's progress table, best-trial step and `lcfed compare` curves all read it from 0)
         report = {self.metric: self.value, "round": rnd, REPORT_KEY: data}
         ck = self.cfg.checkpoint
         saved = bool(ck.dir) and checkpoint.due(rnd, ck.every, self.cfg.train.rounds)
