@@ -30,7 +30,9 @@ from tune_jobs.cli import main
 SECRETS_AND_STATE = [
     ".env", ".env.local", "sub/.env", "sub/.env.production", "id_rsa", "deploy/id_ed25519", "key.pem",
     "certs/client.p12", ".ray/auth_token", "auth_token", ".aws/credentials", ".ssh/config", ".netrc",
-    ".git-credentials", "checkpoints/x.pt", "runs/model.ckpt", "unlogged-metrics-abc.json",
+    ".git-credentials", "credentials.json", "keys/my-project-credentials.json", "service-account-prod.json",
+    ".kube/config", ".boto", "aws.env", "deploy/prod.env", "secrets.yaml", "conf/secrets.json", "db.secret",
+    ".docker/config.json", ".pypirc", "infra/terraform.tfstate", "infra/prod.tfvars", "checkpoints/x.pt", "runs/model.ckpt", "unlogged-metrics-abc.json",
     "data/train-images-idx3-ubyte", "mnist/t10k-labels-idx1-ubyte.gz", "cache/arrays.npz",
     ".venv/bin/python", "venv/pyvenv.cfg", ".tox/log", "mlruns/0/meta.yaml", "results.db",
     "pkg/__pycache__/mod.cpython-311.pyc", "scratch/notes.txt",  # the last: .gitignore'd

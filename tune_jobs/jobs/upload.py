@@ -19,6 +19,13 @@ from tune_jobs.jobs.client import JobsError
 SECRET_EXCLUDES = [
     ".env", ".env.*", "*.pem", "*.key", "*.p12", "*.pfx", "id_rsa*", "id_dsa*", "id_ecdsa*", "id_ed25519*",
     ".ray", "auth_token", ".aws", ".ssh", ".netrc", ".git-credentials",
+    # other clouds' and tools' credentials: GCP service-account keys, Kubernetes, boto, Azure, Docker, package
+    # registries, Terraform state and variables
+    "*.env", "credentials.json", "*-credentials.json", "*_credentials.json", "service-account*.json",
+    "client_secret*.json", ".kube", ".boto", ".azure", ".docker", "/.config/gcloud", ".pypirc", ".npmrc",
+    ".htpasswd", "*.tfstate", "*.tfstate.*", "*.tfvars", "*.jks", "*.keystore", "*.kdbx",
+    # files named like secrets
+    "secret", "secrets", "secret.*", "secrets.*", "*.secret", "*.secrets",
 ]
 #: never shipped: local state: checkpoints, tracking-outage dumps, data (/data: root only, lcfed/data is
 #: code), environments, stores, outputs, bundles, caches
