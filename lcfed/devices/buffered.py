@@ -22,8 +22,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from lcfed.devices.fleet import Fleet
-from lcfed.devices.schedule import RoundTiming, SimClock, samples_per_device, training_mask
-from lcfed.methods.base import devices_per_round
+from lcfed.devices.schedule import FleetPlanner, RoundTiming, SimClock
 
 if TYPE_CHECKING:  # annotations only
     from lcfed.config import ExperimentConfig
@@ -73,16 +72,12 @@ class BufferedRound:
     pending: Pending
 
 
-class BufferedScheduler:
-    """Plans each aggregation of an asynchronous server (held by the server; arrays and a heap only)."""
+class BufferedScheduler(FleetPlanner):
+    """Plans each aggregation of an asynchronous server (held by the server; arrays and a heap only); its
+    ``quota`` devices are in flight at once."""
 
     def __init__(self, cfg: ExperimentConfig, fed: Federation, fleet: Fleet) -> None:
-        self.cfg = cfg
-        self.fed = fed
-        self.fleet = fleet
-        self.samples = samples_per_device(cfg, fed)
-        self.training = training_mask(fed)
-        self.concurrency = devices_per_round(cfg)
+        super().__init__(cfg, fed, fleet)
         self.buffer = cfg.devices.async_buffer
 
     def plan(self, rnd: int, clock: SimClock, pending: Pending | None) -> BufferedRound:
@@ -90,7 +85,7 @@ class BufferedScheduler:
         slots take online devices not in flight (a seeded draw among them); a slot with none online waits for
         the next to come online. The B-th arrival's slot opens in the next aggregation, from its version."""
         if pending is None:
-            pending = Pending((), (clock.now,) * self.concurrency)
+            pending = Pending((), (clock.now,) * self.quota)
         busy = np.zeros(self.fed.num_devices, dtype=bool)
         heap: list[tuple[float, int, int, InFlight | None]] = []
         for queued in pending.inflight:

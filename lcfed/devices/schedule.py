@@ -23,7 +23,7 @@ if TYPE_CHECKING:  # annotations only
     from lcfed.config import ExperimentConfig
     from lcfed.methods.base import Federation
 
-__all__ = ["RoundTiming", "Scheduler", "SimClock", "make_fleet", "samples_per_device", "training_mask"]
+__all__ = ["FleetPlanner", "RoundTiming", "Scheduler", "SimClock", "make_fleet", "samples_per_device", "training_mask"]
 
 #: the selection's stream: the same as :func:`lcfed.methods.base.select_devices`', so that with every device
 #: online and no over-commitment the device model selects exactly today's participants
@@ -139,8 +139,9 @@ def training_mask(fed: Federation) -> np.ndarray:
     return mask
 
 
-class Scheduler:
-    """Decides each round's devices on the simulated clock (held by the server; arrays only)."""
+class FleetPlanner:
+    """What a round's planner knows of the devices, synchronous or asynchronous: the fleet, each device's
+    training samples, which devices train, and ``quota``, the devices per round (asynchronously: in flight)."""
 
     def __init__(self, cfg: ExperimentConfig, fed: Federation, fleet: Fleet) -> None:
         self.cfg = cfg
@@ -149,6 +150,13 @@ class Scheduler:
         self.samples = samples_per_device(cfg, fed)
         self.training = training_mask(fed)
         self.quota = devices_per_round(cfg)
+
+
+class Scheduler(FleetPlanner):
+    """Decides each round's devices on the simulated clock (held by the server; arrays only)."""
+
+    def __init__(self, cfg: ExperimentConfig, fed: Federation, fleet: Fleet) -> None:
+        super().__init__(cfg, fed, fleet)
         self.count = max(1, math.ceil((1 + cfg.devices.overcommit) * self.quota - 1e-9))
 
     def _online(self, t: float) -> tuple[float, np.ndarray]:

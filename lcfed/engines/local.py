@@ -55,16 +55,20 @@ class LocalServer:
         # the downlink's objects are priced here, per layer, and not shipped along with the plan
         return replace(plan, downlink=(), layers_down=downlink_traffic(self.strategy.fed.spec, plan.downlink))
 
+    def _configure_for(self, rnd: int, devices: tuple[int, ...]) -> RoundPlan:
+        """The strategy's plan for round ``rnd`` with ``devices`` as what ``Strategy.participants`` returns."""
+        self.strategy.scheduled = devices
+        try:
+            return self.strategy.configure(self.state, rnd)
+        finally:
+            self.strategy.scheduled = None
+
     def _scheduled(self, rnd: int, clock: SimClock) -> RoundPlan:
         """The method's plan for the devices the schedule keeps. A method that chose its own devices this round
         (FLHC's clustering round, FedGroup's pretraining sample) keeps those of them the device model keeps."""
         assert self.scheduler is not None
         timing = self.scheduler.plan(rnd, clock)
-        self.strategy.scheduled = timing.kept
-        try:
-            plan = self.strategy.configure(self.state, rnd)
-        finally:
-            self.strategy.scheduled = None
+        plan = self._configure_for(rnd, timing.kept)
         if tuple(plan.devices) != timing.kept:
             timing = self.scheduler.keep_among(rnd, clock, tuple(plan.devices))
             kept = set(timing.kept)
@@ -78,11 +82,7 @@ class LocalServer:
         assert self.buffered is not None
         planned = self.buffered.plan(rnd, clock, self.pending)
         trained = tuple(sorted(f.device for f in planned.starts if not f.lost))
-        self.strategy.scheduled = trained
-        try:
-            plan = self.strategy.configure(self.state, rnd)
-        finally:
-            self.strategy.scheduled = None
+        plan = self._configure_for(rnd, trained)
         if tuple(plan.devices) != trained:
             raise RuntimeError(f"method {self.strategy.name!r} chose its own devices in round {rnd}: "
                                "asynchronous aggregation needs a method that selects through Strategy.participants")
