@@ -15,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import math
 import re
 import typing
 from collections.abc import Iterable, Mapping
@@ -279,7 +278,9 @@ class ExperimentConfig:
         self.network.validate()
         self.devices.validate()
         if self.devices.simulate and self.devices.aggregation == "async":
-            in_flight = max(1, math.ceil(self.train.participation * self.data.training_devices - 1e-9))
+            from lcfed.methods.base import devices_per_round  # (torch: the method resolved below loads it anyway)
+
+            in_flight = devices_per_round(self)
             require(self.devices.async_buffer <= in_flight, "devices.async_buffer", self.devices.async_buffer,
                     f"must be <= the devices in flight (train.participation of the training devices = {in_flight})")
             strategy = resolve("method", "method.name", self.method.name).strategy

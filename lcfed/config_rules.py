@@ -11,6 +11,7 @@ time (annotations only), so the config imports this.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from pathlib import Path
@@ -259,8 +260,6 @@ TRACE_FORMATS = ("auto", "json", "csv", "parquet", "pickle")
 def check_devices(dev: DevicesConfig, prefix: str = "devices") -> None:
     """``devices.*``: the device model's distributions and the round's policies; each finite, in range, and
     set only with ``devices.simulate: true``."""
-    import dataclasses  # the defaults of the section's own fields
-
     require(isinstance(dev.simulate, bool), f"{prefix}.simulate", dev.simulate, "true or false")
     if not dev.simulate:
         for f in dataclasses.fields(dev):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["CATALOG", "FAMILIES", "Metric", "PLOTTED", "SECTIONS", "SUMMARY", "by_name", "objectives", "readme_table"]
+__all__ = ["CATALOG", "FAMILIES", "Metric", "PLOTTED", "SECTIONS", "SUMMARY", "objectives", "readme_table"]
 
 #: MLflow's run page shows one section per metric-key prefix, sorted by name: these read accuracy, loss,
 #: server, time, traffic (:mod:`lcfed.tracking.naming` prefixes each key with its metric's section)
@@ -29,7 +29,6 @@ class Metric:
     summary: bool = False  # in ``lcfed run``'s summary: the last evaluation and the mean of the last N
     plotted: bool = False  # drawn in the accuracy-vs-round figure
     objective: bool = True  # a ``lcfed sweep --metric`` / Tune result
-    conditional: bool = False  # reported only under a setting (validation split, held-out devices, device model)
 
 
 _EVAL = "evaluation rounds (`train.eval_every`)"
@@ -46,18 +45,16 @@ CATALOG: tuple[Metric, ...] = (
            summary=True, plotted=True),
     Metric("acc_p90", "accuracy", "max", "90th percentile of the devices' test accuracies", _EVAL,
            summary=True, plotted=True),
-    Metric("val_acc_mean", "accuracy", "max", "`acc_mean` on the validation split: tune on it", _EVAL + " with `data.val_fraction`",
-           conditional=True),
+    Metric("val_acc_mean", "accuracy", "max", "`acc_mean` on the validation split: tune on it", _EVAL + " with `data.val_fraction`"),
     Metric("val_acc_weighted", "accuracy", "max", "`acc_weighted` on the validation split",
-           _EVAL + " with `data.val_fraction`", conditional=True),
+           _EVAL + " with `data.val_fraction`"),
     Metric("acc_new_mean", "accuracy", "max", "held-out devices' mean test accuracy once they join",
-           "the last round with `data.holdout_fraction`", conditional=True),
+           "the last round with `data.holdout_fraction`"),
     Metric("acc_new_weighted", "accuracy", "max", "held-out devices' sample-weighted test accuracy",
-           "the last round with `data.holdout_fraction`", conditional=True),
+           "the last round with `data.holdout_fraction`"),
     Metric("test_loss", "loss", "min", "test loss, sample-weighted", _EVAL, summary=True),
     Metric("train_loss", "loss", "min", "the participants' training loss, sample-weighted", summary=True),
-    Metric("val_loss", "loss", "min", "loss on the validation split", _EVAL + " with `data.val_fraction`",
-           conditional=True),
+    Metric("val_loss", "loss", "min", "loss on the validation split", _EVAL + " with `data.val_fraction`"),
     Metric("label_homogeneity", "server", "max", "share of the label distributions' spread the clusters explain",
            _CLUSTERED, summary=True),
     Metric("ari", "server", "max", "adjusted Rand index of the clusters against the true groups",
@@ -72,22 +69,17 @@ CATALOG: tuple[Metric, ...] = (
     Metric("sim_compute_seconds", "time", "min", "the round's local training: 3 × forward FLOPs (counted by "
            "torch) per training sample at `network.device_gflops`"),
     Metric("sim_seconds_total", "time", "min", "running sum of `sim_comm_seconds` + `sim_compute_seconds`"),
-    Metric("sim_clock_seconds", "time", "min", "the simulated clock at the round's end", _DEVICES,
-           conditional=True),
+    Metric("sim_clock_seconds", "time", "min", "the simulated clock at the round's end", _DEVICES),
     Metric("sim_seconds_to_target", "time", "min", "the simulated clock when `acc_mean` first reached "
-           "`devices.target_acc`", "once, with a device model and `devices.target_acc`", conditional=True),
-    Metric("sim_round_seconds", "time", "min", "the round's simulated duration (its kept devices' time)", _DEVICES,
-           conditional=True),
-    Metric("devices_online", "server", None, "training devices online when the round started", _DEVICES,
-           conditional=True),
-    Metric("devices_selected", "server", None, "devices the round selected (with over-commitment)", _DEVICES,
-           conditional=True),
-    Metric("devices_kept", "server", "max", "selected devices whose work the methods received", _DEVICES,
-           conditional=True),
+           "`devices.target_acc`", "once, with a device model and `devices.target_acc`"),
+    Metric("sim_round_seconds", "time", "min", "the round's simulated duration (its kept devices' time)", _DEVICES),
+    Metric("devices_online", "server", None, "training devices online when the round started", _DEVICES),
+    Metric("devices_selected", "server", None, "devices the round selected (with over-commitment)", _DEVICES),
+    Metric("devices_kept", "server", "max", "selected devices whose work the methods received", _DEVICES),
     Metric("devices_dropped", "server", "min", "selected devices lost: dropped out, offline, late or over the quota",
-           _DEVICES, conditional=True),
+           _DEVICES),
     Metric("staleness_mean", "server", "min", "mean staleness (server versions) of the aggregated updates",
-           "with a device model, `devices.aggregation: async`", conditional=True),
+           "with a device model, `devices.aggregation: async`"),
     Metric("bytes_up", "traffic", "min", "bytes the round's devices uploaded"),
     Metric("bytes_down", "traffic", "min", "bytes the round's devices downloaded"),
     Metric("bytes_up_total", "traffic", "min", "running sum of `bytes_up`"),
@@ -103,11 +95,6 @@ FAMILIES: tuple[tuple[str, str, str, str], ...] = (
 )
 
 _BY_NAME = {m.name: m for m in CATALOG}
-
-
-def by_name(name: str) -> Metric | None:
-    """The catalogue's entry for ``name``, None for a family member or an unknown name."""
-    return _BY_NAME.get(name)
 
 
 def section_of(name: str) -> str | None:
