@@ -126,22 +126,6 @@ def _decode(obj: Any, allowed: tuple[str, ...]) -> Any:
     return obj
 
 
-def _named_modules(node: Any, out: set[str]) -> set[str]:
-    """The modules of the dataclasses named in ``node`` (:func:`encode`'s output), into ``out``."""
-    if isinstance(node, list):
-        for v in node:
-            _named_modules(v, out)
-    elif isinstance(node, dict):
-        if "__dc__" in node:
-            out.add(str(node["__dc__"]).partition(":")[0])
-            _named_modules(list(node["fields"].values()), out)
-        elif "__map__" in node:
-            _named_modules([v for pair in node["__map__"] for v in pair], out)
-        elif "__tuple__" in node:
-            _named_modules(node["__tuple__"], out)
-    return out
-
-
 def _sha256_of(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as fh:
@@ -264,10 +248,12 @@ def save(path: str | Path, snap: Snapshot, parts: Iterable[Mapping[int, Any]] | 
     return Path(path)
 
 
-def write(path: str | Path, snap: Snapshot, parts: Iterable[Mapping[int, Any]] | None = None) -> Snapshot:
+def write(path: str | Path, snap: Snapshot, parts: Iterable[Mapping[int, Any]] | None = None,
+          allowed: Iterable[str] = ()) -> Snapshot:
     """Write ``snap``, its device states from ``parts`` (mappings of device -> state, written and
     dropped one at a time) or else from ``snap.device_states``; return ``snap`` with its device states
-    read back from the part files (:class:`StateParts`) when used.
+    read back from the part files (:class:`StateParts`) when used, with the modules ``allowed`` (as
+    :func:`load` takes them: the run's method's, whose states the parts may hold).
 
     Parts are new files of their own; the main file is replaced last (temp file + rename) and the
     previous checkpoint's parts are removed after it, so a crash mid-write keeps the previous checkpoint.
@@ -276,15 +262,12 @@ def write(path: str | Path, snap: Snapshot, parts: Iterable[Mapping[int, Any]] |
     path.parent.mkdir(parents=True, exist_ok=True)
     generation = secrets.token_hex(4)
     written: list[Part] = []
-    named: set[str] = set()  # the modules of the states written: the snapshot returned reads them back
     try:
         for i, chunk in enumerate(parts if parts is not None else state_chunks(snap.device_states)):
             if not chunk:
                 continue
             part = path.parent / f"{_part_prefix(path)}{generation}-{i}.pt"
-            states = encode(dict(chunk))
-            _named_modules(states, named)
-            _write_atomic(part, {"format": FORMAT_VERSION, "states": states})
+            _write_atomic(part, {"format": FORMAT_VERSION, "states": encode(dict(chunk))})
             written.append(Part(part.name, _sha256_of(part), tuple(int(d) for d in chunk)))
         content = {
             "next_round": snap.next_round,
@@ -310,7 +293,7 @@ def write(path: str | Path, snap: Snapshot, parts: Iterable[Mapping[int, Any]] |
     for old in path.parent.glob(f"{_part_prefix(path)}*.pt"):
         if old.name not in keep:
             old.unlink(missing_ok=True)
-    return dataclasses.replace(snap, device_states=StateParts(path.parent, written, sorted(named)))
+    return dataclasses.replace(snap, device_states=StateParts(path.parent, written, allowed))
 
 
 def _parts(path: Path, raw: dict[str, Any], allowed: tuple[str, ...]) -> StateParts:

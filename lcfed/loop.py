@@ -266,7 +266,7 @@ def _save(
     snap = checkpoint.Snapshot(next_round=next_round, server_state=server.get_state(), device_states={},
                                history=history, config_digest=cfg.digest(), tracking=tracking,
                                trained=tuple(int(d) for d in np.flatnonzero(trained)), pending=server.get_pending())
-    return checkpoint.write(path, snap, pool.iter_states())
+    return checkpoint.write(path, snap, pool.iter_states(), checkpoint_modules(cfg))
 
 
 @dataclass

@@ -312,7 +312,8 @@ def test_the_snapshot_a_write_returns_reads_the_plugin_states_back(plugin, tmp_p
     """What the loop replays from when a host is lost: the states it just wrote, read back from their parts."""
     module = importlib.import_module(PLUGIN)
     snap = checkpoint.Snapshot(1, module.DittoServer(torch.ones(2), 1), {}, [], "d")
-    back = checkpoint.write(tmp_path / "latest.pt", snap, [{3: module.DittoDevice(torch.full((2,), 3.0), 1)}])
+    back = checkpoint.write(tmp_path / "latest.pt", snap, [{3: module.DittoDevice(torch.full((2,), 3.0), 1)}],
+                            [PLUGIN])
     assert isinstance(back.device_states, checkpoint.StateParts) and back.device_states.allowed == (PLUGIN,)
     state = back.device_states[3]
     assert isinstance(state, module.DittoDevice) and torch.equal(state.personal, torch.full((2,), 3.0))
