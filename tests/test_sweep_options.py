@@ -13,7 +13,6 @@ from lcfed.errors import ConfigError
 from lcfed.metric_catalog import CATALOG, objectives
 from tests.conftest import tiny_config
 from tune_jobs.sweep.best import best_result
-from tune_jobs.sweep.callbacks import child_name
 from tune_jobs.sweep.objective import Objective, resolve_objective
 from tune_jobs.sweep.search import make_scheduler
 from tune_jobs.sweep.space import describe_domain, space_spec, swept_keys
@@ -93,6 +92,8 @@ def test_every_domain_of_a_space_file_loads_and_is_logged_as_written(tmp_path):
 
 
 def test_child_names_carry_the_swept_values():
+    from lcfed.tracking.naming import method_label as child_name
+
     assert child_name("lcfed", {"method.mu": 0.03124, "method.lam": 0.2}) == "lcfed mu=0.0312 lam=0.2"
     assert child_name("fedac", {"method.num_clusters": 4, "train.lr": 1e-5}) == "fedac num_clusters=4 lr=1e-05"
     assert child_name("lcfed", {"train.lr": 0.1, "method.lr": 0.2}) == "lcfed train.lr=0.1 method.lr=0.2"

@@ -57,10 +57,21 @@ def short_value(v: Any) -> str:
     return f"{v:.3g}" if isinstance(v, float) else str(v)
 
 
-def method_label(method: str, values: Mapping[str, Any]) -> str:
-    """``lcfed mu=0.0312 lam=0.2``: the method and each value (the last part of its key)."""
+def values_label(values: Mapping[str, Any]) -> str:
+    """``mu=0.0312 lam=0.2``: each value, named by the last part of its key ("" for none)."""
     keys = short_names(list(values))
-    return " ".join([method] + [f"{k}={short_value(v)}" for k, v in zip(keys, values.values(), strict=True)])
+    return " ".join(f"{k}={short_value(v)}" for k, v in zip(keys, values.values(), strict=True))
+
+
+def method_label(method: str, values: Mapping[str, Any]) -> str:
+    """``lcfed mu=0.0312 lam=0.2``: the method and each value (:func:`values_label`)."""
+    label = values_label(values)
+    return f"{method} {label}" if label else method
+
+
+def fit_name(name: str) -> str:
+    """``name`` within MLflow's 250 characters for a run name (cut with an ellipsis)."""
+    return name if len(name) <= 250 else name[:249] + "…"
 
 
 def data_label(cfg: Any) -> str:
@@ -83,5 +94,5 @@ def named_values(values: Mapping[str, Any]) -> dict[str, Any]:
 def run_name(cfg: Any, values: Mapping[str, Any] | None = None) -> str:
     """A run's default name: ``lcfed mu=1 lam=0.1 · digits dir0.15 · s0``, the method, the ``values`` set
     for it (:func:`named_values`), the data and the seed; at most 250 characters (MLflow's limit)."""
-    name = SEP.join([method_label(cfg.method.name, named_values(values or {})), data_label(cfg), f"s{cfg.seed}"])
-    return name if len(name) <= 250 else name[:249] + "…"
+    return fit_name(SEP.join([method_label(cfg.method.name, named_values(values or {})), data_label(cfg),
+                              f"s{cfg.seed}"]))

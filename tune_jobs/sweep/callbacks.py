@@ -26,7 +26,7 @@ from lcfed.logs import progress_shown
 from lcfed.progress import is_tty
 from lcfed.run_result import RunResult
 from lcfed.tracking import MLflowObserver, run_name
-from lcfed.tracking.naming import SEP, method_label, named_values, short_names, short_value
+from lcfed.tracking.naming import SEP, fit_name, named_values, short_names, values_label
 from tune_jobs.sweep.errors import error_line
 from tune_jobs.sweep.objective import METRIC
 from tune_jobs.sweep.trial import REPORT_KEY, trial_config
@@ -157,15 +157,8 @@ def trial_run_name(cfg: ExperimentConfig, swept: Mapping[str, Any], named: Mappi
     runs table cuts long names at the end, where the trials agree); swept values the other parts show (the seed,
     the method, the data) stay there; at most 250 characters."""
     base = run_name(cfg, named)
-    shown = named_values(swept)  # not what the name's other parts show (the seed, the method, the data)
-    lead = " ".join(f"{k}={short_value(v)}" for k, v in zip(short_names(list(shown)), shown.values(), strict=True))
-    name = f"{lead}{SEP}{base}" if lead else base
-    return name if len(name) <= 250 else name[:249] + "…"
-
-
-#: ``lcfed mu=0.0312 lam=0.2``: a method and values (:func:`lcfed.tracking.naming.method_label`), the first
-#: part of a trial's run name
-child_name = method_label
+    lead = values_label(named_values(swept))  # not what the name's other parts show (the seed, the method, the data)
+    return fit_name(f"{lead}{SEP}{base}") if lead else base
 
 
 def _value(v: Any) -> str:

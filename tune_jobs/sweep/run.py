@@ -91,7 +91,7 @@ def run_sweep(base: ExperimentConfig, space: dict[str, Any], options: SweepOptio
     :mod:`tune_jobs.sweep.models`). A resumed sweep keeps the objective and search it started with.
     ``parent_run_id``: the sweep's run nests under it (``lcfed compare``). ``named``: config values every
     trial's run name shows besides its swept ones (``lcfed sweep``: its ``--set`` values; a trial is named
-    ``lcfed mu=0.0312 lam=0.2 · digits dir0.15 · s0``). With ``base.tracking.enabled`` false the sweep is
+    ``mu=0.0312 lam=0.2 · lcfed · digits dir0.15 · s0``). With ``base.tracking.enabled`` false the sweep is
     untracked: no MLflow run or store, the summary's run fields None (``register`` is refused).
     """
     tracked = base.tracking.enabled
