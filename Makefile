@@ -5,12 +5,12 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: setup test test-slow demo lint bench clean
+.PHONY: setup test test-slow demo lint docs bench clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --disable-pip-version-check torch==2.14.1 torchvision==0.29.1
-	$(BIN)/python -m pip install -q --disable-pip-version-check -e ".[test,dev,search,parquet]"
+	$(BIN)/python -m pip install -q --disable-pip-version-check -e ".[test,dev,search,parquet,docs]"
 	@touch $(STAMP)
 
 setup: $(STAMP)
@@ -34,9 +34,13 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/scale.py --data-dir $(or $(DATA_DIR),~/.cache/lcfed)
 	$(BIN)/python benchmarks/flower_overhead.py --data-dir $(or $(DATA_DIR),~/.cache/lcfed)
 
+# the site into site/, offline; --strict: a broken link, anchor or API reference fails the build
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
+
 lint: $(STAMP)
 	$(BIN)/ruff check lcfed actors tune_jobs tests benchmarks
 	$(BIN)/mypy
 
 clean:
-	rm -rf $(VENV) .pytest_cache mlruns mlartifacts mlflow.db
+	rm -rf $(VENV) .pytest_cache mlruns mlartifacts mlflow.db site

@@ -3,7 +3,7 @@ a user reads, and how many of them Ray, Tune and MLflow printed by themselves.
 
 Each command runs in a fresh process in a scratch directory (a sqlite tracking store there) on the demo
 config cut to 8 devices and 3 rounds (``method.rank=4``); stdout and stderr are counted together, as a
-terminal shows them (without one, progress is plain lines: section 1 of the README).
+terminal shows them (without one, progress is plain lines: docs/run.md).
 
     .venv/bin/python benchmarks/console_lines.py                      # -q, default, -v
     .venv/bin/python benchmarks/console_lines.py --levels default     # e.g. a checkout without -q / -v
@@ -25,7 +25,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
-#: lines Ray, Tune and MLflow print by themselves (README section 1, "How much a command prints")
+#: lines Ray, Tune and MLflow print by themselves (docs/run.md, "How much a command prints")
 CHATTER = re.compile(r"Token authentication is enabled|Started a local Ray instance|\d\d:\d\d:\d\d.*INFO |"
                      r"\d\d:\d\d:\d\d,\d+\s+(INFO|WARNING)|Configuration for experiment|View detailed results|"
                      r"tensorboard --logdir|🏃|🧪|\(\w+ pid=\d+\)|^[│╭├╰]")

@@ -1,4 +1,4 @@
-"""README section 2c's result: clustered FL on devices that come and go.
+"""docs/devices.md's result: clustered FL on devices that come and go.
 
 Rotated MNIST (IFCA's testbed: 100 devices in 4 groups, images turned by 0/90/180/270 degrees), MLP, 20
 devices per round (or in flight). A fleet of slow, uneven phones: compute and links lognormal (log-sd 1)
@@ -15,7 +15,7 @@ clustered ones) and accuracy against the simulated clock.
 
     python benchmarks/device_model_result.py --data-dir ~/.cache/lcfed --out .bench/devices [--seeds 0 1]
 
-Writes ``results.json`` (every run's history), ``result.md`` (the table the README quotes) and
+Writes ``results.json`` (every run's history), ``result.md`` (the table docs/devices.md quotes) and
 ``accuracy_vs_clock.png`` (accuracy and ARI against the clock, one column per availability pattern).
 """
 

@@ -5,7 +5,7 @@ devices per round x 5 local steps x batch 32, 30 rounds, 1 torch thread per work
 ``local-1`` = the in-process runner on one thread (the plain loop), ``local`` = in-process with
 its default worker threads (one per CPU), ``ray`` = ``--actors`` device actors. Prints a
 table (round time = mean over rounds after the first; total wall includes start-up) and writes
-JSON. Needs MNIST in ``--data-dir`` (see README, `lcfed data import`); ``--dataset digits`` runs
+JSON. Needs MNIST in ``--data-dir`` (see docs/data.md, `lcfed data import`); ``--dataset digits`` runs
 the same shape of workload without files.
 
     python benchmarks/overhead.py --data-dir ~/.cache/lcfed [--rounds 30] [--out benchmarks/results]

@@ -57,7 +57,7 @@ def pick_dataset(data_dir: Path, wanted: str | None) -> str:
         raw = data_dir / RAW_DIRS[name] / "raw"
         if all((raw / f).is_file() for f in IDX_FILES):
             return name
-    sys.exit(f"scale: neither MNIST nor Fashion-MNIST in {data_dir}; see README section 2 (`lcfed data import`)")
+    sys.exit(f"scale: neither MNIST nor Fashion-MNIST in {data_dir}; see docs/data.md (`lcfed data import`)")
 
 
 def _label(p: psutil.Process) -> str:

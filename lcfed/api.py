@@ -139,7 +139,7 @@ def trainable(base: ExperimentConfig | Mapping[str, Any] | str | Path, *, track:
     cfg = base if isinstance(base, ExperimentConfig) else config(base)
 
     def train(trial: dict[str, Any]) -> None:
-        import ray  # in the trial's process: lcfed.api imports no Ray at its top (README 7c)
+        import ray  # in the trial's process: lcfed.api imports no Ray at its top (docs/python-api.md)
 
         from lcfed.engines.local import LocalFederation  # (the same: torch work in the trial)
         from lcfed.federation import load  # (the same)

@@ -42,7 +42,7 @@ from lcfed.yaml_input import read_yaml
 
 #: what this module defines, and two names it re-exports on purpose: ``ConfigError`` and ``require``
 #: (:mod:`lcfed.errors`'s) are the plugin face (a strategy's ``validate`` raises through
-#: ``lcfed.config.require``, README section 7b); the repository's own code imports them from lcfed.errors
+#: ``lcfed.config.require``, docs/plugins.md); the repository's own code imports them from lcfed.errors
 __all__ = [
     "LATER_DEFAULTS", "MAX_SEED", "NAME_RULE", "CheckpointConfig", "ConfigError", "DataConfig", "DevicesConfig",
     "EngineConfig",
@@ -209,7 +209,7 @@ class NetworkConfig:
 
 @dataclass(frozen=True)
 class DevicesConfig:
-    """Devices that come and go (README section 2c): per-device speed, links, availability and dropouts on a
+    """Devices that come and go (docs/devices.md): per-device speed, links, availability and dropouts on a
     simulated clock, and the round's policies (deadline, over-commitment). Off (``simulate: false``) every
     sampled device is online, finishes and answers at once, as before."""
 

@@ -103,7 +103,7 @@ def _check_counts(data: DataConfig, prefix: str) -> None:
 
 
 def _check_generated(data: DataConfig, prefix: str) -> None:
-    """The generators' fields: ``synthetic``'s sample count, ``leaf_synthetic``'s (README section 2)."""
+    """The generators' fields: ``synthetic``'s sample count, ``leaf_synthetic``'s (docs/data.md)."""
     generated = data.dataset == "leaf_synthetic"
     require(data.synthetic_samples >= 0 and (data.synthetic_samples == 0 or data.dataset == "synthetic" or generated),
             f"{prefix}.synthetic_samples", data.synthetic_samples,
@@ -150,7 +150,7 @@ def _check_mix(data: DataConfig, prefix: str) -> None:
         data.dirichlet_convention in DIRICHLET_CONVENTIONS,
         f"{prefix}.dirichlet_convention",
         data.dirichlet_convention,
-        f"one of {sorted(DIRICHLET_CONVENTIONS)} (how partition=dirichlet meets min_samples; README section 2)",
+        f"one of {sorted(DIRICHLET_CONVENTIONS)} (how partition=dirichlet meets min_samples; docs/data.md)",
     )
     require(
         data.normalize in NORMALIZE,
@@ -176,7 +176,7 @@ def _check_held_out(data: DataConfig, prefix: str) -> None:
 
 
 def _check_sources(data: DataConfig, prefix: str) -> None:
-    """The fields of file datasets, natural partitions and testbeds (README section 2)."""
+    """The fields of file datasets, natural partitions and testbeds (docs/data.md)."""
     from lcfed.data import FILE_FORMATS, TESTBEDS, USER_SELECTIONS  # (as in check_data)
     from lcfed.data.testbeds import MAX_GROUPS  # (the same)
 
@@ -210,7 +210,7 @@ def _check_sources(data: DataConfig, prefix: str) -> None:
             f"one of {list(USER_SELECTIONS)} (which users partition=natural keeps: the num_devices largest, or a "
             "seeded random sample)")
     require(data.testbed in TESTBEDS, f"{prefix}.testbed", data.testbed,
-            f"one of {list(TESTBEDS)} (devices in data.testbed_groups known clusters; README section 2)")
+            f"one of {list(TESTBEDS)} (devices in data.testbed_groups known clusters; docs/data.md)")
     if data.testbed != "none":
         require(data.partition != "natural", f"{prefix}.testbed", data.testbed,
                 "deals the samples to devices itself, so it does not combine with data.partition=natural; use "

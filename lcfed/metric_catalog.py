@@ -1,7 +1,7 @@
 """Every per-round metric a run reports, in one place: its name, better direction, run-page section, when it
 exists, and whether ``lcfed run``'s summary averages it, the accuracy plot draws it and a sweep may optimise it.
 
-``lcfed run``'s summary, ``lcfed sweep --metric``, the MLflow sections, the accuracy figure and the README's
+``lcfed run``'s summary, ``lcfed sweep --metric``, the MLflow sections, the accuracy figure and the docs'
 metric table are all read from :data:`CATALOG`; adding a metric is one row here (and the code that computes
 it). Standard library only: Tune workers and the CLI's parser import it.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["CATALOG", "FAMILIES", "Metric", "PLOTTED", "SECTIONS", "SUMMARY", "objectives", "readme_table"]
+__all__ = ["CATALOG", "FAMILIES", "Metric", "PLOTTED", "SECTIONS", "SUMMARY", "objectives", "docs_table"]
 
 #: MLflow's run page shows one section per metric-key prefix, sorted by name: these read accuracy, loss,
 #: server, time, traffic (:mod:`lcfed.tracking.naming` prefixes each key with its metric's section)
@@ -24,7 +24,7 @@ class Metric:
     name: str
     section: str  # one of SECTIONS
     direction: str | None  # "max" / "min": the better way; None: none (a sweep on it must give --mode)
-    doc: str  # what it is, one line (the README's table)
+    doc: str  # what it is, one line (the docs' table)
     when: str = "every round"  # when a run reports it
     summary: bool = False  # in ``lcfed run``'s summary: the last evaluation and the mean of the last N
     plotted: bool = False  # drawn in the accuracy-vs-round figure
@@ -117,8 +117,8 @@ SUMMARY = tuple(m.name for m in CATALOG if m.summary)
 PLOTTED = tuple(m.name for m in CATALOG if m.plotted)
 
 
-def readme_table() -> str:
-    """The README's metric table (a test keeps the README equal to it)."""
+def docs_table() -> str:
+    """docs/mlflow.md's metric table (a test keeps the page equal to it)."""
     rows = ["| metric | section | better | reported | what it is |", "|---|---|---|---|---|"]
     for m in CATALOG:
         flags = [f for f, on in (("summary", m.summary), ("plotted", m.plotted), ("not a --metric", not m.objective))

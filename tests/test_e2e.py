@@ -54,7 +54,7 @@ def test_run_logs_to_mlflow_and_lcfed_beats_fedavg(tmp_path, tracking_uri, capfd
     assert p["numerics"] == "portable" and p["torch"] == torch.__version__ and p["threads"] == "1"
     assert p["kernels"] == torch.backends.cpu.get_cpu_capability() and p["cpu"] == numerics.cpu_model()
     assert {k: run.data.tags[f"provenance.{k}"] for k in p} == p
-    # every metric under its run-page section: accuracy, loss, server, time, traffic (README section 3)
+    # every metric under its run-page section: accuracy, loss, server, time, traffic (docs/mlflow.md)
     for key in ("accuracy/acc_mean", "accuracy/acc_weighted", "accuracy/acc_p10", "accuracy/acc_p90",
                 "loss/train_loss", "traffic/bytes_up", "traffic/bytes_down", "server/cluster_size_0",
                 "server/num_clusters", "server/label_homogeneity", "server/coverage", "time/round_seconds"):

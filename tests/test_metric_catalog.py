@@ -1,4 +1,4 @@
-"""The metric catalogue is the one list: the summary, --metric, MLflow's sections, the figure and the README
+"""The metric catalogue is the one list: the summary, --metric, MLflow's sections, the figure and docs/mlflow.md
 read it."""
 
 from __future__ import annotations
@@ -6,17 +6,17 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from lcfed.metric_catalog import CATALOG, FAMILIES, PLOTTED, SECTIONS, SUMMARY, objectives, readme_table
+from lcfed.metric_catalog import CATALOG, FAMILIES, PLOTTED, SECTIONS, SUMMARY, docs_table, objectives
 from lcfed.tracking.naming import metric_name, mlflow_key, section
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+PAGE = Path(__file__).resolve().parents[1] / "docs" / "mlflow.md"
 
 
-def test_readme_metric_table_is_the_catalogue():
-    text = README.read_text()
+def test_docs_metric_table_is_the_catalogue():
+    text = PAGE.read_text()
     block = re.search(r"<!-- metric_catalog -->\n(.*?)\n<!-- /metric_catalog -->", text, re.S)
-    assert block, "README lost its <!-- metric_catalog --> block"
-    assert block.group(1) == readme_table(), "README's metric table drifted: regenerate it from readme_table()"
+    assert block, "docs/mlflow.md lost its <!-- metric_catalog --> block"
+    assert block.group(1) == docs_table(), "docs/mlflow.md's metric table drifted: regenerate it from docs_table()"
 
 
 def test_each_metric_once_with_a_section_and_a_direction():

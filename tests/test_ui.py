@@ -3,7 +3,7 @@ tracking server. A sweep's trials side by side; runs of two methods told apart b
 a run's page opening on its accuracy section, traffic last.
 
 Slow (runs, a sweep and a browser): ``make test-slow``. Needs Debian's ``chromium``. The screenshots are
-the README's: ``docs/mlflow-sweep-runs.png``, ``docs/mlflow-runs-table.png``, ``docs/mlflow-run-page.png``.
+the docs': ``docs/mlflow-sweep-runs.png``, ``docs/mlflow-runs-table.png``, ``docs/mlflow-run-page.png``.
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ def _screenshot(url: str, name: str, tmp_path: Path) -> None:
 def test_mlflow_ui_lists_the_sweep_runs(tmp_path, server):
     """The experiment opens on its runs table (not MLflow 3's GenAI overview), and the view the sweep saves
     shows its trials with the metric and the swept values as columns, best first. The screenshot is the
-    README's ``docs/mlflow-sweep-runs.png``."""
+    docs' ``docs/mlflow-sweep-runs.png``."""
     url = server
     base = tiny_config("train.rounds=2", "engine.num_cpus=2", "tracking.enabled=true", f"tracking.uri={url}",
                        "tracking.experiment=ui-sweep")
@@ -96,7 +96,7 @@ def test_mlflow_ui_lists_the_sweep_runs(tmp_path, server):
 def test_runs_of_two_methods_are_told_apart_and_a_run_page_opens_on_accuracy(tmp_path, server):
     """Two ``lcfed run``s differing in the method: the runs table names each for what ran; a run's page
     ("Model metrics") opens on the accuracy section, then loss, server, time, traffic (the per-layer traffic
-    last). The screenshots are the README's ``docs/mlflow-runs-table.png`` and ``docs/mlflow-run-page.png``."""
+    last). The screenshots are the docs' ``docs/mlflow-runs-table.png`` and ``docs/mlflow-run-page.png``."""
     config = tmp_path / "base.yaml"  # the settings in a file: the names show the method set on the command line
     base = tiny_config("train.rounds=3", "tracking.enabled=true", f"tracking.uri={server}", "tracking.experiment=ui-runs")
     config.write_text(yaml.safe_dump(to_dict(base)))

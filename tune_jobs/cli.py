@@ -226,7 +226,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _dispatch(args: argparse.Namespace) -> int:
-    """The command's exit code; the errors users make or meet as one line (section 1 of the README)."""
+    """The command's exit code; the errors users make or meet as one line (docs/run.md)."""
     try:
         return int(args.func(args))
     except ConfigError as exc:

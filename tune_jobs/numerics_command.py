@@ -1,5 +1,5 @@
 """``lcfed numerics``: this machine's kernel fingerprint under a numerics profile, compared with the reference
-fingerprints lcfed ships, so a user knows before a run whether their numbers will be the README's."""
+fingerprints lcfed ships, so a user knows before a run whether their numbers will be the docs'."""
 
 from __future__ import annotations
 

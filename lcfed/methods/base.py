@@ -68,7 +68,18 @@ class Federation:
 
 @dataclass(frozen=True)
 class DeviceContext:
-    """Everything a device-side hook may use: its id, data, the network and the round's budget."""
+    """Everything a device-side hook may use: its id, data, the network and the round's budget.
+
+    Attributes:
+        device: the device's id.
+        rnd: the round, from 0; -1 when the device is evaluated (:meth:`Strategy.personalized`).
+        data: the device's samples, already on the device that trains them (standardized float inputs,
+            int64 labels): ``x_train``/``y_train``, ``x_test``/``y_test``, and ``x_val``/``y_val`` with
+            ``data.val_fraction``.
+        net: the model as a function of flat weights: ``net(w, x)`` gives logits (see :mod:`lcfed.models`).
+        work: the local budget of ``train``: ``lr``, ``batch_size``, and ``steps`` or ``epochs``.
+        seed: the run's seed, for :func:`lcfed.local_update.batch_rng` streams of the method's own.
+    """
 
     device: int
     rnd: int
@@ -86,7 +97,14 @@ class DeviceContext:
 
 @dataclass(frozen=True)
 class Message:
-    """What a device sends back. Methods subclass it with the tensors they upload."""
+    """What a device sends back. Methods subclass it (a frozen dataclass) with the tensors they upload:
+    every tensor a message carries counts in ``bytes_up``.
+
+    Attributes:
+        device: the sender's id.
+        num_samples: its training samples (``ctx.data.num_train``), the usual aggregation weight.
+        loss: its mean training loss this round (``LocalResult.loss``); a non-finite one stops the run.
+    """
 
     device: int
     num_samples: int
@@ -102,11 +120,18 @@ class ModelMessage(Message):
 
 @dataclass(frozen=True)
 class RoundPlan:
-    """The server's instructions for one round.
+    """The server's instructions for one round; build it with :meth:`Strategy.plan`.
 
-    ``payload`` is broadcast once (one ``ray.put``); ``instructions`` are small per-device values
-    (e.g. a cluster id). ``downlink`` lists what the selected devices really receive as
-    ``(object, number of receivers)``; ``down_bytes`` is its size (see :meth:`Strategy.plan`).
+    Attributes:
+        rnd: the round, from 0.
+        devices: the round's participants, sorted (from :meth:`Strategy.participants`).
+        payload: broadcast once to every participant (one ``ray.put`` on Ray): :meth:`Strategy.local`'s ``payload``.
+        instructions: small per-device values (a cluster id): :meth:`Strategy.local`'s ``instruction``.
+        down_bytes: the size of ``downlink``.
+        downlink: what the participants really receive, as ``(object, number of receivers)`` pairs (a
+            device that downloads only its cluster's model counts one model, not the whole payload).
+        layers_down: ``downlink`` per layer, filled by the server.
+        timing: the round on the simulated clock (``devices.simulate``), filled by the server.
     """
 
     rnd: int
@@ -121,7 +146,18 @@ class RoundPlan:
 
 @dataclass(frozen=True)
 class RoundStats:
-    """Server-side outcome of a round, small enough to report every round."""
+    """Server-side outcome of a round, small enough to report every round.
+
+    Attributes:
+        train_loss: the participants' sample-weighted mean training loss (:meth:`Strategy.mean_loss`).
+        bytes_up: what the messages carry (:meth:`Strategy.upload_bytes`).
+        bytes_down: what the devices downloaded (``plan.down_bytes``).
+        assignment: a clustered method's cluster of every device, (m,) int, -1 for none; None otherwise.
+        num_clusters: the cluster count (0 for a method that does not cluster).
+        layers_up: ``bytes_up`` per layer, filled by the server.
+        layers_down: ``bytes_down`` per layer, filled by the server.
+        participants: how many updates the round aggregated, filled by the server when 0.
+    """
 
     train_loss: float
     bytes_up: int
@@ -199,13 +235,37 @@ def buffered_step(current: torch.Tensor, arrivals: Sequence[Arrival[Any]], start
 class Strategy(Generic[S, D, M, P]):
     """Base class of every method. Subclasses override the hooks; the round loop never changes.
 
+    A round ``rnd`` (0, 1, ..., ``train.rounds - 1``; the CLI and the summary print ``rnd + 1``) is
+    ``configure -> local`` on each of the round's devices ``-> aggregate``; on evaluation rounds
+    (``train.eval_every``, and always the last) the server's :meth:`eval_payload` goes to every device,
+    which is scored with :meth:`personalized`. Server hooks (:meth:`init`, :meth:`configure`,
+    :meth:`aggregate`, :meth:`aggregate_async`, :meth:`eval_payload`) run in the server's process (the
+    driver in-process, the server actor on Ray); device hooks (:meth:`init_device`, :meth:`local`,
+    :meth:`personalized`) where the device's data lives, on several threads at once and, on Ray, in other
+    processes. Each process builds its own instance from the same ``cfg`` and ``fed``, so a hook must
+    not keep anything on ``self``: what persists is the server state ``S`` (returned by the server
+    hooks) and each device's state ``D`` (returned by :meth:`local`).
+
     Generic over the method's server state ``S``, device state ``D``, message ``M`` and round payload
     ``P``: a built-in declares them (``class FedAvg(Strategy[FedAvgState, None, ModelMessage, Tensor])``)
     so that each hook's override is checked against the others. A subclass that names none (``class
-    Mine(Strategy)``) gets ``Any`` for each, as before. Per-device instructions and the evaluation
-    payload are typed by each method's own hooks.
+    Mine(Strategy)``) gets ``Any`` for each. Per-device instructions and the evaluation payload are
+    typed by each method's own hooks.
 
-    State objects are frozen dataclasses; hooks return new ones and never mutate their arguments.
+    State objects are frozen dataclasses of tensors, arrays and scalars; hooks return new ones and never
+    mutate their arguments (checkpoints, retries and the Ray engine rely on it; ``lcfed check`` tests it
+    as ``pure``). Checkpoints store them without pickle and rebuild dataclasses only of lcfed's modules and
+    of the strategy's own module (and its submodules).
+
+    A subclass declares its hyper-parameters as a frozen dataclass ``Params`` (every field with a type and
+    a default), read here as ``self.params``; its optional method ``validate(self, cfg, prefix)`` checks
+    them before any work, raising :class:`lcfed.config.ConfigError` through :func:`lcfed.config.require`
+    (``prefix`` is ``"method"``: name the field as ``f"{prefix}.lam"``). ``compare_space`` (a class
+    attribute) may give the path of a YAML search space that ``lcfed compare`` tunes the method over.
+
+    Args:
+        cfg: the run's validated config (``cfg.method.params`` is this method's ``Params``).
+        fed: what the server may know about the federation (:class:`Federation`).
     """
 
     #: registry name, e.g. ``"lcfed"``
@@ -227,15 +287,52 @@ class Strategy(Generic[S, D, M, P]):
 
     # --- server side -------------------------------------------------------------------------
     def init(self) -> S:
-        """The initial server state."""
+        """The server state before round 0, made once per run (and again when a lost server restarts
+        without a checkpoint).
+
+        Returns:
+            The initial server state, typically built from ``self.fed.init`` (the seeded initial weights,
+                one flat float32 vector laid out by ``self.fed.spec``).
+        """
         raise NotImplementedError
 
     def configure(self, state: S, rnd: int) -> RoundPlan:
-        """Which devices train this round, the broadcast and per-device instructions."""
+        """The round's plan: which devices train, what is broadcast to them and what each is told.
+
+        Called once per round on the server, before any device trains.
+
+        Args:
+            state: the server state after round ``rnd - 1`` (:meth:`init`'s before round 0). Read only.
+            rnd: the round, counted from 0.
+
+        Returns:
+            A :class:`RoundPlan`, built with :meth:`plan`: ``devices`` from :meth:`participants` (never a
+                selection of the method's own, so that the device model of ``devices.simulate`` can decide who
+                is online), the ``payload`` every device receives as :meth:`local`'s ``payload`` (one object,
+                shipped once), ``instructions`` mapping a device to its own small value (a cluster id; a device
+                without one gets ``None``), and ``downlink``: what the devices really download, as
+                ``(object, number of receivers)`` pairs, which prices ``bytes_down``.
+        """
         raise NotImplementedError
 
     def aggregate(self, state: S, plan: RoundPlan, msgs: Sequence[M]) -> tuple[S, RoundStats]:
-        """The new server state from the devices' messages (sorted by device id)."""
+        """The new server state from the round's messages.
+
+        Called once per round on the server, after every device of ``plan.devices`` has trained (with the
+        device model, those that finished in time). The loop stops the run before this hook if a message's
+        loss is not finite.
+
+        Args:
+            state: the state :meth:`configure` saw. Read only.
+            plan: the round's plan, as :meth:`configure` returned it (its ``downlink`` emptied).
+            msgs: one message per trained device, sorted by device id. Read only.
+
+        Returns:
+            The new server state and the round's :class:`RoundStats`: the sample-weighted training loss
+                (:meth:`mean_loss`), ``bytes_up`` (:meth:`upload_bytes`, the tensors the messages carry),
+                ``bytes_down`` (``plan.down_bytes``) and, for a clustered method, every device's cluster
+                (``assignment``, -1 for none) and the cluster count (:meth:`clustered_stats` fills all of it).
+        """
         raise NotImplementedError
 
     def aggregate_async(self, state: S, plan: RoundPlan, arrivals: Sequence[Arrival[M]]) -> tuple[S, RoundStats]:
@@ -246,21 +343,69 @@ class Strategy(Generic[S, D, M, P]):
         raise NotImplementedError(f"method {self.name!r} does not aggregate asynchronously")
 
     def eval_payload(self, state: S) -> Any:
-        """What devices need to build their personalized model for evaluation."""
+        """What devices need to build their personalized model for evaluation.
+
+        Called on the server on evaluation rounds, after :meth:`aggregate`, and at the end of the run for
+        the final models; the result goes to every device's :meth:`personalized`. The default is None.
+
+        Args:
+            state: the server state after the round. Read only.
+        """
         return None
 
     # --- device side -------------------------------------------------------------------------
     def init_device(self, device: int, init: torch.Tensor) -> D:
-        """A device's persistent state before its first round (held where the device lives). The default
-        is None, for methods whose devices keep nothing between rounds (``D`` = None)."""
+        """A device's persistent state before its first round, held where the device lives.
+
+        Called where the device lives whenever a device that has not trained yet is read (its first
+        :meth:`local`, or :meth:`personalized` before it ever trained); the result is not stored until
+        :meth:`local` returns a new one, so it must depend on its arguments only. The default is None, for
+        methods whose devices keep nothing between rounds (``D`` = None).
+
+        Args:
+            device: the device's id, 0 .. ``fed.num_devices - 1``.
+            init: the seeded initial flat weights, the same on every process. Read only: clone it to keep it.
+        """
         return cast(D, None)
 
     def local(self, ctx: DeviceContext, dev: D, payload: P, instruction: Any) -> tuple[D, M]:
-        """One device's local work for the round: its new state and the message it sends."""
+        """One device's local work for the round: its new state and the message it sends.
+
+        Called where the device lives, for each device of the round's plan, concurrently with other
+        devices (threads and, on Ray, processes): it must not write to ``self``.
+
+        Args:
+            ctx: the device's id, data, model, local budget and the round (``ctx.rnd``, from 0).
+                ``ctx.local_update(start, proximal)`` is the shared local SGD on the round's batches
+                (stream 0 of :func:`lcfed.local_update.batch_rng`); a second, independent batch sequence in
+                the same round comes from ``batch_rng(ctx.seed, ctx.device, ctx.rnd, stream=1)``.
+            dev: the device's state from its previous :meth:`local` (:meth:`init_device`'s before its first).
+                Read only.
+            payload: the plan's ``payload``, shared by every device of the round. Read only.
+            instruction: the plan's ``instructions[ctx.device]``, or None.
+
+        Returns:
+            The device's new state (the same object when nothing changed) and its :class:`Message`:
+                ``num_samples`` (``ctx.data.num_train``, the aggregation weight), ``loss`` (the mean training
+                loss) and the tensors it uploads, which ``bytes_up`` prices. Tensors go back on the CPU.
+        """
         raise NotImplementedError
 
     def personalized(self, ctx: DeviceContext, dev: D, payload: Any) -> torch.Tensor:
-        """The flat weights this device is evaluated with."""
+        """The flat weights this device is evaluated with, and its final model.
+
+        Called where the device lives, for every device on evaluation rounds (also those that have not
+        trained yet: the accuracy metrics count only those that have) and for the final models. It must
+        not change the device's state.
+
+        Args:
+            ctx: as in :meth:`local`, with ``ctx.rnd`` = -1 (evaluation is not a round's training).
+            dev: the device's state (:meth:`init_device`'s if it never trained). Read only.
+            payload: :meth:`eval_payload`'s result. Read only.
+
+        Returns:
+            One flat float32 vector laid out by ``self.fed.spec``.
+        """
         raise NotImplementedError
 
     # --- helpers shared by methods -----------------------------------------------------------

@@ -1,11 +1,11 @@
-"""The README's result tables come from runs: `make demo`'s seed-0 row is what `make demo` prints.
+"""The result tables of docs/run.md come from runs: `make demo`'s seed-0 row is what `make demo` prints.
 
-The tables of README section 1 are written by ``benchmarks/readme_tables.py --write`` from real runs
+The tables of docs/run.md are written by ``benchmarks/result_tables.py --write`` from real runs
 under the portable numerics profile, which also writes the kernel fingerprint those runs had. This test
 reruns the seed-0 cell of LCFed (what `make demo` runs first: configs/demo.yaml) and compares it with the
-README's when this machine's fingerprint is the stated one: equal fingerprints guarantee equal numbers.
+the page's when this machine's fingerprint is the stated one: equal fingerprints guarantee equal numbers.
 On a machine whose kernels give other bits it skips and says which kernels; it never compares numbers
-made by other kernels. The whole table is rerun by ``benchmarks/readme_tables.py --check``.
+made by other kernels. The whole table is rerun by ``benchmarks/result_tables.py --check``.
 """
 
 from __future__ import annotations
@@ -23,19 +23,19 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def readme_row(table: str, first_cell: str) -> list[str]:
-    text = (ROOT / "README.md").read_text()
-    block = re.search(rf"<!-- readme_tables:{table} -->\n(.*?)\n<!-- /readme_tables -->", text, re.S)
-    assert block, f"README.md has no {table} table"
+    text = (ROOT / "docs" / "run.md").read_text()
+    block = re.search(rf"<!-- result_tables:{table} -->\n(.*?)\n<!-- /result_tables -->", text, re.S)
+    assert block, f"docs/run.md has no {table} table"
     for line in block.group(1).splitlines():
         cells = [c.strip().strip("*") for c in line.strip().strip("|").split("|")]
         if cells[0] == first_cell:
             return cells[1:]
-    raise AssertionError(f"no row {first_cell!r} in README's {table} table")
+    raise AssertionError(f"no row {first_cell!r} in docs/run.md's {table} table")
 
 
 def readme_fingerprint() -> str:
-    block = re.search(r"<!-- readme_tables:fingerprint -->\n.*?`([0-9a-f]{12})`", (ROOT / "README.md").read_text(), re.S)
-    assert block, "README.md does not state the kernel fingerprint of its tables"
+    block = re.search(r"<!-- result_tables:fingerprint -->\n.*?`([0-9a-f]{12})`", (ROOT / "docs" / "run.md").read_text(), re.S)
+    assert block, "docs/run.md does not state the kernel fingerprint of its tables"
     return block.group(1)
 
 
@@ -45,8 +45,8 @@ def test_make_demos_lcfed_seed_0_cell_is_the_readmes(tmp_path):
     if mine.digest != stated:
         refs = [r for r in fingerprint.references() if r.digest == stated]
         differ = mine.differing(refs[0]) if refs else ["(no shipped reference has it)"]
-        pytest.skip(f"this machine's kernel fingerprint {mine.digest} is not the README tables' {stated} "
-                    f"(kernels that differ: {', '.join(differ[:6])}): its numbers are not the README's to the last digit")
+        pytest.skip(f"this machine's kernel fingerprint {mine.digest} is not the docs/run.md tables' {stated} "
+                    f"(kernels that differ: {', '.join(differ[:6])}): its numbers are not the page's to the last digit")
     out = tmp_path / "lcfed.json"
     assert main(["run", "-c", str(ROOT / "configs" / "demo.yaml"), "--no-track", "-q", "--json", str(out)]) == 0
     summary = json.loads(out.read_text())

@@ -1,4 +1,4 @@
-"""The result tables of README section 1, regenerated from real runs (`lcfed run`, one process each).
+"""The result tables of docs/run.md, regenerated from real runs (`lcfed run`, one process each).
 
 Tables: ``demo-seeds`` (configs/demo.yaml for LCFed, FedAvg and Standalone on seeds 0-4, with the mean
 ± 95 % CI and the paired differences) and ``splits`` (the other digits splits tried: the previous demo,
@@ -6,11 +6,11 @@ pathological n = 2, 20 devices, 25 % test, 30 rounds, μ = λ = 0.1, and its var
 personalized test accuracy, mean of the last 3 evaluations (``last_evals.acc_mean``), in %. Every run
 uses the portable numerics profile (the default), so the tables are the same on any x86-64 CPU.
 
-``--write`` replaces the tables in README.md (between ``<!-- readme_tables:NAME -->`` markers), and the
-sentence that states the runs' kernel fingerprint (``<!-- readme_tables:fingerprint -->``);
-``--check`` exits 1 when README.md differs from the runs. Both print the tables.
+``--write`` replaces the tables in docs/run.md (between ``<!-- result_tables:NAME -->`` markers), and the
+sentence that states the runs' kernel fingerprint (``<!-- result_tables:fingerprint -->``);
+``--check`` exits 1 when docs/run.md differs from the runs. Both print the tables.
 
-    python benchmarks/readme_tables.py [--tables demo-seeds,splits] [--jobs 2] [--write | --check]
+    python benchmarks/result_tables.py [--tables demo-seeds,splits] [--jobs 2] [--write | --check]
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 
 from lcfed.stats import mean_ci, paired_test  # noqa: E402
 
-README = ROOT / "README.md"
+PAGE = ROOT / "docs" / "run.md"
 #: the kernel fingerprints of the runs made (one, or the tables would mix machines' numbers)
 FINGERPRINTS: set[str] = set()
 DEMO = ROOT / "configs" / "demo.yaml"
@@ -112,13 +112,13 @@ TABLES = {"demo-seeds": demo_seeds, "splits": splits}
 
 
 def fingerprint_line(digest: str) -> str:
-    """README's statement of the kernel fingerprint the tables were made with (tests/test_readme_numbers.py reads it)."""
+    """The page's statement of the kernel fingerprint the tables were made with (tests/test_result_tables.py reads it)."""
     return (f"The tables were made on machines whose kernel fingerprint is `{digest}` under the portable profile; "
             "`lcfed numerics` prints yours (the same digest gives these numbers to the last digit).")
 
 
 def marked(name: str) -> re.Pattern[str]:
-    return re.compile(rf"(<!-- readme_tables:{name} -->\n)(.*?)(\n<!-- /readme_tables -->)", re.S)
+    return re.compile(rf"(<!-- result_tables:{name} -->\n)(.*?)(\n<!-- /result_tables -->)", re.S)
 
 
 def main() -> int:
@@ -126,10 +126,10 @@ def main() -> int:
     ap.add_argument("--tables", default=",".join(TABLES))
     ap.add_argument("--jobs", type=int, default=2, help="runs at once (default: %(default)s)")
     mode = ap.add_mutually_exclusive_group()
-    mode.add_argument("--write", action="store_true", help="replace the tables in README.md")
-    mode.add_argument("--check", action="store_true", help="exit 1 if README.md's tables differ")
+    mode.add_argument("--write", action="store_true", help="replace the tables in docs/run.md")
+    mode.add_argument("--check", action="store_true", help="exit 1 if docs/run.md's tables differ")
     args = ap.parse_args()
-    text = README.read_text()
+    text = PAGE.read_text()
     differ = []
     with tempfile.TemporaryDirectory(prefix="lcfed-readme-") as tmp, ThreadPoolExecutor(args.jobs) as pool:
         for name in args.tables.split(","):
@@ -137,7 +137,7 @@ def main() -> int:
             print(f"\n{name}:\n{table}")
             found = marked(name).search(text)
             if found is None:
-                raise SystemExit(f"README.md has no <!-- readme_tables:{name} --> marker")
+                raise SystemExit(f"docs/run.md has no <!-- result_tables:{name} --> marker")
             if found.group(2) != table:
                 differ.append(name)
             text = marked(name).sub(lambda mo, t=table: mo.group(1) + t + mo.group(3), text)
@@ -146,15 +146,15 @@ def main() -> int:
         stated = fingerprint_line(FINGERPRINTS.pop())
         found = marked("fingerprint").search(text)
         if found is None:
-            raise SystemExit("README.md has no <!-- readme_tables:fingerprint --> marker")
+            raise SystemExit("docs/run.md has no <!-- result_tables:fingerprint --> marker")
         if found.group(2) != stated:
             differ.append("fingerprint")
         text = marked("fingerprint").sub(lambda mo: mo.group(1) + stated + mo.group(3), text)
     if args.write:
-        README.write_text(text)
-        print(f"\nwrote {', '.join(args.tables.split(','))} to {README}")
+        PAGE.write_text(text)
+        print(f"\nwrote {', '.join(args.tables.split(','))} to {PAGE}")
     elif differ:
-        print(f"\nREADME.md differs from the runs in: {', '.join(differ)}")
+        print(f"\ndocs/run.md differs from the runs in: {', '.join(differ)}")
         return 1 if args.check else 0
     return 0
 

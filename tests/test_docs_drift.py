@@ -1,5 +1,5 @@
-"""README's reference tables follow the code: the methods table the registry, the config table the dataclasses
-(the metric table is tests/test_metric_catalog.py's)."""
+"""The docs' reference tables follow the code: README's methods table (which the site's home page includes) the
+registry, docs/run.md's config table the dataclasses (the metric table is tests/test_metric_catalog.py's)."""
 
 from __future__ import annotations
 
@@ -10,12 +10,14 @@ from pathlib import Path
 from lcfed import registry
 from lcfed.config import _SECTIONS, ExperimentConfig
 
-README = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text()
+RUN_PAGE = (ROOT / "docs" / "run.md").read_text()
 
 
-def _table(header: str) -> list[list[str]]:
-    start = README.index(header)
-    block = README[start:README.index("\n\n", start)].splitlines()[2:]
+def _table(header: str, text: str = README) -> list[list[str]]:
+    start = text.index(header)
+    block = text[start:text.index("\n\n", start)].splitlines()[2:]
     return [[cell.strip() for cell in re.split(r"(?<!\\)\|", row.strip("|"))] for row in block]
 
 
@@ -29,11 +31,18 @@ def test_methods_table_is_the_registry():
 
 
 def test_config_table_names_every_field_of_every_section():
-    rows = {re.fullmatch(r"`(\w+)`", r[0]).group(1): r[1] for r in _table("| section | fields (defaults) |")}
+    rows = {re.fullmatch(r"`(\w+)`", r[0]).group(1): r[1] for r in _table("| section | fields (defaults) |", RUN_PAGE)}
     assert set(rows) == {*_SECTIONS, "method"}
     for section, cls in _SECTIONS.items():
         missing = [f.name for f in dataclasses.fields(cls) if f"`{f.name}`" not in rows[section]]
-        assert not missing, f"README's config table lacks {section}.{missing}"
+        assert not missing, f"docs/run.md's config table lacks {section}.{missing}"
     lcfed = registry.method("lcfed").params
     assert all(f"`{f.name}`" in rows["method"] for f in dataclasses.fields(lcfed))
     assert {f.name for f in dataclasses.fields(ExperimentConfig)} == {*_SECTIONS, "method", "name", "seed"}
+
+
+def test_the_home_page_includes_the_readme_methods_table():
+    # one table: the site's home page takes README's between the snippet markers
+    assert '--8<-- "README.md:methods"' in (ROOT / "docs" / "index.md").read_text()
+    start, end = README.index("[start:methods]"), README.index("[end:methods]")
+    assert "| name | method | what is shared | async |" in README[start:end]
