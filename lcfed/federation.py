@@ -18,6 +18,7 @@ from lcfed import numerics, registry
 from lcfed.config import ExperimentConfig
 from lcfed.config_rules import holdout_count
 from lcfed.data import (
+    DataError,
     Dataset,
     FileSource,
     Partition,
@@ -78,7 +79,22 @@ def load_source(cfg: ExperimentConfig) -> Dataset:
     if d.dataset == GENERATED:
         return leaf_synthetic(d.num_devices, d.synthetic_alpha, d.synthetic_beta, d.synthetic_clusters,
                               d.synthetic_samples, d.min_samples)
-    return load_dataset(cfg.data.dataset, data_dir(cfg), cfg.data.download, file_source(cfg))
+    loader = None
+    if d.dataset != "file":  # a built-in's or a plugin's loader, by its name
+        try:
+            loader = registry.dataset(d.dataset)
+        except registry.PluginError as exc:
+            raise DataError(str(exc)) from None
+    return load_dataset(d.dataset, data_dir(cfg), d.download, file_source(cfg), loader)
+
+
+def network(cfg: ExperimentConfig, input_shape: tuple[int, ...], num_classes: int) -> tuple[Network, torch.Tensor]:
+    """``model.name``'s network (a built-in's or a plugin's builder) and its seeded initial weights."""
+    try:
+        builder = registry.model(cfg.model.name)
+    except registry.PluginError as exc:
+        raise ValueError(str(exc)) from None
+    return build_network(builder, input_shape, num_classes, cfg.seed, name=cfg.model.name)
 
 
 def load(cfg: ExperimentConfig, source: Dataset | None = None) -> Dataset:
@@ -113,7 +129,7 @@ def check_against_data(cfg: ExperimentConfig, ds: Dataset) -> Partition:
             f"must be <= the {ds.num_classes} classes of {ds.name}",
         )
     try:
-        net, _ = build_network(cfg.model.name, ds.input_shape, ds.num_classes, cfg.seed)
+        net, _ = network(cfg, ds.input_shape, ds.num_classes)
         with torch.no_grad():
             out = net.module(torch.zeros(1, *ds.input_shape))
         if not isinstance(out, torch.Tensor) or tuple(out.shape) != (1, ds.num_classes):
@@ -180,7 +196,7 @@ def prepare(cfg: ExperimentConfig, dataset: Dataset | None = None) -> Setup:
     partition statistics)."""
     ds = dataset if dataset is not None else load(cfg)
     part = check_against_data(cfg, ds)
-    net, init = build_network(cfg.model.name, ds.input_shape, ds.num_classes, cfg.seed)
+    net, init = network(cfg, ds.input_shape, ds.num_classes)
     fed = Federation(
         num_devices=part.num_devices,
         train_sizes=part.sizes(),
@@ -328,6 +344,6 @@ def make_strategy(cfg: ExperimentConfig, fed: Federation) -> Strategy:
 
 
 def make_network(cfg: ExperimentConfig, input_shape: tuple[int, ...], num_classes: int, where: torch.device) -> Network:
-    net, _ = build_network(cfg.model.name, input_shape, num_classes, cfg.seed)
+    net, _ = network(cfg, input_shape, num_classes)
     net.module.to(where)
     return net

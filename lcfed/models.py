@@ -16,8 +16,6 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
-from lcfed import registry
-
 
 class LeNet5(nn.Module):
     """LeNet-5 with ReLU and max-pooling; 61,706 parameters for 1x28x28 input and 10 classes."""
@@ -119,8 +117,11 @@ def _mlp(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     return MLP(math.prod(input_shape), num_classes)
 
 
-#: explicit registry: model name -> builder(input_shape, num_classes)
-MODELS: dict[str, Callable[[tuple[int, ...], int], nn.Module]] = {
+#: a model builder: (input_shape, num_classes) -> module with ``decision_layer``
+Builder = Callable[[tuple[int, ...], int], nn.Module]
+
+#: the built-in models: name -> builder (plugins' names are resolved by :func:`lcfed.registry.model`)
+MODELS: dict[str, Builder] = {
     "lenet5": _lenet5,
     "cnn": _cnn,
     "mlp": _mlp,
@@ -213,12 +214,20 @@ class Network:
         return functional_call(self.module, self.spec.unflatten(flat), (x,))
 
 
-def build_network(name: str, input_shape: tuple[int, ...], num_classes: int, seed: int) -> tuple[Network, torch.Tensor]:
-    """The model skeleton and its seeded initial flat weights (identical on every process)."""
-    try:
-        builder = registry.model(name)
-    except registry.PluginError as exc:
-        raise ValueError(str(exc)) from None
+def build_network(model: str | Builder, input_shape: tuple[int, ...], num_classes: int, seed: int,
+                  name: str = "") -> tuple[Network, torch.Tensor]:
+    """The model skeleton and its seeded initial flat weights (identical on every process).
+
+    ``model`` is a built-in's name (:data:`MODELS`) or a builder: a plugin's comes from
+    :func:`lcfed.registry.model` (as :func:`lcfed.federation.network` resolves ``model.name``); ``name``
+    is what an error calls it."""
+    if isinstance(model, str):
+        if model not in MODELS:
+            raise ValueError(f"unknown built-in model {model!r}: one of {sorted(MODELS)} "
+                             "(a plugin's builder comes from lcfed.registry.model)")
+        builder, name = MODELS[model], name or model
+    else:
+        builder, name = model, name or getattr(model, "__name__", "model")
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         module = builder(input_shape, num_classes)  # (C, H, W) or (F,)

@@ -51,17 +51,16 @@ class Entry:
 
 
 def _builtins(kind: str) -> dict[str, Any]:
-    # imported here, not at the top: lcfed.models and lcfed.data.sources look plugin names up through this
-    # module (and every built-in method imports lcfed.models), so this module must load before them
+    # imported when asked, not at the top: the config imports this module, and the built-ins load torch
     if kind == "method":
-        from lcfed.methods import METHODS  # (the circle above)
+        from lcfed.methods import METHODS
 
         return dict(METHODS)
     if kind == "model":
-        from lcfed.models import MODELS  # (the same)
+        from lcfed.models import MODELS
 
         return dict(MODELS)
-    from lcfed.data.sources import SOURCES  # (the same)
+    from lcfed.data.sources import SOURCES
 
     return dict(SOURCES)
 
@@ -147,7 +146,7 @@ def _load(kind: str, name: str) -> tuple[Any, str]:
 
 def method(name: str) -> Any:
     """The :class:`~lcfed.methods.base.MethodSpec` that ``name`` names."""
-    from lcfed.methods.base import MethodSpec, Strategy  # here: as the built-ins above (lcfed.models imports this)
+    from lcfed.methods.base import MethodSpec, Strategy  # when asked, as the built-ins above
 
     obj, origin = _load("method", name)
     if isinstance(obj, MethodSpec):

@@ -22,7 +22,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from lcfed import registry
 from lcfed.data.cache import write_arrays
 from lcfed.data.dataset import CACHE_DIR, DataError, Dataset, _stamp
 from lcfed.data.formats import FileSource, load_file
@@ -321,18 +320,22 @@ SOURCES: dict[str, Callable[[Path, bool], Dataset]] = {
 from the :class:`~lcfed.data.formats.FileSource` that :func:`load_dataset` is given."""
 
 
-def load_dataset(name: str, data_dir: str | Path, download: bool = False, source: FileSource | None = None) -> Dataset:
+def load_dataset(name: str, data_dir: str | Path, download: bool = False, source: FileSource | None = None,
+                 loader: Callable[[Path, bool], Dataset] | None = None) -> Dataset:
     """Load dataset ``name`` from ``data_dir`` (train pool then test pool); for ``file``, the file that
-    ``source`` (a :class:`lcfed.data.formats.FileSource`) names.
+    ``source`` (a :class:`lcfed.data.formats.FileSource`) names. ``loader`` is a plugin's (from
+    :func:`lcfed.registry.dataset`, as :func:`lcfed.federation.load_source` resolves ``data.dataset``);
+    without it ``name`` is a built-in's (:data:`SOURCES`).
 
     Raises :class:`DataError` for an unknown name or when the files are missing or unusable.
     """
     if name == "file" and source is not None:
         return load_file(source, Path(data_dir).expanduser())
-    try:
-        loader = registry.dataset(name)
-    except registry.PluginError as exc:
-        raise DataError(str(exc)) from None
+    if loader is None:
+        if name not in SOURCES:
+            raise DataError(f"unknown built-in dataset {name!r}: one of {sorted(SOURCES)} "
+                            "(a plugin's loader comes from lcfed.registry.dataset)")
+        loader = SOURCES[name]
     ds = loader(Path(data_dir).expanduser(), download)
     if not isinstance(ds, Dataset):
         raise DataError(f"dataset {name!r}: its loader returned a {type(ds).__name__}, not an lcfed.data.Dataset")

@@ -24,7 +24,7 @@ from lcfed.config import ExperimentConfig
 from lcfed.contracts import MAX_PERSONAL_BYTES
 from lcfed.logs import quiet_logger
 from lcfed.methods.base import Federation
-from lcfed.models import ParamSpec, build_network
+from lcfed.models import ParamSpec
 from lcfed.run_result import SERVER_MODELS, FinalModels, RunResult
 from lcfed.tracking.raw_input import SELECTORS, ModelBundle, RawInputModel, signature
 
@@ -111,7 +111,9 @@ def bundle_models(cfg: ExperimentConfig, b: ModelBundle) -> dict[str, RawInputMo
     """Name -> the model a user loads (:class:`RawInputModel`: stored samples in, the run's scaling inside):
     :func:`final_modules` of the server's models and the personalized models as ``personal``, a stack
     addressed by device id."""
-    net, _ = build_network(cfg.model.name, tuple(b.input_shape), b.num_classes, cfg.seed)
+    from lcfed.federation import network  # the data layer, loaded when models are logged
+
+    net, _ = network(cfg, tuple(b.input_shape), b.num_classes)
     modules = final_modules(net.module, net.spec, SimpleNamespace(**b.server))
     if b.personal:
         devices = sorted(b.personal)
