@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: setup test test-slow demo lint docs bench clean
+.PHONY: setup test test-core test-slow demo lint docs bench clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -15,8 +15,17 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)
 
+# test files spread over TEST_WORKERS processes (pytest-xdist), a file's tests in one of them (its module
+# fixtures start once); TEST_WORKERS=0 runs them in this process
+TEST_WORKERS ?= 2
+XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
+
 test: $(STAMP)
-	$(BIN)/python -X faulthandler -m pytest -q -m "not slow" $(PYTEST_ARGS)
+	$(BIN)/python -X faulthandler -m pytest -q -m "not slow" $(XDIST) $(PYTEST_ARGS)
+
+# the fast core: no Ray, cluster, server or child process (tests/conftest.py says how tests are marked)
+test-core: $(STAMP)
+	$(BIN)/python -X faulthandler -m pytest -q -m "not slow and not ray and not cluster and not server and not subprocess" $(PYTEST_ARGS)
 
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -q -m slow -s $(PYTEST_ARGS)

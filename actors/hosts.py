@@ -28,7 +28,7 @@ from lcfed.config import ExperimentConfig
 from lcfed.data import Dataset, Partition
 from lcfed.devices.schedule import SimClock
 from lcfed.engines.local import DeviceHost, HostedDevices, LocalServer, auto_workers
-from lcfed.federation import Setup, make_strategy, resolve_device
+from lcfed.experiment import Setup
 from lcfed.loop import HostFailure
 from lcfed.methods.base import Message, RoundPlan, RoundStats
 from lcfed.methods.traffic import tensor_bytes
@@ -64,16 +64,13 @@ class DeviceActor(DeviceHost):
     dataset, placed on the GPU if one is assigned) and their personal states, which never leave the actor.
     Answers the pool's calls as :class:`lcfed.engines.local.DeviceHost` does in-process."""
 
-    def __init__(
-        self, cfg: ExperimentConfig, setup: Setup, devices: Sequence[int], shard: tuple[Dataset, Partition],
-        cpus: float = 1.0,
-    ) -> None:
-        numerics.activate(cfg.engine.numerics)
+    def __init__(self, setup: Setup, devices: Sequence[int], shard: tuple[Dataset, Partition], cpus: float = 1.0) -> None:
+        numerics.activate(setup.cfg.engine.numerics)
         fast_tensor_transfer()
         self.devices = tuple(devices)
-        workers = auto_workers(cfg, cpus, resolve_device(cfg.engine.device))
+        workers = auto_workers(setup.cfg, cpus, setup.torch_device())
         ds, part = shard  # this actor's devices' samples, from the process that loaded the dataset
-        self.hosted = HostedDevices(cfg, replace(setup, partition=part), self.devices, ds, workers=workers)
+        self.hosted = HostedDevices(replace(setup, partition=part), self.devices, ds, workers=workers)
 
     def info(self) -> dict[str, Any]:
         return {
@@ -99,11 +96,11 @@ class DeviceActor(DeviceHost):
 class ServerActor:
     """Holds the strategy's server state; does the clustering and aggregation."""
 
-    def __init__(self, cfg: ExperimentConfig, setup: Setup) -> None:
-        numerics.activate(cfg.engine.numerics)
+    def __init__(self, setup: Setup) -> None:
+        numerics.activate(setup.cfg.engine.numerics)
         fast_tensor_transfer()
-        torch.set_num_threads(cfg.engine.torch_threads)
-        self.server = LocalServer(make_strategy(cfg, setup.federation))
+        torch.set_num_threads(setup.cfg.engine.torch_threads)
+        self.server = LocalServer(setup.strategy())
 
     def configure(self, rnd: int, clock: SimClock | None = None) -> tuple[RoundPlan, Any]:
         plan = self.server.configure(rnd, clock)
@@ -185,7 +182,7 @@ class Hosts:
             node = head_node_id()
             if node is not None:
                 opts["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node, soft=False)
-        return RemoteServer.options(**opts).remote(self.cfg, self.setup_ref)
+        return RemoteServer.options(**opts).remote(self.setup_ref)
 
     def _new_device(self, i: int) -> Any:
         opts: dict[str, Any] = {"num_cpus": self.layout.cpus_per_actor, "num_gpus": self.layout.gpus_per_actor,
@@ -193,8 +190,7 @@ class Hosts:
         if self.placement is not None:
             opts["scheduling_strategy"] = PlacementGroupSchedulingStrategy(self.placement, placement_group_bundle_index=i)
         block = self.layout.blocks[i]
-        return RemoteDevice.options(**opts).remote(self.cfg, self.setup_ref, block, self.shard_refs[i],
-                                                   self.layout.cpus_per_actor)
+        return RemoteDevice.options(**opts).remote(self.setup_ref, block, self.shard_refs[i], self.layout.cpus_per_actor)
 
     @staticmethod
     def _alive(actor: Any) -> bool:

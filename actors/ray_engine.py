@@ -30,14 +30,14 @@ from lcfed.contracts import Observer
 from lcfed.data import Dataset, Partition
 from lcfed.devices.schedule import RoundTiming, SimClock
 from lcfed.engines import run_closed
-from lcfed.federation import Setup, load, prepare, shard
+from lcfed.experiment import load, prepare, shard
 from lcfed.local_update import EvalResult
 from lcfed.loop import run_rounds
 from lcfed.methods.base import RoundPlan, RoundStats
 from lcfed.run_result import Newcomer, RunResult
 
 #: the engine's own names (the cluster's nodes are :mod:`actors.nodes`'s, the placement :mod:`actors.placement`'s)
-__all__ = ["RayFederation", "RayPlan", "RayPool", "RayServer", "run_ray"]
+__all__ = ["RayEngine", "RayPlan", "RayPool", "RayServer", "run_ray"]
 
 
 @dataclass(frozen=True)
@@ -160,8 +160,8 @@ class RayPool:
             self._send(states)
 
 
-class RayFederation:
-    """A federation deployed on Ray: the actors exist until :meth:`close`.
+class RayEngine:
+    """The Ray engine: a federation deployed on Ray's actors, which exist until :meth:`close`.
 
     This process loads the dataset (``dataset``, or from ``data.data_dir`` here) and ships each
     device actor its devices' samples; no other node reads data files.
@@ -170,12 +170,13 @@ class RayFederation:
     def __init__(
         self,
         cfg: ExperimentConfig,
-        setup: Setup | None = None,
         resources: tuple[float, float] | None = None,
         dataset: Dataset | None = None,
     ) -> None:
-        """``resources`` = (CPUs, GPUs) the pool may use inside an enclosing placement group (a Tune
-        trial's): the actors join that group. Default: a placement group of our own on the cluster."""
+        """The experiment is prepared here from ``cfg`` and handed whole to every actor, which builds its part
+        from it. ``resources`` = (CPUs, GPUs)
+        the pool may use inside an enclosing placement group (a Tune trial's): the actors join that group.
+        Default: a placement group of our own on the cluster."""
         numerics.activate(cfg.engine.numerics)  # before Ray starts: its workers inherit the environment
         self.cfg = cfg
         self.group = None
@@ -184,7 +185,7 @@ class RayFederation:
         try:
             fast_tensor_transfer()
             ds = dataset if dataset is not None else load(cfg)
-            self.setup = setup if setup is not None else prepare(cfg, ds)
+            self.setup = prepare(cfg, ds)
             n = self.setup.federation.num_devices
             if resources is not None:
                 self.layout = pool_layout(cfg.engine, n, *resources)
@@ -267,10 +268,10 @@ class RayFederation:
 
 
 def open_ray(cfg: ExperimentConfig, dataset: Dataset | None = None, resources: tuple[float, float] | None = None
-             ) -> RayFederation:
+             ) -> RayEngine:
     """The Ray engine's opener (:data:`lcfed.engines.ENGINES`): a placement group of its own on the cluster,
     or inside an enclosing reservation (a Tune trial's) of ``resources`` (CPUs, GPUs)."""
-    return RayFederation(cfg, resources=resources, dataset=dataset)
+    return RayEngine(cfg, resources=resources, dataset=dataset)
 
 
 def run_ray(cfg: ExperimentConfig, observers: Sequence[Observer] = (), resume: Snapshot | None = None) -> RunResult:

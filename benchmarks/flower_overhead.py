@@ -49,7 +49,7 @@ import overhead  # noqa: E402
 from scale import TreeMemory  # noqa: E402
 
 from lcfed.config import ExperimentConfig  # noqa: E402
-from lcfed.federation import load, prepare  # noqa: E402
+from lcfed.experiment import load, prepare  # noqa: E402
 from lcfed.methods.base import select_devices  # noqa: E402
 
 TORCH_PINS = ("torch==2.14.1", "torchvision==0.29.1")

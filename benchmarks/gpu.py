@@ -80,20 +80,20 @@ def run_local(args: argparse.Namespace, vectorize: str) -> dict[str, Any]:
 
 
 def run_ray(args: argparse.Namespace, actors: int, vectorize: str) -> dict[str, Any]:
-    from actors.ray_engine import RayFederation
+    from actors.ray_engine import RayEngine
 
     cfg = workload(args, "ray", vectorize, actors)
     t0 = time.perf_counter()
-    fed = RayFederation(cfg)
+    engine = RayEngine(cfg)
     start = time.perf_counter() - t0
     try:
-        res = fed.run()
-        info = fed.actor_info
+        res = engine.run()
+        info = engine.actor_info
     finally:
-        fed.close()
+        engine.close()
     row = summarize(f"ray {actors} {'vmap' if vectorize == 'always' else 'loop'}", res, start, args)
     row["actors"] = [{k: i[k] for k in ("devices", "torch_device", "gpu_ids")} for i in info]
-    row["gpus_per_actor"] = fed.layout.gpus_per_actor
+    row["gpus_per_actor"] = engine.layout.gpus_per_actor
     return row
 
 

@@ -78,14 +78,14 @@ def measure(args: argparse.Namespace, engine: str) -> dict:
     else:
         import ray
 
-        from actors.ray_engine import RayFederation
+        from actors.ray_engine import RayEngine
 
         ray.init(address="local", num_cpus=args.actors, include_dashboard=False, object_store_memory=256 * 2**20, log_to_driver=False)
-        fed = RayFederation(cfg)
+        deployed = RayEngine(cfg)
         try:
-            res = fed.run([rss])
+            res = deployed.run([rss])
         finally:
-            fed.close()
+            deployed.close()
             ray.shutdown()
     wall = time.perf_counter() - t0
     rounds = [r["round_seconds"] for r in res.history[1:]]

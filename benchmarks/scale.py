@@ -175,7 +175,7 @@ def main() -> None:
 
     import ray
 
-    from actors.ray_engine import RayFederation
+    from actors.ray_engine import RayEngine
 
     load0 = os.getloadavg()  # the machine may be shared: say how busy it was
     me = psutil.Process(os.getpid())
@@ -185,13 +185,13 @@ def main() -> None:
         ray.init(address="local", num_cpus=args.actors, include_dashboard=False, object_store_memory=args.object_store_mb * 2**20,
                  log_to_driver=False)
         try:
-            fed = RayFederation(cfg)
+            engine = RayEngine(cfg)
             try:
                 t_ready = time.perf_counter()
-                res = fed.run([clock])
-                layout = {"actors": len(fed.layout.blocks), "devices_per_actor": len(fed.layout.blocks[0])}
+                res = engine.run([clock])
+                layout = {"actors": len(engine.layout.blocks), "devices_per_actor": len(engine.layout.blocks[0])}
             finally:
-                fed.close()
+                engine.close()
             mem.sample()
         finally:
             ray.shutdown()

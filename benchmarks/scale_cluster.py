@@ -73,29 +73,29 @@ def driver(m: int, args: argparse.Namespace) -> dict[str, Any]:
     """One federation of ``m`` devices on the cluster in ``RAY_ADDRESS`` (this process is its driver)."""
     import resource
 
-    from actors.ray_engine import RayFederation, RayPool, RayServer
+    from actors.ray_engine import RayEngine, RayPool, RayServer
     from lcfed.stop import Stopped
 
     with tempfile.TemporaryDirectory(prefix="lcfed-scale-") as ckpt:
         cfg = config(m, args, ckpt)
         t0 = time.perf_counter()
-        fed = RayFederation(cfg)
+        engine = RayEngine(cfg)
         startup = time.perf_counter() - t0
         try:
             clock = StopAfter(args.rounds)
             try:
-                fed.run([clock])
+                engine.run([clock])
             except Stopped:
                 pass
-            assert fed.hosts is not None
-            held = fed.holdings()
+            assert engine.hosts is not None
+            held = engine.holdings()
             rng = np.random.default_rng(0)
             sample = tuple(sorted(int(d) for d in rng.choice(m, size=min(args.eval_devices, m), replace=False)))
             t = time.perf_counter()
-            RayPool(fed.hosts).evaluate(RayServer(fed.hosts).eval_payload(), sample)
+            RayPool(engine.hosts).evaluate(RayServer(engine.hosts).eval_payload(), sample)
             eval_s = time.perf_counter() - t
         finally:
-            fed.close()
+            engine.close()
         ckpt_mb = sum(f.stat().st_size for f in Path(ckpt).glob("latest*.pt")) / 2**20  # with its state parts
     actors = held["device_actors"]
     return {

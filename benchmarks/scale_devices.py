@@ -57,8 +57,8 @@ def config(m: int, args: argparse.Namespace, ckpt: str, extra: list[str] | None 
 def one(m: int, args: argparse.Namespace) -> dict[str, Any]:
     """One federation of ``m`` devices, in this process."""
     from lcfed import numerics
-    from lcfed.engines.local import LocalFederation, LocalPool
-    from lcfed.federation import load
+    from lcfed.engines.local import LocalEngine, LocalPool
+    from lcfed.experiment import load
     from lcfed.loop import run_rounds
 
     eval_s: list[float] = []
@@ -74,14 +74,14 @@ def one(m: int, args: argparse.Namespace) -> dict[str, Any]:
         cfg = config(m, args, ckpt, list(getattr(args, "extra", None) or []))
         numerics.activate(cfg.engine.numerics)
         t0 = time.perf_counter()
-        fed = LocalFederation(cfg, load(cfg), cfg.engine.num_cpus or len(os.sched_getaffinity(0)))
+        engine = LocalEngine(cfg, load(cfg), cfg.engine.num_cpus or len(os.sched_getaffinity(0)))
         startup = time.perf_counter() - t0
         try:
-            server = fed_server(fed)
-            res = run_rounds(cfg, fed.setup.federation, server, TimedPool(fed.hosted))
-            stored, spilled = len(fed.hosted.states), fed.hosted.states.spilled
+            server = engine_server(engine)
+            res = run_rounds(cfg, engine.setup.federation, server, TimedPool(engine.hosted))
+            stored, spilled = len(engine.hosted.states), engine.hosted.states.spilled
         finally:
-            fed.close()
+            engine.close()
         ckpt_mb = sum(f.stat().st_size for f in Path(ckpt).glob("latest*.pt")) / 2**20  # with its state parts
     rounds = [float(r["round_seconds"]) for r in res.history]
     rounds[-1] -= eval_s[-1]  # the last round without its evaluation of every device
@@ -94,11 +94,10 @@ def one(m: int, args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def fed_server(fed: Any) -> Any:
+def engine_server(engine: Any) -> Any:
     from lcfed.engines.local import LocalServer
-    from lcfed.federation import make_strategy
 
-    return LocalServer(make_strategy(fed.cfg, fed.setup.federation))
+    return LocalServer(engine.setup.strategy())
 
 
 def main(argv: list[str] | None = None) -> None:

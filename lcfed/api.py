@@ -141,22 +141,22 @@ def trainable(base: ExperimentConfig | Mapping[str, Any] | str | Path, *, track:
     def train(trial: dict[str, Any]) -> None:
         import ray  # in the trial's process: lcfed.api imports no Ray at its top (docs/python-api.md)
 
-        from lcfed.engines.local import LocalFederation  # (the same: torch work in the trial)
-        from lcfed.federation import load  # (the same)
+        from lcfed.engines.local import LocalEngine  # (the same: torch work in the trial)
+        from lcfed.experiment import load  # (the same)
 
         chosen = config(cfg, {k: v for k, v in trial.items()}).replace(**{"engine.kind": "local"})
         numerics.activate(chosen.engine.numerics)  # before load(), the trial's first tensor op
         cpus = max(1, int(ray.get_runtime_context().get_assigned_resources().get("CPU", 1)))
-        fed = LocalFederation(chosen, load(chosen), cpus)
+        engine = LocalEngine(chosen, load(chosen), cpus)
         observers: list[Any] = [_Report()]
         if track:
             from lcfed.tracking import MLflowObserver, run_name  # MLflow only for a tracked trial
 
             observers.append(MLflowObserver(chosen.tracking.uri, run_name=run_name(chosen, trial)))
         try:
-            fed.run(observers)
+            engine.run(observers)
         finally:
-            fed.close()
+            engine.close()
 
     train.__name__ = train.__qualname__ = f"lcfed_{cfg.name}"
     return train

@@ -28,8 +28,8 @@ import torch
 
 from lcfed import engines, numerics
 from lcfed.config import ExperimentConfig, from_dict
-from lcfed.engines.local import LocalFederation, LocalPool, LocalServer
-from lcfed.federation import load, make_strategy
+from lcfed.engines.local import LocalEngine, LocalPool, LocalServer
+from lcfed.experiment import load
 from lcfed.loop import load_resume, run_rounds
 from lcfed.methods.base import Message, Strategy
 from lcfed.methods.traffic import tensor_bytes
@@ -134,15 +134,15 @@ class _Guarded:
 
 def _run(cfg: ExperimentConfig, audit: _Audit | None = None, resume: Any = None) -> RunResult:
     """The in-process engine, with the strategy watched when ``audit`` is given."""
-    fed = LocalFederation(cfg, load(cfg), 1)
+    engine = LocalEngine(cfg, load(cfg), 1)
     try:
-        server_strategy = make_strategy(cfg, fed.setup.federation)
+        server_strategy = engine.setup.strategy()
         if audit is not None:  # the guard forwards every attribute: to the loop it is the strategy
-            fed.hosted.strategy = cast(Strategy, _Guarded(fed.hosted.strategy, audit))
+            engine.hosted.strategy = cast(Strategy, _Guarded(engine.hosted.strategy, audit))
             server_strategy = cast(Strategy, _Guarded(server_strategy, audit))
-        return run_rounds(cfg, fed.setup.federation, LocalServer(server_strategy), LocalPool(fed.hosted), (), resume)
+        return run_rounds(cfg, engine.setup.federation, LocalServer(server_strategy), LocalPool(engine.hosted), (), resume)
     finally:
-        fed.close()
+        engine.close()
 
 
 def differences(a: Sequence[dict[str, float]], b: Sequence[dict[str, float]]) -> list[str]:

@@ -123,7 +123,7 @@ MAX_PERSONAL_BYTES = 512 * 2**20
 
 class Engine(Protocol):
     """A federation deployed on an engine (:data:`lcfed.engines.ENGINES`), from its opener until ``close``:
-    ``LocalFederation`` in this process, ``RayFederation`` on actors."""
+    ``LocalEngine`` in this process, ``RayEngine`` on actors."""
 
     def run(self, observers: Sequence[Observer] = (), resume: Snapshot | None = None) -> RunResult:
         """The rounds from the first (or ``resume``'s next) to the last, each reported to ``observers``."""

@@ -1,4 +1,10 @@
-"""Shared fixtures: tiny configs and a per-test sqlite MLflow store."""
+"""Shared fixtures: tiny configs and a per-test sqlite MLflow store; the tiers' markers.
+
+A test is marked by what it starts: ``ray`` (a Ray instance in the test's process), ``cluster`` (a
+``ray start`` head or a simulated multi-node cluster), ``server`` (an MLflow or S3 server), ``subprocess``
+(``lcfed`` or Python in a child process). Modules that start one for all their tests say so in
+``pytestmark``; a test that starts one itself carries the mark; a test that uses a fixture starting one gets
+the fixture's marks here. ``make test-core`` runs what has none."""
 
 from __future__ import annotations
 
@@ -51,6 +57,22 @@ def start_test_ray(**resources: float) -> None:
 
     ray.init(address="local", **{"num_cpus": 2, **resources}, include_dashboard=False,
              object_store_memory=256 * 1024**2, log_to_driver=False)
+
+
+#: fixtures that start something, and the marks a test using one gets
+FIXTURE_MARKS: dict[str, tuple[str, ...]] = {
+    "ray_cluster": ("ray",), "shared_ray": ("ray",), "ray_s3": ("ray",),
+    "installed": ("subprocess",), "_private_head": ("cluster",),
+    "mlflow_server": ("server",), "server": ("server",), "running": ("server",), "s3": ("server",),
+    "recorder": ("server",),
+}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        for name in getattr(item, "fixturenames", ()):
+            for mark in FIXTURE_MARKS.get(name, ()):
+                item.add_marker(mark)
 
 
 @pytest.fixture

@@ -3,7 +3,7 @@
 
     python -m tests.holdings_driver CONFIG [FIELD=VALUE ...]
 
-Printed: ``holdings`` (:meth:`actors.ray_engine.RayFederation.holdings`), the devices that trained,
+Printed: ``holdings`` (:meth:`actors.ray_engine.RayEngine.holdings`), the devices that trained,
 the bytes of one model, and the bytes of every torch tensor this driver process still references
 while the federation is up (the loop's result included), counted through the garbage collector.
 """
@@ -17,7 +17,7 @@ import sys
 import numpy as np
 import torch
 
-from actors.ray_engine import RayFederation
+from actors.ray_engine import RayEngine
 from lcfed.config import load_config
 
 
@@ -28,14 +28,14 @@ def driver_tensor_bytes() -> int:
 
 def main(argv: list[str]) -> None:
     cfg = load_config(argv[0], argv[1:])
-    fed = RayFederation(cfg)
+    engine = RayEngine(cfg)
     try:
-        result = fed.run()
-        held = fed.holdings()
+        result = engine.run()
+        held = engine.holdings()
         driver = driver_tensor_bytes()
-        model = fed.setup.federation.spec.size * fed.setup.federation.init.element_size()
+        model = engine.setup.federation.spec.size * engine.setup.federation.init.element_size()
     finally:
-        fed.close()
+        engine.close()
     assert result.trained is not None  # the last round evaluates
     print(json.dumps({"holdings": held, "trained": [int(d) for d in np.flatnonzero(result.trained)],
                       "model_bytes": model, "driver_tensor_bytes": driver, "num_devices": cfg.data.num_devices}))

@@ -37,6 +37,7 @@ def test_a_run_gives_history_final_metrics_and_models():
         api.run(cfg, engine="spark")
 
 
+@pytest.mark.ray
 def test_the_trainable_in_a_users_own_tuner(tmp_path):
     """The user's space (two values of mu), metric, callback and storage; each trial reports every round
     and ends with the numbers an in-process run of its config gives."""

@@ -7,14 +7,12 @@ import math
 
 import numpy as np
 import pytest
-import ray
 import torch
 
-from actors.ray_engine import RayFederation
 from lcfed.config import load_config
 from lcfed.engines.local import run_local
 from lcfed.errors import ConfigError
-from lcfed.federation import prepare
+from lcfed.experiment import prepare
 from lcfed.local_update import DeviceData, LocalWork
 from lcfed.methods import METHODS
 from lcfed.methods.base import DeviceContext, Federation, RoundPlan, Strategy
@@ -25,7 +23,7 @@ from lcfed.methods.fesem import FeSEMState, span_coordinates
 from lcfed.methods.ifca import IFCAMessage, IFCAState, cluster_losses
 from lcfed.methods.lcfed import PersonalModel
 from lcfed.models import Network, param_spec
-from tests.conftest import same_metrics, start_test_ray, tiny_config
+from tests.conftest import same_metrics, tiny_config
 from tests.test_math import Tiny
 
 # Tiny: w = [a | W0, W1 | b0, b1], logits = W * (a x) + b; the embedding φ is a, the decision h the rest.
@@ -272,23 +270,3 @@ def test_seeded_run_on_digits_is_deterministic_and_learns(name, min_acc, up, dow
     assert last["bytes_up"] == up and last["bytes_down"] == down
     if name != "fedper":
         assert a.assignment is not None and a.assignment.min() >= 0 and last["num_clusters"] >= 1
-
-
-@pytest.fixture(scope="module")
-def ray_cluster():
-    start_test_ray()
-    yield
-    ray.shutdown()
-
-
-def test_ifca_on_ray_matches_in_process(ray_cluster):
-    # 2 actors of 4 devices, 6 of 8 devices per round: partial participation crosses actor blocks
-    cfg = tiny_config("method.name=ifca", "train.rounds=2", "train.participation=0.75", "engine.devices_per_actor=4")
-    local = run_local(cfg)
-    fed = RayFederation(cfg.replace(**{"engine.kind": "ray"}))
-    try:
-        remote = fed.run()
-    finally:
-        fed.close()
-    same_metrics(local.history, remote.history)
-    assert np.array_equal(local.assignment, remote.assignment)

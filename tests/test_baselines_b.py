@@ -6,10 +6,8 @@ import math
 
 import numpy as np
 import pytest
-import ray
 import torch
 
-from actors.ray_engine import RayFederation
 from lcfed.config import load_config
 from lcfed.engines.local import run_local
 from lcfed.local_update import DeviceData, LocalWork
@@ -20,7 +18,7 @@ from lcfed.methods.fedgroup import FedGroup, decomposed_cosine
 from lcfed.methods.flhc import FLHC, hierarchical_labels
 from lcfed.methods.perfedavg import Batch, PerFedAvg, PerFedAvgState, hessian_vector_product, maml_step
 from lcfed.models import Network, param_spec
-from tests.conftest import same_history, start_test_ray, tiny_config
+from tests.conftest import same_history, tiny_config
 from tests.test_math import Tiny  # w = [a | W0, W1, b0, b1]: layer emb = a, layer head = the rest
 
 
@@ -267,28 +265,3 @@ def test_end_to_end_is_deterministic_and_learns(method, extra, min_acc):
     same_history(a.history, b.history)
     assert a.final["acc_mean"] > min_acc, a.final
     assert a.assignment is not None and (a.assignment >= 0).all() and a.final["num_clusters"] >= 2
-
-
-@pytest.fixture(scope="module")
-def ray_cluster():
-    started = not ray.is_initialized()
-    if started:
-        start_test_ray()
-    yield
-    if started:
-        ray.shutdown()
-
-
-def test_perfedavg_end_to_end_on_ray_matches_in_process(ray_cluster):
-    # Per-FedAvg's end-to-end run: the second run is on two Ray actors and must repeat the first exactly
-    cfg = _e2e_config("perfedavg", "engine.num_actors=2")
-    local = run_local(cfg)
-    fed = RayFederation(cfg.replace(**{"engine.kind": "ray"}))
-    try:
-        remote = fed.run()
-        info = fed.actor_info
-    finally:
-        fed.close()
-    same_history(local.history, remote.history)
-    assert len({i["pid"] for i in info}) == 2
-    assert local.final["acc_mean"] > 0.25, local.final

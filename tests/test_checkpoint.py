@@ -116,6 +116,7 @@ def test_checkpoint_of_another_config_is_refused(tmp_path):
         load_resume(tiny_config("train.rounds=4", "method.mu=0.9", f"checkpoint.dir={tmp_path}"))
 
 
+@pytest.mark.subprocess
 def test_cli_resume_continues_the_same_mlflow_run_or_a_new_one_when_it_is_gone(tmp_path, tracking_uri, capsys):
     base = ["run", "--quiet", "--set", f"tracking.uri={tracking_uri}", "--set", f"checkpoint.dir={tmp_path / 'ck'}",
             "--set", "data.num_devices=8", "--set", "method.num_clusters=3", "--set", "method.rank=4",
@@ -152,6 +153,7 @@ def test_cli_resume_continues_the_same_mlflow_run_or_a_new_one_when_it_is_gone(t
     assert all(old[m.step] == m.value for m in history if m.step < 4)  # the checkpoint's rounds, as logged before
 
 
+@pytest.mark.subprocess
 def test_sigterm_stops_at_a_round_boundary_checkpointed_and_killed_then_resume_completes(tmp_path, tracking_uri):
     import signal
     import subprocess

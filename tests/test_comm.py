@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from lcfed.engines.local import run_local
-from lcfed.federation import prepare
+from lcfed.experiment import prepare
 from lcfed.methods.traffic import downlink_traffic, layer_traffic
 from lcfed.models import build_network
 from tests.conftest import tiny_config

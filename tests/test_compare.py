@@ -17,11 +17,14 @@ import yaml
 from lcfed.config import to_dict
 from lcfed.data.sources import load_dataset
 from lcfed.errors import ConfigError
-from lcfed.federation import prepare
+from lcfed.experiment import prepare
 from tests.conftest import tiny_config
 from tests.test_data import write_idx
 from tune_jobs.cli import main
 from tune_jobs.compare import parse_seeds
+
+pytestmark = [pytest.mark.ray, pytest.mark.subprocess]  # what it starts: `make test-core` leaves it out
+
 
 SPACES = {
     "lcfed": "train.lr: {loguniform: [0.02, 0.1]}\nmethod.mu: {loguniform: [0.01, 1.0]}\n",

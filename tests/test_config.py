@@ -173,6 +173,7 @@ def test_missing_data_dir_points_to_the_importer(tmp_path, capsys):
     assert "lcfed data import" in err and "mnist" in err.lower()
 
 
+@pytest.mark.subprocess
 def test_console_script_exit_code():
     proc = subprocess.run(
         [sys.executable, "-m", "tune_jobs", "run", "--set", "data.num_devices=0"], capture_output=True, text=True

@@ -66,6 +66,7 @@ def test_broken_strategies_fail_on_the_property_they_break(capsys):
     assert "  pure       FAILED  aggregate changed its arguments in place" in out and "  seeded     ok" in out
 
 
+@pytest.mark.ray
 @pytest.mark.slow  # ~25 s; in-process = Ray is also tested for every built-in in tests/test_engines.py
 def test_the_ray_engine_property():
     start_test_ray()

@@ -26,6 +26,8 @@ import pytest
 
 from tests.raycluster import ROOT, LocalCluster, free_port
 
+pytestmark = [pytest.mark.cluster, pytest.mark.subprocess]  # what it starts: `make test-core` leaves it out
+
 
 def _clean_env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items()

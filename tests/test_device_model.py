@@ -12,7 +12,7 @@ from lcfed.devices.fleet import fleet_from_arrays
 from lcfed.devices.schedule import RoundTiming, Scheduler, SimClock
 from lcfed.engines.local import run_local
 from lcfed.errors import ConfigError
-from lcfed.federation import prepare
+from lcfed.experiment import prepare
 from lcfed.loop import load_resume
 from tests.conftest import same_metrics, tiny_config
 
@@ -105,6 +105,7 @@ HETERO = ["train.participation=0.5", "train.rounds=4", *DEVICES, "devices.availa
           "devices.deadline_seconds=30"]
 
 
+@pytest.mark.subprocess
 def test_a_resumed_run_has_the_same_clock_and_numbers(tmp_path):
     full = run_local(tiny_config(*HETERO))
     run_local(tiny_config(*HETERO, "train.rounds=2", f"checkpoint.dir={tmp_path}"))
@@ -272,6 +273,7 @@ def test_accuracy_against_the_simulated_clock():
     assert ax.get_xlabel() == CLOCK_AXIS
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize("example", ["devices_sync", "fedbuff"])
 def test_the_examples_run_as_they_are_and_report_the_clock(tmp_path, tracking_uri, example):
     """configs/devices_sync.yaml and configs/fedbuff.yaml through ``lcfed run -c`` (fewer rounds), logged to

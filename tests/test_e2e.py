@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import mlflow
+import pytest
 import torch
 
 from lcfed import numerics
@@ -29,6 +30,7 @@ def _run(tmp_path: Path, uri: str, *sets: str) -> dict:
     return json.loads(out.read_text())
 
 
+@pytest.mark.subprocess
 def test_run_logs_to_mlflow_and_lcfed_beats_fedavg(tmp_path, tracking_uri, capfd):
     lc = _run(tmp_path, tracking_uri, "method.mu=0.1")
     printed, err = capfd.readouterr()

@@ -8,20 +8,20 @@ from typing import Any
 import pytest
 
 from lcfed import api, engines
-from lcfed.engines.local import LocalFederation, open_local
+from lcfed.engines.local import LocalEngine, open_local
 from lcfed.errors import ConfigError
 from tests.conftest import same_history, tiny_config
 from tune_jobs.cli import build_parser
-from tune_jobs.sweep.placement import resolve_trial_engine, trial_engines
+from tune_jobs.sweep.options import resolve_trial_engine, trial_engines
 
 OPENED: list[Any] = []
 
 
-def open_recording(cfg: Any, dataset: Any = None, resources: tuple[float, float] | None = None) -> LocalFederation:
+def open_recording(cfg: Any, dataset: Any = None, resources: tuple[float, float] | None = None) -> LocalEngine:
     """A test engine: the in-process one, noting each federation it deploys."""
-    fed = open_local(cfg, dataset, resources)
+    engine = open_local(cfg, dataset, resources)
     OPENED.append((cfg.engine.kind, resources))
-    return fed
+    return engine
 
 
 def test_every_dispatch_reads_the_registry():
@@ -46,8 +46,8 @@ def test_an_engine_is_one_registry_line(monkeypatch):
     assert OPENED == [("recording", None)]
     same_history(result.history, api.run(cfg, engine="local").history)
     assert resolve_trial_engine("recording", 0.0, 1) == "recording"
-    fed = engines.open_engine(cfg, resources=(1.0, 0.0))
+    engine = engines.open_engine(cfg, resources=(1.0, 0.0))
     try:
-        assert fed.placement()["cpus"] == 1 and OPENED[-1] == ("recording", (1.0, 0.0))
+        assert engine.placement()["cpus"] == 1 and OPENED[-1] == ("recording", (1.0, 0.0))
     finally:
-        fed.close()
+        engine.close()

@@ -11,12 +11,12 @@ import torch
 
 from actors.hosts import _tensor_to_wire, fast_tensor_transfer
 from actors.placement import NodeResources, cluster_layout, fits, pool_layout
-from actors.ray_engine import RayFederation
+from actors.ray_engine import RayEngine, run_ray
 from lcfed import checkpoint
 from lcfed.config import EngineConfig
 from lcfed.engines.local import HostedDevices, run_local
 from lcfed.errors import ConfigError
-from lcfed.federation import prepare
+from lcfed.experiment import prepare
 from tests.conftest import same_metrics, start_test_ray, tiny_config
 
 
@@ -47,7 +47,7 @@ def test_worker_threads_do_not_change_the_numbers(method):
 def test_hosted_devices_train_on_several_threads():
     cfg = tiny_config("method.name=fedavg")
     setup = prepare(cfg)
-    hosted = HostedDevices(cfg, setup, range(8), workers=3)
+    hosted = HostedDevices(setup, range(8), workers=3)
     try:
         seen = []
         plain = hosted.strategy.local
@@ -88,6 +88,11 @@ def test_seed_changes_results():
         ("ifca", ["train.participation=0.5", "devices.simulate=true", "devices.availability=diurnal",
                   "devices.online_fraction=0.6", "devices.dropout=0.2", "devices.overcommit=0.5",
                   "devices.speed_sigma=1.0", "devices.phase=groups"]),
+        # partial participation crossing actor blocks (2 actors of 4 devices, 6 of 8 devices per round)
+        ("ifca", ["train.rounds=2", "train.participation=0.75", "engine.devices_per_actor=4"]),
+        ("perfedavg", ["engine.num_actors=2"]),
+        # a validation split: the val_* metrics come from the actors as the test ones do
+        ("lcfed", ["data.val_fraction=0.25", "engine.devices_per_actor=4"]),
         # asynchronous (FedBuff): the queue and the messages in flight live in the server actor
         ("lcfed", ["train.participation=0.5", "method.num_clusters=2", "method.rank=2", "devices.simulate=true",
                    "devices.aggregation=async", "devices.async_buffer=2", "devices.speed_sigma=1.0",
@@ -97,18 +102,22 @@ def test_seed_changes_results():
 def test_ray_engine_matches_in_process(ray_cluster, method, extra):
     cfg = tiny_config(f"method.name={method}", *extra)
     local = run_local(cfg)
-    fed = RayFederation(cfg.replace(**{"engine.kind": "ray"}))
+    engine = RayEngine(cfg.replace(**{"engine.kind": "ray"}))
     try:
-        remote = fed.run()
-        info = fed.actor_info
+        remote = engine.run()
+        info = engine.actor_info
     finally:
-        fed.close()
+        engine.close()
     same_metrics(local.history, remote.history)
+    assert local.history[-1].keys() == remote.history[-1].keys()
+    assert (local.assignment is None) == (remote.assignment is None)
+    if local.assignment is not None:
+        assert np.array_equal(local.assignment, remote.assignment)
     assert sum(i["devices"] for i in info) == cfg.data.num_devices
     # fractional logical GPUs were handed out; torch sees no CUDA here so training ran on the CPU
     assert all(i["gpu_ids"] == [0] and i["torch_device"] == "cpu" for i in info)
     assert len({i["pid"] for i in info}) == len(info)
-    assert all(i["workers"] == max(1, min(int(fed.layout.cpus_per_actor), i["devices"])) for i in info)
+    assert all(i["workers"] == max(1, min(int(engine.layout.cpus_per_actor), i["devices"])) for i in info)
 
 
 @ray.remote
@@ -220,15 +229,15 @@ def test_the_private_ray_processes_a_run_watches_are_there_and_alive(ray_cluster
 class KillAt:
     """Observer that kills an actor of the running federation after a given round."""
 
-    def __init__(self, fed: RayFederation, rnd: int, which: str) -> None:
-        self.fed, self.rnd, self.which = fed, rnd, which
+    def __init__(self, engine: RayEngine, rnd: int, which: str) -> None:
+        self.engine, self.rnd, self.which = engine, rnd, which
 
     def on_start(self, cfg, fed) -> None: ...
     def on_end(self, result) -> None: ...
 
     def on_round(self, rnd, metrics, stats) -> None:
         if rnd == self.rnd:
-            target = self.fed.hosts.server if self.which == "server" else self.fed.hosts.devices[1]
+            target = self.engine.hosts.server if self.which == "server" else self.engine.hosts.devices[1]
             ray.kill(target)
 
 
@@ -245,17 +254,32 @@ def test_lost_actor_is_restarted_and_results_equal(ray_cluster, tmp_path, which,
         sets.append(f"checkpoint.dir={tmp_path}")
     cfg = tiny_config(*sets)
     clean = run_local(cfg)
-    fed = RayFederation(cfg.replace(**{"engine.kind": "ray"}))
+    engine = RayEngine(cfg.replace(**{"engine.kind": "ray"}))
     try:
         with pytest.warns(UserWarning, match="restarting lost hosts"):
-            faulty = fed.run([KillAt(fed, 2, which)])
+            faulty = engine.run([KillAt(engine, 2, which)])
     finally:
-        fed.close()
+        engine.close()
     same_metrics(clean.history, faulty.history)
     assert len(faulty.failures) == 1
     assert faulty.failures[0]["replayed_from"] == replayed_from
     assert ("server actor" if which == "server" else "device actor 1") in faulty.failures[0]["error"]
     if extra:  # the checkpoint holds the device states one actor at a time: a part per actor with trained devices
         parts = checkpoint.load(tmp_path / "latest.pt").device_states.parts
-        blocks = [set(b) for b in fed.layout.blocks]
+        blocks = [set(b) for b in engine.layout.blocks]
         assert len(parts) >= 2 and all(sum(set(p.devices) <= b for b in blocks) == 1 for p in parts)
+
+
+def test_ray_engine_matches_in_process_on_a_testbed_of_a_table(ray_cluster, tmp_path):
+    """The driver reads the file and relabels the groups once, and ships each actor its devices' samples."""
+    from tests.test_data_formats import write_blobs
+
+    write_blobs(tmp_path / "blobs.csv")
+    cfg = tiny_config("data.dataset=file", "data.path=blobs.csv", f"data.data_dir={tmp_path}", "model.name=mlp",
+                      "data.partition=iid", "data.testbed=label_permuted", "data.testbed_groups=2",
+                      "data.num_devices=6", "method.name=ifca", "method.num_clusters=2", "train.rounds=2")
+    local = run_local(cfg)
+    remote = run_ray(cfg.replace(**{"engine.kind": "ray", "engine.num_actors": 2}))
+    assert len(local.history) == len(remote.history) == 2
+    for a, b in zip(local.history, remote.history, strict=True):
+        assert {k: v for k, v in a.items() if k != "round_seconds"} == {k: v for k, v in b.items() if k != "round_seconds"}

@@ -11,7 +11,7 @@ import torch
 
 from lcfed.data import Scaling
 from lcfed.engines.local import run_local
-from lcfed.federation import device_data, load, prepare
+from lcfed.experiment import load, prepare
 from lcfed.local_update import EvalResult
 from lcfed.loop import load_resume
 from lcfed.metrics import accuracy_metrics, label_homogeneity
@@ -56,7 +56,7 @@ def test_devices_get_standardized_inputs_fitted_on_training_samples() -> None:
     cfg = tiny_config()
     setup = prepare(cfg)
     assert setup.scaling.std[0] != 1.0
-    data = device_data(load(cfg), setup.partition, range(8), torch.device("cpu"), setup.scaling)
+    data = setup.device_data(load(cfg), range(8), torch.device("cpu"))
     train = torch.cat([d.x_train for d in data.values()])
     assert float(train.mean()) == pytest.approx(0.0, abs=1e-5)
     assert float(train.std(unbiased=False)) == pytest.approx(1.0, abs=1e-5)

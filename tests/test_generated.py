@@ -8,7 +8,7 @@ import pytest
 from lcfed.data.generated import BLOCK, DEFAULT_PER_DEVICE, FEATURES, device_sizes, leaf_synthetic
 from lcfed.engines.local import run_local
 from lcfed.errors import ConfigError
-from lcfed.federation import prepare
+from lcfed.experiment import prepare
 from tests.conftest import tiny_config
 
 

@@ -15,7 +15,7 @@ from tests.raycluster import free_port
 from tune_jobs import head
 from tune_jobs.cli import main
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.cluster, pytest.mark.subprocess]  # what it starts: `make test-core` leaves it out
 
 
 @pytest.fixture

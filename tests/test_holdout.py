@@ -11,7 +11,7 @@ import pytest
 
 from lcfed.engines.local import run_local
 from lcfed.errors import ConfigError
-from lcfed.federation import held_out_devices
+from lcfed.experiment import held_out_devices
 from lcfed.methods.base import select_devices
 from lcfed.tracking import partition_digest
 from tests.conftest import tiny_config

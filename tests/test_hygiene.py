@@ -247,6 +247,7 @@ def test_last_evals_average_only_evaluated_rounds() -> None:
         load_config(None, ["tracking.summary_evals=0"])
 
 
+@pytest.mark.subprocess
 def test_run_prints_partition_and_summary_and_logs_them(tmp_path: Path, tracking_uri: str,
                                                        capsys: pytest.CaptureFixture[str]) -> None:
     import mlflow

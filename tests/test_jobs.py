@@ -36,6 +36,9 @@ from tune_jobs import jobs
 from tune_jobs.cli import main
 from tune_jobs.mlflow_server import MlflowServerError, start_mlflow_server, stop
 
+pytestmark = [pytest.mark.cluster, pytest.mark.server, pytest.mark.subprocess]  # what it starts: `make test-core` leaves it out
+
+
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 

@@ -132,6 +132,7 @@ def test_split_modules_sit_below_the_modules_they_came_from():
     assert "lcfed.data.cache" in graph["lcfed.data.formats"]
 
 
+@pytest.mark.subprocess
 def test_the_server_group_module_is_stdlib_only():
     code = ("import sys, tune_jobs.server_group; "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('lcfed', 'mlflow', 'ray', 'torch')))")
@@ -143,6 +144,7 @@ def test_the_cycle_finder_finds_a_cycle():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 
+@pytest.mark.subprocess
 def test_placement_arithmetic_does_not_import_ray():
     code = "import sys, actors.placement; assert 'ray' not in sys.modules, 'ray was imported'"
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)
@@ -161,6 +163,7 @@ def test_the_sweep_package_exports_nothing_but_what_old_sweeps_pickled():
     assert (sweep.TrialTracker, sweep._trial_error, sweep.run_trial) == (TrialTracker, trial_error, run_trial)
 
 
+@pytest.mark.subprocess
 def test_building_the_parser_loads_neither_ray_nor_mlflow_nor_matplotlib():
     code = ("import sys; from tune_jobs.cli import build_parser; build_parser(); "
             "print(sorted(m for m in ('ray', 'mlflow', 'matplotlib') if m in sys.modules))")

@@ -18,6 +18,9 @@ import pytest
 
 from tune_jobs.mlflow_server import healthy, port_free
 
+pytestmark = [pytest.mark.ray, pytest.mark.server, pytest.mark.subprocess]  # what it starts: `make test-core` leaves it out
+
+
 BIN = Path(sys.executable).parent
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -15,7 +15,7 @@ import torch
 
 from lcfed.data import Scaling
 from lcfed.engines.local import run_local
-from lcfed.federation import device_data, load, prepare
+from lcfed.experiment import load, prepare
 from lcfed.loop import DivergenceError
 from lcfed.tracking import MLflowObserver, RawInputModel, mlflow_key
 from tests.conftest import tiny_config
@@ -44,7 +44,7 @@ def test_logged_models_on_raw_images_reproduce_each_devices_accuracy(tracking_ur
 
     setup = prepare(cfg)
     ds = load(cfg)
-    data = device_data(ds, setup.partition, range(8), torch.device("cpu"), setup.scaling)
+    data = setup.device_data(ds, range(8), torch.device("cpu"))
     raw = {d: torch.from_numpy(ds.x[setup.partition.test[d]]) for d in range(8)}  # uint8, as stored
     personal = mlflow.pytorch.load_model(run.data.tags["model.personal"])
     assert len(personal.net) == 8 and personal.net.names[3] == "device_3"

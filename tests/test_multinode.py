@@ -35,7 +35,7 @@ from tests.s3server import S3Server
 from tests.test_data import write_mnist_dir
 from tune_jobs.mlflow_server import start_mlflow_server, stop
 
-pytestmark = pytest.mark.timeout(900)
+pytestmark = [pytest.mark.timeout(900), pytest.mark.cluster, pytest.mark.server, pytest.mark.subprocess]  # what it starts: `make test-core` leaves it out
 
 CONFIG = {
     "name": "mn",

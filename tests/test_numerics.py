@@ -20,6 +20,9 @@ from tests.conftest import TINY, tiny_config
 from tests.raycluster import ROOT
 from tune_jobs.cli import main
 
+pytestmark = [pytest.mark.subprocess]  # what it starts: `make test-core` leaves it out
+
+
 AVX2 = numerics.cpu_isa() in ("AVX2", "AVX512")
 needs_avx2 = pytest.mark.skipif(not AVX2, reason="the portable level (AVX2) needs an x86-64 CPU with AVX2")
 OUTER = [*numerics.KEYS, numerics.ENV_PROFILE, numerics.ENV_OUTER]  # what a fresh shell would not have

@@ -4,8 +4,8 @@ observer has them, their defaults where it has not."""
 from __future__ import annotations
 
 from lcfed.contracts import MAX_PERSONAL_BYTES, ErrorObserver, LocatingObserver, ModelsObserver, PersonalLimit
-from lcfed.engines.local import HostedDevices, LocalPool, LocalServer, make_strategy, run_local
-from lcfed.federation import prepare
+from lcfed.engines.local import HostedDevices, LocalPool, LocalServer, run_local
+from lcfed.experiment import prepare
 from lcfed.loop import run_rounds
 from lcfed.progress import ProgressBar
 from lcfed.tracking import MLflowObserver
@@ -51,7 +51,7 @@ def test_the_existing_observers_implement_the_optional_hooks_they_define(tmp_pat
 def test_a_failing_round_tells_the_observers_that_listen_and_spares_the_others():
     cfg = tiny_config()
     setup = prepare(cfg)
-    hosted = HostedDevices(cfg, setup, range(setup.federation.num_devices))
+    hosted = HostedDevices(setup, range(setup.federation.num_devices))
 
     class Broken(LocalServer):
         def aggregate(self, plan, msgs):
@@ -59,7 +59,7 @@ def test_a_failing_round_tells_the_observers_that_listen_and_spares_the_others()
 
     plain, told = Plain(), Told()
     try:
-        run_rounds(cfg, setup.federation, Broken(make_strategy(cfg, setup.federation)), LocalPool(hosted), [plain, told])
+        run_rounds(cfg, setup.federation, Broken(setup.strategy()), LocalPool(hosted), [plain, told])
     except RuntimeError as exc:
         assert told.errors == [exc] and plain.rounds == []
     else:

@@ -95,19 +95,19 @@ def test_methods_still_lists_every_built_in(capsys: pytest.CaptureFixture[str]) 
 
 def _reports(overrides: dict[str, Any]) -> list[dict[str, Any]]:
     """What ``api.trainable``'s reporter hands Tune each round, without Ray."""
-    from lcfed.engines.local import LocalFederation
-    from lcfed.federation import load
+    from lcfed.engines.local import LocalEngine
+    from lcfed.experiment import load
 
     cfg = api.config(None, {"method.name": "fedavg", "data.dataset": "digits", "data.num_devices": 4,
                             "train.local_steps": 1, "tracking.enabled": False, "engine.kind": "local",
                             "engine.torch_threads": 1, **overrides})
     got: list[dict[str, Any]] = []
     with mock.patch("ray.tune.report", side_effect=lambda metrics, **_: got.append(metrics)):
-        fed = LocalFederation(cfg, load(cfg), 1)
+        engine = LocalEngine(cfg, load(cfg), 1)
         try:
-            fed.run([api._Report()])
+            engine.run([api._Report()])
         finally:
-            fed.close()
+            engine.close()
     return got
 
 

@@ -9,12 +9,14 @@ import mlflow
 import pytest
 import torch
 
-from lcfed.engines.local import HostedDevices, LocalPool, LocalServer, make_strategy, run_local
-from lcfed.federation import load, prepare
+from lcfed.engines.local import HostedDevices, LocalPool, LocalServer, run_local
+from lcfed.experiment import load, prepare
 from lcfed.loop import DivergenceError, run_rounds
 from lcfed.tracking import MLflowObserver
 from tests.conftest import tiny_config
 from tune_jobs.cli import main
+
+pytestmark = [pytest.mark.server, pytest.mark.subprocess]  # what it starts: `make test-core` leaves it out
 
 
 def test_divergence_fails_the_run_with_a_reason(tracking_uri, capsys):
@@ -64,8 +66,8 @@ def test_server_receives_models_never_samples(method):
     cfg = tiny_config(f"method.name={method}", "train.rounds=2")
     ds = load(cfg)
     setup = prepare(cfg, ds)
-    hosted = HostedDevices(cfg, setup, range(cfg.data.num_devices), ds)
-    server = RecordingServer(make_strategy(cfg, setup.federation))
+    hosted = HostedDevices(setup, range(cfg.data.num_devices), ds)
+    server = RecordingServer(setup.strategy())
     run_rounds(cfg, setup.federation, server, LocalPool(hosted))
     dim, rank = setup.federation.spec.size, cfg.method.params.rank if method == "lcfed" else None
     samples = {tuple(d.x_train.flatten(1).shape) for d in hosted.data.values()}

@@ -15,7 +15,7 @@ from lcfed.data.sources import synthetic_dataset
 from lcfed.device_states import DeviceStates
 from lcfed.engines.local import HostedDevices, LocalPool, LocalServer, run_local
 from lcfed.errors import ConfigError
-from lcfed.federation import make_strategy, prepare
+from lcfed.experiment import prepare
 from lcfed.loop import eval_sample, run_rounds
 from lcfed.methods.base import PersonalModel
 from tests.conftest import same_history, tiny_config
@@ -59,9 +59,9 @@ def test_states_past_the_budget_spill_to_disk_and_read_back_bit_for_bit():
 def test_hosted_devices_store_only_the_participants_states():
     cfg = tiny_config("train.participation=0.25", "method.num_clusters=2", "method.rank=2", "train.rounds=1")
     setup = prepare(cfg)
-    hosted = HostedDevices(cfg, setup, range(8))
+    hosted = HostedDevices(setup, range(8))
     try:
-        server = LocalServer(make_strategy(cfg, setup.federation))
+        server = LocalServer(setup.strategy())
         plan = server.configure(0)
         server.aggregate(plan, LocalPool(hosted).train(plan))
         states = hosted.get_states()
@@ -124,9 +124,9 @@ def test_sampled_evaluation_scores_the_sample_and_leaves_training_alone():
             return out
 
     setup = prepare(sampled_cfg)
-    hosted = HostedDevices(sampled_cfg, setup, range(8))
+    hosted = HostedDevices(setup, range(8))
     try:
-        sampled = run_rounds(sampled_cfg, setup.federation, LocalServer(make_strategy(sampled_cfg, setup.federation)),
+        sampled = run_rounds(sampled_cfg, setup.federation, LocalServer(setup.strategy()),
                              Counting(hosted))
     finally:
         hosted.close()

@@ -282,6 +282,7 @@ def test_no_token_file_when_ray_would_not_read_one(home, tmp_path, monkeypatch):
     assert _mode(custom) == 0o640 and not (home / ".ray").exists()
 
 
+@pytest.mark.ray
 def test_private_ray_reads_an_owner_only_token(tmp_path):
     """A real private start (Ray's default token mode) with an empty HOME: Ray uses our 0600 file."""
     home = tmp_path / "home"

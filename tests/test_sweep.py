@@ -15,7 +15,7 @@ import yaml
 from lcfed.config import to_dict
 from lcfed.engines.local import run_local
 from lcfed.errors import ConfigError
-from lcfed.federation import load, prepare
+from lcfed.experiment import load, prepare
 from lcfed.tracking import mlflow_key
 from tests.conftest import start_test_ray, tiny_config
 from tune_jobs.cli import main
@@ -23,6 +23,8 @@ from tune_jobs.sweep.options import SweepOptions
 from tune_jobs.sweep.run import restore_results, run_sweep
 from tune_jobs.sweep.space import load_space
 from tune_jobs.sweep.trial import MODELS_FILE
+
+pytestmark = [pytest.mark.ray, pytest.mark.subprocess]  # what it starts: `make test-core` leaves it out
 
 
 @pytest.fixture(scope="module")
@@ -352,7 +354,7 @@ def test_a_signal_stops_the_sweep_killed_with_a_reason_and_resume_finishes_it(sh
 
 
 def test_auto_trial_engine_is_local_on_one_node_with_at_most_one_gpu_per_trial():
-    from tune_jobs.sweep.placement import resolve_trial_engine
+    from tune_jobs.sweep.options import resolve_trial_engine
 
     assert resolve_trial_engine("auto", 0.0, nodes=1) == "local"
     assert resolve_trial_engine("auto", 1.0, nodes=1) == "local"

@@ -118,6 +118,7 @@ def test_the_best_trial_is_one_that_ran_the_most_rounds():
     assert best_result(results, "acc_mean", "max").metrics["trial_id"] == "c"
 
 
+@pytest.mark.subprocess
 def test_every_metric_a_run_reports_is_catalogued_and_sweepable():
     """The catalogue holds the engine's per-round metrics (besides per-layer bytes and cluster sizes); --metric takes them."""
     from lcfed.engines.local import run_local

@@ -12,7 +12,7 @@ from lcfed.data import Dataset, apply_testbed, group_layout, make_partition
 from lcfed.data.testbeds import label_permutations, rotate, shift
 from lcfed.engines.local import run_local
 from lcfed.errors import ConfigError
-from lcfed.federation import load, prepare
+from lcfed.experiment import load, prepare
 from lcfed.recovery import adjusted_rand_index, normalized_mutual_info, recovery_scores
 from tests.conftest import tiny_config
 from tune_jobs.cli import main
@@ -218,26 +218,3 @@ def test_lcfed_recovers_the_four_rotation_groups_of_digits():
     assert "num_clusters" in plain.final and "nmi" not in plain.final  # label-skew groups are a proxy: no nmi
     two = run_local(cfg.replace(**{"method.num_clusters": 2, "train.rounds": 1}))  # fewer clusters than groups
     assert two.final["num_clusters"] <= 2 and two.final["ari"] == recovery_scores(two.assignment, truth)["ari"] < 1
-
-
-def test_the_ray_engine_gives_the_in_process_numbers_on_a_testbed_of_a_table(tmp_path):
-    """The driver reads the file and relabels the groups once, and ships each actor its devices' samples."""
-    import ray
-
-    from actors.ray_engine import run_ray
-    from tests.conftest import start_test_ray
-    from tests.test_data_formats import write_blobs
-
-    write_blobs(tmp_path / "blobs.csv")
-    cfg = tiny_config("data.dataset=file", "data.path=blobs.csv", f"data.data_dir={tmp_path}", "model.name=mlp",
-                      "data.partition=iid", "data.testbed=label_permuted", "data.testbed_groups=2",
-                      "data.num_devices=6", "method.name=ifca", "method.num_clusters=2", "train.rounds=2")
-    local = run_local(cfg)
-    start_test_ray()
-    try:
-        remote = run_ray(cfg.replace(**{"engine.kind": "ray", "engine.num_actors": 2}))
-    finally:
-        ray.shutdown()
-    assert len(local.history) == len(remote.history) == 2
-    for a, b in zip(local.history, remote.history, strict=True):
-        assert {k: v for k, v in a.items() if k != "round_seconds"} == {k: v for k, v in b.items() if k != "round_seconds"}

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
 import torch
 
 import lcfed.tracking
@@ -25,6 +26,7 @@ from lcfed.tracking.unlogged import write_unlogged
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.subprocess
 def test_importing_lcfed_tracking_loads_neither_mlflow_nor_matplotlib():
     code = ("import sys, lcfed, lcfed.tracking; "
             "print(sorted({m.split('.')[0] for m in sys.modules} & {'mlflow', 'matplotlib'}))")

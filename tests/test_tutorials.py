@@ -92,6 +92,7 @@ def test_ditto_lam_moves_the_personal_models_only(tutorial_code):
     assert (tight.models.personal[0] - w).norm() < (loose.models.personal[0] - w).norm()
 
 
+@pytest.mark.subprocess
 def test_the_dataset_tutorial_scores_clusters_against_the_files_groups(tutorial_code, tmp_path):
     script = CODE / "make_groups_csv.py"
     out = subprocess.run([sys.executable, str(script), str(tmp_path / "groups.csv")], capture_output=True,

@@ -7,15 +7,14 @@ import math
 
 import numpy as np
 import pytest
-import ray
 
 from lcfed.data import Dataset, Scaling, format_stats, partition_stats, split_validation
 from lcfed.engines.local import HostedDevices, LocalPool, LocalServer, run_local
 from lcfed.errors import ConfigError
-from lcfed.federation import load, make_strategy, partition, prepare
+from lcfed.experiment import load, partition, prepare
 from lcfed.loop import run_rounds
 from lcfed.run_result import RunResult
-from tests.conftest import start_test_ray, tiny_config
+from tests.conftest import tiny_config
 
 VAL = "data.val_fraction=0.25"
 VAL_KEYS = ("val_acc_mean", "val_acc_weighted", "val_loss")
@@ -105,9 +104,9 @@ def test_poisoned_test_labels_change_only_test_metrics(val_run):
     y = ds.y.copy()
     y[rows] = (y[rows] + 1) % ds.num_classes
     poisoned = Dataset(ds.name, ds.x, y, ds.num_classes)
-    hosted = HostedDevices(cfg, setup, range(setup.federation.num_devices), poisoned)
+    hosted = HostedDevices(setup, range(setup.federation.num_devices), poisoned)
     try:
-        server = LocalServer(make_strategy(cfg, setup.federation))
+        server = LocalServer(setup.strategy())
         result = run_rounds(cfg, setup.federation, server, LocalPool(hosted))
     finally:
         hosted.close()
@@ -128,20 +127,3 @@ def test_a_device_without_train_or_val_sample_is_a_config_error(value):
 def test_val_fraction_outside_its_range_is_refused(value):
     with pytest.raises(ConfigError, match=r"data\.val_fraction.*\[0, 1\)"):
         tiny_config(f"data.val_fraction={value}")
-
-
-def test_ray_engine_matches_in_process_on_val(val_run):
-    from actors.ray_engine import RayFederation
-
-    cfg = tiny_config(VAL, "engine.kind=ray", "engine.devices_per_actor=4")
-    start_test_ray()
-    try:
-        fed = RayFederation(cfg)
-        try:
-            remote = fed.run()
-        finally:
-            fed.close()
-    finally:
-        ray.shutdown()
-    _same(val_run.history, remote.history)
-    assert all(k in remote.final for k in VAL_KEYS)

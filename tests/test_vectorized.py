@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import math
 import threading
+from dataclasses import replace
 
 import pytest
 import torch
 
 from lcfed.engines.local import HostedDevices, run_local
-from lcfed.federation import make_network, prepare
+from lcfed.experiment import prepare
 from lcfed.local_update import DeviceData, LocalWork, batch_rng, local_update
 from lcfed.vectorized import BatchedNet, StepBatcher
 from tests.conftest import tiny_config
@@ -40,7 +41,7 @@ def test_vectorized_training_is_reproducible_and_chunked():
 def _setup():
     cfg = tiny_config()
     setup = prepare(cfg)
-    net = make_network(cfg, setup.input_shape, setup.federation.num_classes, torch.device("cpu"))
+    net = setup.network(torch.device("cpu"))
     return setup, net
 
 
@@ -62,7 +63,7 @@ def test_batcher_serves_each_members_own_gradient_in_lockstep():
 
     def run(m: int) -> None:
         try:
-            own = make_network(tiny_config(), setup.input_shape, 10, torch.device("cpu"))
+            own = setup.network(torch.device("cpu"))
             got[m] = local_update(BatchedNet(lambda: own, batcher, m), w0, data[m], LocalWork(0.05, 32, steps=steps[m]), batch_rng(0, m, 0))
         finally:
             batcher.leave(m)
@@ -115,6 +116,6 @@ def test_hosted_devices_vectorize_only_where_asked():
     cfg = tiny_config()
     setup = prepare(cfg)
     for mode, expect in (("auto", False), ("never", False), ("always", True)):  # auto: CPU here, so the loop
-        hosted = HostedDevices(cfg.replace(**{"engine.vectorize": mode}), setup, range(4))
+        hosted = HostedDevices(replace(setup, cfg=cfg.replace(**{"engine.vectorize": mode})), range(4))
         assert hosted.vectorize is expect
         hosted.close()

@@ -45,7 +45,7 @@ from tune_jobs import (
 from tune_jobs.options import add_actions, config_options, examples, verbosity_of
 from tune_jobs.run_command import resume_command
 from tune_jobs.sweep import command as sweep
-from tune_jobs.sweep.errors import SweepFailed
+from tune_jobs.sweep.options import SweepFailed
 
 EXIT_USAGE = 2
 #: the Ray cluster under a run was lost (its raylet or GCS died): the run can go on with --resume

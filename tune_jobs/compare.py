@@ -39,8 +39,15 @@ from tune_jobs.options import config_options, examples, verbosity_options
 from tune_jobs.outdir import open_recorded, read_state, write_json
 from tune_jobs.parent_run import ParentRun
 from tune_jobs.reproduce import parse_seeds, summarize
-from tune_jobs.sweep.options import SweepOptions, add_no_track, add_sweep_options, sweep_options, tracking_of
-from tune_jobs.sweep.storage import check_storage, storage_location
+from tune_jobs.sweep.options import (
+    SweepOptions,
+    add_no_track,
+    add_sweep_options,
+    check_storage,
+    storage_location,
+    sweep_options,
+    tracking_of,
+)
 
 COMPARE_SPACES = Path(__file__).resolve().parent / "spaces" / "compare"
 #: ``lcfed compare``'s wording of the sweep options it offers (:func:`add_sweep_options`), where it differs

@@ -28,7 +28,7 @@ from lcfed import registry
 from lcfed.checkpoint import CheckpointError
 from lcfed.config import ExperimentConfig, load_config
 from lcfed.errors import ConfigError, require
-from lcfed.federation import check_against_data, load
+from lcfed.experiment import check_against_data, load
 from lcfed.logs import progress_shown
 from lcfed.loop import load_resume
 from lcfed.output_paths import check_output_dir
@@ -258,7 +258,7 @@ def _cell_result(cell: Cell, cfg: ExperimentConfig, out: Path, parent: ParentRun
     """A cell's summary: ``<out>/cells/<cell>.json`` if it was finished before (with this config), else a run
     on Ray (resumed from its checkpoint; an MLflow child run of ``parent``'s run, if any, named from the
     config and the ``named`` values), written there."""
-    from actors.ray_engine import RayFederation  # Ray when a cell runs: `lcfed` imports this module to build its parser
+    from actors.ray_engine import RayEngine  # Ray when a cell runs: `lcfed` imports this module to build its parser
 
     done = out / "cells" / f"{cell.key}.json"
     label = (f"{counter} {cell.dataset} {partition_label(cell.partition)} {cell.method}"
@@ -275,11 +275,11 @@ def _cell_result(cell: Cell, cfg: ExperimentConfig, out: Path, parent: ParentRun
         observers.append(MLflowObserver(parent.uri, parent_run_id=parent.run_id, tags={"table1_cell": cell.key},
                                         resume_run_id=resume.tracking.get("run_id") if resume else None,
                                         run_name=run_name(cfg, named)))
-    fed = RayFederation(cfg)
+    engine = RayEngine(cfg)
     try:
-        result = fed.run(observers, resume)
+        result = engine.run(observers, resume)
     finally:
-        fed.close()
+        engine.close()
     row: dict[str, Any] = {**summarize(result.history), "rounds": cfg.train.rounds, "digest": cfg.digest(),
            "wall_seconds": result.wall_seconds, "seconds_per_round": result.round_seconds,
            "run_id": result.tracking.get("run_id", "")}

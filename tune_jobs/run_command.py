@@ -18,7 +18,7 @@ from lcfed import engines, logs, numerics
 from lcfed.config import ExperimentConfig, load_config
 from lcfed.data import format_stats, partition_stats
 from lcfed.errors import ConfigError, require
-from lcfed.federation import check_against_data, load
+from lcfed.experiment import check_against_data, load
 from lcfed.loop import checkpoint_path, load_resume
 from lcfed.metric_catalog import SUMMARY
 from lcfed.output_paths import check_output_dir, check_output_file

@@ -61,9 +61,9 @@ def run(cfg: ExperimentConfig, observers: Sequence[Observer] = (), resume: Snaps
     return run_closed(open_engine(cfg), observers, resume)
 
 
-def run_closed(fed: Engine, observers: Sequence[Observer] = (), resume: Snapshot | None = None) -> RunResult:
-    """``fed.run``, then ``fed.close()`` whatever happened."""
+def run_closed(engine: Engine, observers: Sequence[Observer] = (), resume: Snapshot | None = None) -> RunResult:
+    """``engine.run``, then ``engine.close()`` whatever happened."""
     try:
-        return fed.run(observers, resume)
+        return engine.run(observers, resume)
     finally:
-        fed.close()
+        engine.close()

@@ -21,7 +21,7 @@ from lcfed.device_states import DeviceStates
 from lcfed.devices.buffered import BufferedRound, BufferedScheduler, Pending, fill_messages, staleness_weight
 from lcfed.devices.schedule import Scheduler, SimClock
 from lcfed.engines import run_closed
-from lcfed.federation import Setup, device_data, load, local_work, make_network, make_strategy, prepare, resolve_device
+from lcfed.experiment import Setup, load, prepare
 from lcfed.local_update import EvalResult, batch_rng, evaluate, local_update
 from lcfed.loop import DivergenceError, run_rounds
 from lcfed.methods.base import Arrival, DeviceContext, Message, RoundPlan, RoundStats, Strategy
@@ -166,30 +166,30 @@ def auto_workers(cfg: ExperimentConfig, cpus: float, where: torch.device) -> int
 
 
 class HostedDevices:
-    """A set of virtual devices living in one process: their data and persistent states.
+    """A set of virtual devices living in one process: their data and persistent states, built from the
+    experiment's ``setup`` (its config included) and ``dataset`` (default: the config's, loaded here).
 
     Used directly in-process, and inside each Ray device actor. Devices train on ``workers``
     threads (torch releases the GIL inside its kernels), each with its own model skeleton since a
     functional call swaps the skeleton's parameters; a device's numbers do not depend on the thread.
     """
 
-    def __init__(
-        self, cfg: ExperimentConfig, setup: Setup, devices: Sequence[int], dataset: Any = None, workers: int = 1
-    ) -> None:
+    def __init__(self, setup: Setup, devices: Sequence[int], dataset: Any = None, workers: int = 1) -> None:
+        cfg = setup.cfg
         torch.set_num_threads(cfg.engine.torch_threads)
         self.cfg = cfg
         self.setup = setup
-        self.where = resolve_device(cfg.engine.device)
+        self.where = setup.torch_device()
         ds = dataset if dataset is not None else load(cfg)
         self.devices = tuple(devices)
-        self.data = device_data(ds, setup.partition, self.devices, self.where, setup.scaling)
+        self.data = setup.device_data(ds, self.devices, self.where)
         self.net = self._new_net()
-        self.strategy = make_strategy(cfg, setup.federation)
+        self.strategy = setup.strategy()
         self.init = setup.federation.init
         # a device's state is stored from its first training; before, it is the strategy's initial state
         self.states = DeviceStates(lambda d: self.strategy.init_device(d, self.init),
                                    int(cfg.engine.state_memory_mb * 2**20), cfg.engine.spill_dir)
-        self.work = local_work(cfg)
+        self.work = setup.local_work()
         self.workers = max(1, min(workers, len(self.devices)))
         self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="lcfed-device") if self.workers > 1 else None
         self._local = threading.local()
@@ -202,7 +202,7 @@ class HostedDevices:
         self._batch_net = self._new_net() if self.vectorize else None
 
     def _new_net(self) -> Any:
-        return make_network(self.cfg, self.setup.input_shape, self.setup.federation.num_classes, self.where)
+        return self.setup.network(self.where)
 
     def _net(self) -> Any:
         """The calling thread's model skeleton (a functional call swaps a skeleton's parameters)."""
@@ -401,23 +401,23 @@ class LocalPool(DeviceHost):
         return self.hosted.iter_states()
 
 
-class LocalFederation:
-    """The whole federation hosted in this process, on ``cpus`` CPUs (the same ``run`` / ``placement`` /
-    ``close`` as the Ray engine's federation, so a Tune trial can run either)."""
+class LocalEngine:
+    """The in-process engine: the whole federation hosted in this process, on ``cpus`` CPUs (the same
+    ``run`` / ``placement`` / ``close`` as the Ray engine's, so a Tune trial can run either)."""
 
     def __init__(self, cfg: ExperimentConfig, dataset: Any, cpus: int) -> None:
         numerics.activate(cfg.engine.numerics)
         self.cfg, self.cpus = cfg, cpus
         self.setup = prepare(cfg, dataset)
-        workers = auto_workers(cfg, cpus, resolve_device(cfg.engine.device))
-        self.hosted = HostedDevices(cfg, self.setup, range(self.setup.federation.num_devices), dataset, workers)
+        workers = auto_workers(cfg, cpus, self.setup.torch_device())
+        self.hosted = HostedDevices(self.setup, range(self.setup.federation.num_devices), dataset, workers)
 
     def placement(self) -> dict[str, Any]:
         return {"cpus": self.cpus, "workers": self.hosted.workers, "torch_device": str(self.hosted.where),
                 "devices": self.setup.federation.num_devices}
 
     def run(self, observers: Sequence[Observer] = (), resume: Snapshot | None = None) -> RunResult:
-        server = LocalServer(make_strategy(self.cfg, self.setup.federation))
+        server = LocalServer(self.setup.strategy())
         return run_rounds(self.cfg, self.setup.federation, server, LocalPool(self.hosted), observers, resume,
                           provenance.record(self.hosted.where, self.cfg.engine.torch_threads))
 
@@ -425,12 +425,12 @@ class LocalFederation:
         self.hosted.close()
 
 
-def open_local(cfg: ExperimentConfig, dataset: Any = None, resources: tuple[float, float] | None = None) -> LocalFederation:
+def open_local(cfg: ExperimentConfig, dataset: Any = None, resources: tuple[float, float] | None = None) -> LocalEngine:
     """The in-process engine's opener (:data:`lcfed.engines.ENGINES`): on ``resources``' CPUs (a Tune
     trial's), else ``engine.num_cpus`` or every CPU this process may use."""
     numerics.activate(cfg.engine.numerics)  # before load(), the first tensor op
     cpus = max(1, int(resources[0])) if resources is not None else cfg.engine.num_cpus or len(os.sched_getaffinity(0))
-    return LocalFederation(cfg, load(cfg) if dataset is None else dataset, cpus)
+    return LocalEngine(cfg, load(cfg) if dataset is None else dataset, cpus)
 
 
 def run_local(cfg: ExperimentConfig, observers: Sequence[Observer] = (), resume: Snapshot | None = None) -> RunResult:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from lcfed.config import ExperimentConfig, drop_later_defaults, flatten
-from lcfed.federation import file_source
+from lcfed.experiment import file_source
 from lcfed.methods.base import Federation
 
 

@@ -1,12 +1,13 @@
 """``lcfed sweep``: Ray Tune over any config field, each trial a full federation.
 
-One idea a module: ``objective`` (the metric and how the sweep searches, no Ray), ``placement`` (the trial
-engine and its layout, no Ray), ``space`` (the search-space file), ``search`` (Tune's searcher and
-scheduler), ``trial`` (the trainable, in Tune's workers: no MLflow), ``storage``, ``models`` (the best trial's models, logged and registered), ``callbacks`` (MLflow
-child runs and the console, in the driver), ``best`` (the best trial and the parent run's summary),
-``figures``, ``errors``, ``options`` (:class:`~tune_jobs.sweep.options.SweepOptions`: what ``lcfed sweep`` and
-``lcfed compare`` share, their flags and their checks, no Ray), ``run`` (:func:`~tune_jobs.sweep.run.run_sweep`)
-and ``command`` (``lcfed sweep``).
+One idea a module: ``objective`` (the metric and how the sweep searches, no Ray; its ``Objective`` is in
+the Tune state of a HyperBand sweep), ``options`` (:class:`~tune_jobs.sweep.options.SweepOptions`: what
+``lcfed sweep`` and ``lcfed compare`` share, their flags and their checks; the trial engine and its layout,
+the storage, and the errors a sweep ends with; no Ray), ``space`` (the search-space file), ``search``
+(Tune's searcher and scheduler), ``trial`` (the trainable, in Tune's workers: no MLflow), ``models`` (the
+best trial's models, logged and registered), ``callbacks`` (MLflow child runs and the console, in the
+driver), ``best`` (the best trial and the parent run's summary), ``figures``, ``run``
+(:func:`~tune_jobs.sweep.run.run_sweep`) and ``command`` (``lcfed sweep``).
 
 This package exports nothing: import each name from the module that defines it (``from
 tune_jobs.sweep.run import run_sweep``); only what an old sweep's pickled Tune state names resolves here. It stays empty so that importing one of its modules loads

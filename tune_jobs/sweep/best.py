@@ -16,9 +16,9 @@ from mlflow.exceptions import MlflowException
 
 from lcfed.tracking import mlflow_key, read_assignment_history
 from tune_jobs.sweep.callbacks import trial_index
-from tune_jobs.sweep.errors import SweepFailed, error_line
 from tune_jobs.sweep.figures import Curve, assignment_figure, mu_lambda_figure, top_trials_figure
 from tune_jobs.sweep.objective import METRIC
+from tune_jobs.sweep.options import SweepFailed, error_line
 from tune_jobs.sweep.space import finite_number, swept_keys
 from tune_jobs.sweep.trial import REPORT_KEY
 

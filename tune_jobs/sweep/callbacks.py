@@ -27,8 +27,8 @@ from lcfed.progress import is_tty
 from lcfed.run_result import RunResult
 from lcfed.tracking import MLflowObserver, run_name
 from lcfed.tracking.naming import SEP, fit_name, named_values, short_names, values_label
-from tune_jobs.sweep.errors import error_line
 from tune_jobs.sweep.objective import METRIC
+from tune_jobs.sweep.options import error_line
 from tune_jobs.sweep.trial import REPORT_KEY, trial_config
 
 #: seconds between tables on a terminal

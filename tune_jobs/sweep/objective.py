@@ -24,7 +24,11 @@ SEARCH_LIBRARIES = {"optuna": "optuna", "hyperopt": "hyperopt"}
 @dataclass(frozen=True)
 class Objective:
     """What the sweep optimises and how trials are stopped early: the scheduler, the best trial and the
-    parent run's summary all use this one ``metric`` / ``mode``."""
+    parent run's summary all use this one ``metric`` / ``mode``.
+
+    A HyperBand sweep's Tune state (``tuner.pkl``) holds one, by this module's path: the scheduler's first-rung
+    rule (:func:`tune_jobs.sweep.search.make_scheduler`) closes over it. It stays here, so that such a
+    sweep resumes."""
 
     metric: str = METRIC
     mode: str = "max"

@@ -1,27 +1,39 @@
 """A sweep's options, once: :class:`SweepOptions` (what ``lcfed sweep`` and ``lcfed compare`` share, checked by
 :meth:`SweepOptions.validate`), the flags that set them (:func:`add_sweep_options`) and the parsed flags as
-options (:func:`sweep_options`).
+options (:func:`sweep_options`); where a trial's federation runs (``--trial-engine``:
+:func:`resolve_trial_engine`, and its layout), where Tune keeps the sweep (``--storage``, ``--keep-checkpoints``);
+and how a sweep ends other than with a best trial (:class:`SweepFailed`, :class:`SweepInterrupted`).
 
-No Ray here: the ``lcfed sweep`` and ``lcfed compare`` parsers, built for every ``lcfed`` command, declare
-these flags.
+No Ray, no MLflow here: the ``lcfed sweep`` and ``lcfed compare`` parsers, built for every ``lcfed`` command,
+declare these flags, and ``lcfed``'s error handling catches :class:`SweepFailed` before any command runs. The
+Tune resources a trial asks for are :func:`tune_jobs.sweep.trial.trial_resources`; the objective flags'
+names and checks, :mod:`tune_jobs.sweep.objective`.
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
 from lcfed.config import NAME_RULE, ExperimentConfig, safe_name
+from lcfed.engines import ENGINES
 from lcfed.errors import require
 from lcfed.metric_catalog import objectives
 from lcfed.output_paths import check_output_dir
+from lcfed.stop import Stopped
 from lcfed.tracking import check_registry
 from tune_jobs.sweep.objective import METRIC, SCHEDULERS, SEARCHES, Objective, check_finishes, resolve_objective
-from tune_jobs.sweep.placement import trial_engines
-from tune_jobs.sweep.storage import DEFAULT_KEEP_CHECKPOINTS, DEFAULT_STORAGE, check_keep
+
+#: where Tune keeps sweeps unless --storage says: under the working directory's outputs/, which the
+#: project's .gitignore covers (relative: made absolute when the sweep starts)
+DEFAULT_STORAGE = "outputs/sweeps"
+#: checkpoints each trial keeps (Tune's CheckpointConfig.num_to_keep): the latest, and the one before it in
+#: case the latest was being written when the sweep stopped
+DEFAULT_KEEP_CHECKPOINTS = 2
 
 
 @dataclass(frozen=True)
@@ -99,6 +111,79 @@ def _integer(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+# ---------------------------------------------------------------- where a trial's federation runs
+
+def trial_engines() -> list[str]:
+    """``--trial-engine``'s choices: ``auto`` and every registered engine."""
+    return ["auto", *ENGINES]
+
+
+def resolve_trial_engine(choice: str, gpus_per_trial: float, nodes: int) -> str:
+    """The engine every trial of the sweep runs: ``local`` or ``ray``.
+
+    ``auto`` is ``local`` when the whole federation fits one trial process on one node: the Ray
+    cluster has a single node and a trial takes at most one GPU (one process drives one GPU).
+    Otherwise ``ray``: on a multi-node cluster a trial's device actors go where the GPUs are
+    (e.g. GPU workers beside a CPU head), and more than one GPU per trial needs several actors.
+    """
+    require(choice in trial_engines(), "--trial-engine", choice, f"one of {trial_engines()}")
+    if choice == "local":
+        require(gpus_per_trial <= 1, "--gpus-per-trial", gpus_per_trial,
+                "must be <= 1 with --trial-engine local (a trial in one process drives one GPU); "
+                "use --trial-engine ray for more")
+        return "local"
+    if choice != "auto":
+        return choice
+    return "local" if nodes == 1 and gpus_per_trial <= 1 else "ray"
+
+
+def trial_layout(cfg: ExperimentConfig, gpus_per_trial: float) -> tuple[int, float, float]:
+    """(device actors, CPUs per actor, GPUs per actor) of one trial on the Ray engine."""
+    n = cfg.engine.num_actors or 1
+    return n, cfg.engine.cpus_per_actor, gpus_per_trial / n
+
+
+def local_trial_cpus(cfg: ExperimentConfig) -> int:
+    """CPUs a local-engine trial reserves: ``engine.workers`` training threads (at least one), each
+    running ``engine.torch_threads`` intra-op threads."""
+    return cfg.engine.torch_threads * max(1, cfg.engine.workers)
+
+
+# ---------------------------------------------------------------- where Tune keeps the sweep
+
+def check_keep(keep: int) -> None:
+    """``--keep-checkpoints``: at least 1 (a trial resumes from its latest checkpoint)."""
+    require(_integer(keep) and keep >= 1, "--keep-checkpoints", keep,
+            "must be an integer >= 1 (each trial's latest checkpoints kept)")
+
+
+def storage_location(storage: str | Path) -> str:
+    """``--storage``: a URI (``s3://``, ``gs://``, ``file://``, ...) goes to Tune as it is; a path is made
+    absolute."""
+    text = str(storage)
+    if "://" in text:
+        return text
+    return str(Path(text).expanduser().resolve())
+
+
+def experiment_path(storage: str, name: str) -> str:
+    """``storage``/``name`` for a path or a URI (a query string stays at the end): where Tune keeps the
+    sweep ``name``."""
+    head, sep, query = storage.partition("?")
+    return f"{head.rstrip('/')}/{name}{sep}{query}"
+
+
+def check_storage(storage_uri: str) -> None:
+    """On a multi-node cluster, trials on other nodes write their checkpoints to the storage: a plain
+    local path is this node's disk only. ``file://`` says the path is a filesystem every node mounts."""
+    import ray  # here: the lcfed parser reads this module's defaults, and loads no Ray
+
+    nodes = sum(1 for n in ray.nodes() if n.get("Alive"))
+    require(nodes == 1 or "://" in storage_uri, "--storage", storage_uri,
+            f"must be a URI every one of the cluster's {nodes} nodes reaches (s3://bucket/prefix, gs://...), "
+            "or file:///path on a filesystem all nodes mount")
+
+
 #: each option's flag: its argparse settings and its help as ``lcfed sweep`` words it
 _FLAGS: dict[str, dict[str, Any]] = {
     "search": dict(
@@ -174,3 +259,28 @@ def sweep_options(args: argparse.Namespace, **fixed: Any) -> SweepOptions:
     ``fixed``: values the command sets itself). Not yet validated: :meth:`SweepOptions.validate`."""
     given = {f.name: getattr(args, f.name) for f in fields(SweepOptions) if f.name in _FLAGS and hasattr(args, f.name)}
     return SweepOptions(**{**given, **fixed})
+
+
+# ---------------------------------------------------------------- how a sweep ends without a best trial
+
+class SweepFailed(RuntimeError):
+    """No trial of the sweep produced the metric; the message says how many failed and why."""
+
+
+class SweepInterrupted(Stopped):
+    """A signal (SIGTERM, SIGHUP, SIGINT) stopped the sweep; Tune saved its state for ``--resume``."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        KeyboardInterrupt.__init__(self, message)
+        self.reason, self.next_round, self.checkpointed = reason, 0, True
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.reason, str(self)))
+
+
+def error_line(text: str) -> str:
+    """A trial's exception as ``module.Error: message``: the last line of ``text`` (a traceback) that names
+    one, else its last line."""
+    lines = [ln.strip() for ln in text.splitlines()]
+    named = [ln for ln in lines if re.match(r"^[\w.]+(Error|Exception|Exit)(\(\w+\))?: ", ln)]
+    return named[-1] if named else (text.strip().splitlines() or ["trial failed"])[-1]

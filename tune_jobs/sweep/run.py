@@ -34,14 +34,20 @@ from lcfed.tracking import mlflow_key, resolve_tracking_uri, run_tags, share_vie
 from tune_jobs.parent_run import ParentRun
 from tune_jobs.sweep.best import best_result, child_run, log_parent, trial_order
 from tune_jobs.sweep.callbacks import SweepProgress, TrialTracker
-from tune_jobs.sweep.errors import SweepInterrupted, error_line
 from tune_jobs.sweep.models import log_best_models, prune_models, register_run
 from tune_jobs.sweep.objective import METRIC, Objective
-from tune_jobs.sweep.options import SweepOptions
-from tune_jobs.sweep.placement import resolve_trial_engine
+from tune_jobs.sweep.options import (
+    DEFAULT_STORAGE,
+    SweepInterrupted,
+    SweepOptions,
+    check_storage,
+    error_line,
+    experiment_path,
+    resolve_trial_engine,
+    storage_location,
+)
 from tune_jobs.sweep.search import check_search, make_scheduler, make_search
 from tune_jobs.sweep.space import describe_domain, space_spec, swept_keys
-from tune_jobs.sweep.storage import DEFAULT_STORAGE, check_storage, experiment_path, storage_location
 from tune_jobs.sweep.trial import load_sources, run_trial, trial_resources
 
 

@@ -75,6 +75,7 @@ def make_scheduler(obj: Objective) -> Any:
         # Tune's HyperBand has no grace period: its brackets' first rung is max_t / 3^s rounds; no earlier
         # than grace_period here, so no trial is paused or stopped before it
         first_rung = sched._get_r0
-        sched._get_r0 = lambda s: max(int(obj.grace_period or 1), first_rung(s))
+        grace = int(obj.grace_period or 1)  # a number, not the Objective: the pickled scheduler names no lcfed class
+        sched._get_r0 = lambda s: max(grace, first_rung(s))
         return sched
     return FIFOScheduler()

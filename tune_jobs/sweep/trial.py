@@ -21,12 +21,12 @@ from lcfed import checkpoint, engines, provenance
 from lcfed.config import ExperimentConfig, from_dict
 from lcfed.contracts import MAX_PERSONAL_BYTES, Engine
 from lcfed.errors import ConfigError
-from lcfed.federation import load, load_source, source_key
+from lcfed.experiment import load, load_source, source_key
 from lcfed.loop import checkpoint_modules
 from lcfed.overrides import apply_overrides
 from lcfed.tracking import federation_facts, model_bundle, save_bundle
 from tune_jobs.sweep.objective import METRIC
-from tune_jobs.sweep.placement import local_trial_cpus, trial_layout
+from tune_jobs.sweep.options import local_trial_cpus, trial_layout
 
 #: the key of a Tune report holding what the driver logs to MLflow (nested: Tune's tables skip it)
 REPORT_KEY = "lcfed"
@@ -140,7 +140,7 @@ def trial_resources(cfg: ExperimentConfig, gpus_per_trial: float, engine: str = 
 def load_sources(base: ExperimentConfig, space: dict[str, Any]) -> dict[Any, Any]:
     """Every dataset the sweep's trials may use, loaded once here (the driver) for all of them."""
     keys = ("data.dataset", "data.data_dir", "data.download", "data.path", "data.format", "data.label_column",
-            "data.device_column")  # every field of federation.source_key: each choice may read other files
+            "data.device_column")  # every field of experiment.source_key: each choice may read other files
     choices: list[dict[str, Any]] = [{}]
     for key in keys:
         if key not in space:
@@ -183,21 +183,21 @@ def run_trial(config: dict[str, Any], sources: dict[Any, Any] | None = None) -> 
             main_file = checkpoint.path(work)
             assert main_file is not None
             resume = checkpoint.load(main_file, allowed=checkpoint_modules(cfg))  # a plugin's own states too
-        fed = _trial_federation(cfg, dataset)
+        engine = _trial_engine(cfg, dataset)
         try:
             placement = {"engine": cfg.engine.kind, "trial_node": ray.get_runtime_context().get_node_id(),
-                         **fed.placement()}
+                         **engine.placement()}
             if cfg.engine.kind == "local":  # the trial's own GPU share (actors report theirs)
                 placement.update(gpus=config["__sweep__"]["gpus_per_trial"],
                                  gpu_ids=[str(g) for g in ray.get_gpu_ids()])
-            fed.run([TuneReporter(cfg, placement, config["__sweep__"].get("metric", METRIC))], resume)
+            engine.run([TuneReporter(cfg, placement, config["__sweep__"].get("metric", METRIC))], resume)
         finally:
-            fed.close()
+            engine.close()
     finally:
         shutil.rmtree(work, ignore_errors=True)  # Tune has persisted every reported checkpoint
 
 
-def _trial_federation(cfg: ExperimentConfig, dataset: Any) -> Engine:
+def _trial_engine(cfg: ExperimentConfig, dataset: Any) -> Engine:
     """The trial's federation on the engine ``engine.kind`` names, inside what the trial holds: in this (the
     trial's) process, with one training thread per ``torch_threads`` CPUs; or on device actors and a server
     actor inside the trial's placement group."""

@@ -1,7 +1,10 @@
-"""Building a federation from a config: the partition (driver side) and device data (host side).
+"""The experiment's setup, built once from a config (:func:`prepare`): the partition (driver side), the
+server-visible facts, and what every engine's hosts build from them (:class:`Setup`'s methods: the strategy,
+the model skeletons, the local work, the devices' data).
 
 The partition is a pure function of the seed, so the driver computes it once from the labels and
 each host loads only its own devices' samples; raw samples never pass through the driver or server.
+The setup travels to the hosts whole (pickled to Ray's actors), so they build what they need from it.
 """
 
 from __future__ import annotations
@@ -41,12 +44,48 @@ from lcfed.models import Network, build_network
 
 @dataclass(frozen=True)
 class Setup:
-    """The driver's view of a federation: its partition and the server-visible facts."""
+    """One config's experiment, built once by :func:`prepare` and handed to an engine whole: the config, the
+    partition and the server-visible facts (:class:`~lcfed.methods.base.Federation`), from which a host
+    builds its strategy, model skeletons, local work and devices' data. Frozen and picklable: the Ray
+    engine ships it to every actor."""
 
+    cfg: ExperimentConfig
     partition: Partition
     federation: Federation
     input_shape: tuple[int, ...]
     scaling: Scaling  # pixels -> inputs, fitted on the driver so every host scales alike
+
+    def strategy(self) -> Strategy:
+        """A fresh instance of ``method.name``'s strategy (a built-in's or a plugin's) on this federation."""
+        return registry.method(self.cfg.method.name).strategy(self.cfg, self.federation)
+
+    def network(self, where: torch.device) -> Network:
+        """A model skeleton of ``model.name`` on ``where`` (built under the seed, as every one is)."""
+        net, _ = network(self.cfg, self.input_shape, self.federation.num_classes)
+        net.module.to(where)
+        return net
+
+    def local_work(self) -> LocalWork:
+        """A device's local work each round (``train.lr``, ``batch_size``, ``local_steps``, ``local_epochs``)."""
+        t = self.cfg.train
+        return LocalWork(lr=t.lr, batch_size=t.batch_size, steps=t.local_steps, epochs=t.local_epochs)
+
+    def torch_device(self) -> torch.device:
+        """Where this process trains (``engine.device``): ``auto`` picks CUDA when torch sees a GPU (e.g. a
+        fractional Ray GPU), else the CPU."""
+        kind = self.cfg.engine.device
+        if kind == "cuda" or (kind == "auto" and torch.cuda.is_available()):
+            numerics.deterministic_gpu()
+            return torch.device("cuda")
+        return torch.device("cpu")
+
+    def device_data(self, ds: Dataset, devices: Iterable[int], where: torch.device) -> Mapping[int, DeviceData]:
+        """The local train/test (and validation, if split) tensors of ``devices`` (their samples in ``ds``,
+        indexed by this setup's partition), scaled and on ``where``: on a GPU placed there once; on the CPU
+        made when a device is read (from the dataset's uint8 rows, the same tensors every time), so a host
+        holds its devices' samples once, compactly."""
+        lazy = LazyDeviceData(ds, self.partition, devices, where, self.scaling)
+        return lazy if where.type == "cpu" else {dev: lazy[dev] for dev in lazy}
 
 
 def data_dir(cfg: ExperimentConfig) -> Path:
@@ -192,8 +231,8 @@ def held_out_devices(cfg: ExperimentConfig) -> tuple[int, ...]:
 
 
 def prepare(cfg: ExperimentConfig, dataset: Dataset | None = None) -> Setup:
-    """Partition the dataset and describe the federation (sizes, groups, model layout, init,
-    partition statistics)."""
+    """The experiment's :class:`Setup`: the dataset partitioned and the federation described (sizes,
+    groups, model layout, init, partition statistics)."""
     ds = dataset if dataset is not None else load(cfg)
     part = check_against_data(cfg, ds)
     net, init = network(cfg, ds.input_shape, ds.num_classes)
@@ -218,7 +257,7 @@ def prepare(cfg: ExperimentConfig, dataset: Dataset | None = None) -> Setup:
         from lcfed.devices.schedule import make_fleet
 
         fed = replace(fed, fleet=make_fleet(cfg, fed))
-    return Setup(part, fed, ds.input_shape, scaling)
+    return Setup(cfg, part, fed, ds.input_shape, scaling)
 
 
 def label_distributions(part: Partition, labels: np.ndarray, num_classes: int) -> np.ndarray:
@@ -282,24 +321,6 @@ def shard(ds: Dataset, part: Partition, devices: Iterable[int]) -> tuple[Dataset
                           part.group_kind)
 
 
-def resolve_device(kind: str) -> torch.device:
-    """``auto`` picks CUDA when torch sees a GPU (e.g. a fractional Ray GPU), else the CPU."""
-    if kind == "cuda" or (kind == "auto" and torch.cuda.is_available()):
-        numerics.deterministic_gpu()
-        return torch.device("cuda")
-    return torch.device("cpu")
-
-
-def device_data(
-    ds: Dataset, part: Partition, devices: Iterable[int], where: torch.device, scaling: Scaling
-) -> Mapping[int, DeviceData]:
-    """The local train/test (and validation, if split) tensors of the given devices, scaled and on
-    ``where``: on a GPU placed there once; on the CPU made when a device is read (from the dataset's
-    uint8 rows, the same tensors every time), so a host holds its devices' samples once, compactly."""
-    lazy = LazyDeviceData(ds, part, devices, where, scaling)
-    return lazy if where.type == "cpu" else {dev: lazy[dev] for dev in lazy}
-
-
 class LazyDeviceData(Mapping[int, DeviceData]):
     """Device id -> :class:`DeviceData`, each built from the dataset when read."""
 
@@ -332,18 +353,3 @@ class LazyDeviceData(Mapping[int, DeviceData]):
             None if val is None else scaling.apply(ds.x[val]).to(where),
             None if val is None else self._y[val].to(where),
         )
-
-
-def local_work(cfg: ExperimentConfig) -> LocalWork:
-    t = cfg.train
-    return LocalWork(lr=t.lr, batch_size=t.batch_size, steps=t.local_steps, epochs=t.local_epochs)
-
-
-def make_strategy(cfg: ExperimentConfig, fed: Federation) -> Strategy:
-    return registry.method(cfg.method.name).strategy(cfg, fed)
-
-
-def make_network(cfg: ExperimentConfig, input_shape: tuple[int, ...], num_classes: int, where: torch.device) -> Network:
-    net, _ = network(cfg, input_shape, num_classes)
-    net.module.to(where)
-    return net
