@@ -102,7 +102,9 @@ def _import_path(name: str) -> Any:
         sys.path.insert(0, os.getcwd())  # code in the working directory, as `python -m` would see it
     try:
         obj: Any = importlib.import_module(module_name)
-    except Exception as exc:  # the plugin's own import error, in its words
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # the plugin's own import error, in its words; SystemExit too (exit 0 would hide it)
         raise PluginError(f"cannot import {module_name!r}: {type(exc).__name__}: {one_line(exc)}"
                           f"{_where_looked(module_name, exc)}") from None
     found = module_name + ":"
@@ -115,7 +117,7 @@ def _import_path(name: str) -> Any:
     return obj
 
 
-def _where_looked(module_name: str, exc: Exception) -> str:
+def _where_looked(module_name: str, exc: BaseException) -> str:
     """Where Python looked for a plugin module it did not find (not for a module the plugin itself imports)."""
     missing = getattr(exc, "name", None) if isinstance(exc, ModuleNotFoundError) else None
     if not missing or not (module_name == missing or module_name.startswith(missing + ".")):

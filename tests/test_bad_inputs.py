@@ -277,6 +277,8 @@ def _idx_files(bad: str) -> dict[str, bytes]:
         files["idx/t10k-images-idx3-ubyte"] = images(1)[:-10]
     elif bad == "count":
         files["idx/t10k-labels-idx1-ubyte"] = labels([3, 4])
+    elif bad == "empty":
+        files["idx/t10k-images-idx3-ubyte"], files["idx/t10k-labels-idx1-ubyte"] = images(0), labels([])
     elif bad == "gzip":
         files = {k + ".gz": gzip.compress(v) for k, v in files.items()}
         files["idx/train-labels-idx1-ubyte.gz"] = b"not gzip at all"
@@ -436,6 +438,8 @@ ROWS += [
     ("import-truncated", "data import --data-dir out --from idx", _idx_files("short"), "bytes"),
     ("import-count-mismatch", "data import --data-dir out --from idx", _idx_files("count"), "labels"),
     ("import-bad-gzip", "data import --data-dir out --from idx", _idx_files("gzip"), "train-labels"),
+    ("import-empty-set", "data import --data-dir out --from idx", _idx_files("empty"),
+     ("t10k-images-idx3-ubyte", "holds no images")),
     ("import-no-idx", "data import --data-dir out --from inputs", {"inputs/readme": "x"}, "inputs"),
     ("import-from-empty-dir", "data import --data-dir out --from .", {}, "no complete mnist IDX set"),
     ("import-incomplete-set", "data import --data-dir out --from idx",
@@ -522,6 +526,8 @@ ROWS += [
      ("reproduce: TABLE: invalid choice 'tabel1'", "; did you mean table1?")),
     # plugins (method.name / model.name / data.dataset as package.module:attr in the working directory)
     ("plugin-module-missing", f"{R} --set method.name=nosuchplugin:FedProx", {}, "No module named 'nosuchplugin'"),
+    ("plugin-import-exits", f"{R} --set method.name=plugexit:FedProx", {"plugexit.py": "raise SystemExit(0)\n"},
+     "cannot import 'plugexit': SystemExit: 0"),
     ("plugin-import-fails", f"{R} --set method.name=plugbroken:FedProx", {"plugbroken.py": "import no_such_dep_xyz\n"},
      "cannot import 'plugbroken'"),
     ("plugin-attr-missing", f"{R} --set method.name=plugattr:FedProx", {"plugattr.py": "x = 1\n"},

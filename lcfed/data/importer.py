@@ -132,6 +132,8 @@ def _place(found: _Found, data_dir: Path) -> Path:
                 counts[name] = _copy_idx(src, out, "images" if "-images-" in name else "labels")
         for split in ("train", "t10k"):
             n_img, n_lab = counts[f"{split}-images-idx3-ubyte"], counts[f"{split}-labels-idx1-ubyte"]
+            if n_img == 0:
+                raise DataError(f"{found.files[f'{split}-images-idx3-ubyte']}: holds no images (an empty IDX set)")
             if n_img != n_lab:
                 raise DataError(
                     f"{found.files[f'{split}-images-idx3-ubyte']}: {n_img} images but "
