@@ -206,6 +206,9 @@ def _check_sources(data: DataConfig, prefix: str) -> None:
     require(data.image_size == () or (len(data.image_size) == 2 and all(v >= 1 for v in data.image_size)),
             f"{prefix}.image_size", list(data.image_size),
             "must be [] (the images' own size) or [height, width] in pixels, e.g. [28, 28]")
+    if data.image_size:
+        require(data.dataset == "file", f"{prefix}.image_size", list(data.image_size),
+                f"resizes the images of data.dataset=file only (data.dataset is {data.dataset!r}): leave it []")
     require(data.user_selection in USER_SELECTIONS, f"{prefix}.user_selection", data.user_selection,
             f"one of {list(USER_SELECTIONS)} (which users partition=natural keeps: the num_devices largest, or a "
             "seeded random sample)")
@@ -371,6 +374,9 @@ def _check_host(engine: EngineConfig, prefix: str) -> None:
     require(engine.max_failures >= 0, f"{prefix}.max_failures", engine.max_failures, "must be >= 0 (lost hosts tolerated per run)")
     require(0 <= engine.state_memory_mb < math.inf, f"{prefix}.state_memory_mb", engine.state_memory_mb,
             "must be >= 0 (MB of device states a host keeps in memory before spilling to disk; 0 = no limit)")
+    require(not engine.spill_dir or engine.state_memory_mb > 0, f"{prefix}.spill_dir", engine.spill_dir,
+            "is where device states spill past engine.state_memory_mb, which is 0 (no limit: nothing spills); set "
+            "engine.state_memory_mb, or leave engine.spill_dir empty")
     require(engine.numerics in PROFILES, f"{prefix}.numerics", engine.numerics,
             f"one of {list(PROFILES)} (portable: CPU kernels pinned, the same numbers on any x86-64, Intel or AMD; "
             "native: the CPU's own kernels, numbers tied to the CPU)")

@@ -9,12 +9,14 @@ needs are written first and are the only ones allowed to exist afterwards.
 from __future__ import annotations
 
 import gzip
+import io
 import shlex
 import struct
 import sys
 import tempfile
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from lcfed import checkpoint
@@ -285,6 +287,12 @@ def _idx_files(bad: str) -> dict[str, bytes]:
     return files
 
 
+def _npz(**arrays: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    np.savez(buf, **arrays)
+    return buf.getvalue()
+
+
 def _checkpoint(run_id: object, uri: object) -> bytes:
     """A checkpoint of the default config after 2 rounds (states left out: the rows are refused before
     they are read) whose MLflow run ``run_id`` was logged to ``uri``."""
@@ -399,6 +407,15 @@ ROWS += [
     # devices: traces and the round's policies (section 2c)
     ("devices-capacity-negative", f"{R} --set devices.simulate=true --set devices.capacity_trace=cap.json",
      {"cap.json": '{"1": {"computation": -5, "communication": 100}}'}, ("devices.capacity_trace", "computation")),
+    # file datasets whose samples hold nothing (a model would train on nothing and score chance)
+    ("file-zero-size-images", f"{R} --set data.dataset=file --set data.path=z.npz --set data.data_dir=.",
+     {"z.npz": _npz(x=np.zeros((40, 0, 0), np.uint8), y=np.arange(40) % 2)}, ("z.npz", "its samples hold no values")),
+    ("file-table-without-features", f"{R} --set data.dataset=file --set data.path=t.csv --set data.data_dir=.",
+     {"t.csv": "label\n" + "0\n1\n" * 20}, ("t.csv", "no feature columns")),
+    ("spill-dir-without-spilling", f"{R} --set engine.spill_dir=/tmp", {},
+     ("engine.spill_dir", "engine.state_memory_mb, which is 0")),
+    ("image-size-on-a-built-in", f"{R} --set data.image_size=[8,8]", {},
+     ("data.image_size", "resizes the images of data.dataset=file only")),
     ("devices-capacity-nan", f"{R} --set devices.simulate=true --set devices.capacity_trace=cap.csv",
      {"cap.csv": "id,computation,communication\n1,nan,100\n"}, ("devices.capacity_trace", "computation")),
     ("devices-capacity-zero-link", f"{R} --set devices.simulate=true --set devices.capacity_trace=cap.json",

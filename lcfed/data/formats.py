@@ -160,6 +160,8 @@ def _npz(path: Path, source: FileSource) -> Dataset:
 
 def _npz_inputs(path: Path, x: np.ndarray) -> np.ndarray:
     """``x`` as the dataset holds it: uint8 (N, C, H, W) images or float32 (N, F) features."""
+    if x.ndim >= 2 and 0 in x.shape[1:]:  # a model would train on nothing and score chance
+        raise DataError(f"{path}: x has shape {x.shape}: its samples hold no values")
     if x.ndim == 2:
         return _features(path, "x", x)
     if x.ndim not in (3, 4):
