@@ -50,6 +50,11 @@ def machine_limits() -> tuple[int, int, int]:
     return cpus, THREADS_PER_CPU * cpus, psutil.virtual_memory().total // 2**20
 
 
+#: bytes one generated sample takes as stored: synthetic's 1x28x28 uint8 image and int64 label; leaf_synthetic's 60
+#: float32 features and int64 label, device id and group
+SYNTHETIC_BYTES = {"synthetic": 784 + 8, "leaf_synthetic": 60 * 4 + 3 * 8}
+
+
 def holdout_count(num_devices: int, fraction: float) -> int:
     """How many of ``num_devices`` devices ``data.holdout_fraction`` keeps out of training (halves up)."""
     return math.floor(num_devices * fraction + 0.5)
@@ -115,6 +120,13 @@ def _check_generated(data: DataConfig, prefix: str) -> None:
         require(data.synthetic_samples == 0 or data.synthetic_samples >= data.num_devices * data.min_samples,
                 f"{prefix}.synthetic_samples", data.synthetic_samples,
                 f"must be 0 (40 per device) or >= num_devices x min_samples ({data.num_devices} x {data.min_samples})")
+    if data.synthetic_samples:  # checked before numpy's allocator fails deep in the generator
+        per_sample = SYNTHETIC_BYTES["leaf_synthetic" if generated else "synthetic"]
+        need_mb = data.synthetic_samples * per_sample / 2**20
+        memory_mb = machine_limits()[2]
+        require(need_mb <= memory_mb, f"{prefix}.synthetic_samples", data.synthetic_samples,
+                f"must fit this machine's memory: {data.synthetic_samples:,} samples of {per_sample} bytes are "
+                f"{need_mb / 1024:,.1f} GB, and it has {memory_mb / 1024:,.1f} GB")
     for name, default in (("synthetic_alpha", 1.0), ("synthetic_beta", 1.0), ("synthetic_clusters", 0)):
         value = getattr(data, name)
         require(value == default or generated, f"{prefix}.{name}", value,

@@ -412,6 +412,8 @@ ROWS += [
      {"z.npz": _npz(x=np.zeros((40, 0, 0), np.uint8), y=np.arange(40) % 2)}, ("z.npz", "its samples hold no values")),
     ("file-table-without-features", f"{R} --set data.dataset=file --set data.path=t.csv --set data.data_dir=.",
      {"t.csv": "label\n" + "0\n1\n" * 20}, ("t.csv", "no feature columns")),
+    ("synthetic-samples-beyond-memory", f"{R} --set data.dataset=synthetic --set data.synthetic_samples=1000000000000000", {},
+     ("data.synthetic_samples", "must fit this machine's memory")),
     ("spill-dir-without-spilling", f"{R} --set engine.spill_dir=/tmp", {},
      ("engine.spill_dir", "engine.state_memory_mb, which is 0")),
     ("image-size-on-a-built-in", f"{R} --set data.image_size=[8,8]", {},
