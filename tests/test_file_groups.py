@@ -179,3 +179,15 @@ def test_config_checks_of_the_group_column():
     cfg = tiny_config("data.dataset=file", "data.path=x.csv")
     assert cfg.data.group_column == "" and cfg.digest() == tiny_config("data.dataset=file", "data.path=x.csv",
                                                                        "data.group_column=").digest()
+
+
+def test_a_sweep_over_the_group_column_loads_each_variant_in_the_driver(tmp_path):
+    # trials on worker nodes read no files: every data.* field of a FileSource a space sweeps is loaded here
+    from tune_jobs.sweep.trial import load_sources
+
+    group = write_csv(tmp_path / "n.csv", [str(7 * g) for g in blobs()[3]])  # numeric ids: a feature without the option
+    base = file_config(tmp_path / "n.csv")
+    sources = load_sources(base, {"data.group_column": {"grid_search": ["", "cluster"]}})
+    by_groups = {ds.groups is not None: ds for ds in sources.values()}
+    assert len(sources) == 2 and by_groups[False].x.shape == (480, 5) and by_groups[True].x.shape == (480, 4)
+    assert np.array_equal(by_groups[True].groups, group)

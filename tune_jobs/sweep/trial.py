@@ -8,6 +8,7 @@ need not have it; the driver's :class:`tune_jobs.sweep.callbacks.TrialTracker` l
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import tempfile
@@ -20,6 +21,7 @@ from ray import tune
 from lcfed import checkpoint, engines, provenance
 from lcfed.config import ExperimentConfig, from_dict
 from lcfed.contracts import MAX_PERSONAL_BYTES, Engine
+from lcfed.data.formats import FileSource
 from lcfed.errors import ConfigError
 from lcfed.experiment import load, load_source, source_key
 from lcfed.loop import checkpoint_modules
@@ -139,8 +141,8 @@ def trial_resources(cfg: ExperimentConfig, gpus_per_trial: float, engine: str = 
 
 def load_sources(base: ExperimentConfig, space: dict[str, Any]) -> dict[Any, Any]:
     """Every dataset the sweep's trials may use, loaded once here (the driver) for all of them."""
-    keys = ("data.dataset", "data.data_dir", "data.download", "data.path", "data.format", "data.label_column",
-            "data.device_column")  # every field of experiment.source_key: each choice may read other files
+    # the fields of experiment.source_key that pick the files read: each choice may read other files
+    keys = ("data.dataset", "data.data_dir", "data.download", *(f"data.{f.name}" for f in dataclasses.fields(FileSource)))
     choices: list[dict[str, Any]] = [{}]
     for key in keys:
         if key not in space:
