@@ -17,7 +17,7 @@ from lcfed.config import EngineConfig
 from lcfed.engines.local import HostedDevices, run_local
 from lcfed.errors import ConfigError
 from lcfed.experiment import prepare
-from tests.conftest import same_metrics, start_test_ray, tiny_config
+from tests.conftest import same_history, same_metrics, start_test_ray, tiny_config
 
 
 @pytest.fixture(scope="module")
@@ -108,8 +108,7 @@ def test_ray_engine_matches_in_process(ray_cluster, method, extra):
         info = engine.actor_info
     finally:
         engine.close()
-    same_metrics(local.history, remote.history)
-    assert local.history[-1].keys() == remote.history[-1].keys()
+    same_history(local.history, remote.history)
     assert (local.assignment is None) == (remote.assignment is None)
     if local.assignment is not None:
         assert np.array_equal(local.assignment, remote.assignment)
