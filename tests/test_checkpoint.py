@@ -13,6 +13,7 @@ from lcfed.engines.local import run_local
 from lcfed.loop import load_resume
 from lcfed.methods.lcfed import LCFedState
 from lcfed.similarity import Projector
+from lcfed.tracking.store import open_client
 from tests.conftest import same_metrics, tiny_config
 from tune_jobs.cli import main
 
@@ -171,7 +172,7 @@ def test_sigterm_stops_at_a_round_boundary_checkpointed_and_killed_then_resume_c
     path.write_text(yaml.safe_dump(to_dict(cfg)))
     cmd = [sys.executable, "-m", "tune_jobs", "run", "-c", str(path), "-q"]
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
-    client = mlflow.MlflowClient(tracking_uri=tracking_uri)
+    client = open_client(tracking_uri)  # under the store's lock: the run may be creating the database now
 
     def steps() -> list[int]:
         exp = client.get_experiment_by_name("sig")

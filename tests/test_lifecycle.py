@@ -172,17 +172,17 @@ def _start_run(tmp_path: Path, *sets: str) -> tuple[subprocess.Popen[str], str]:
 
 
 def _runs(uri: str) -> list:
-    import mlflow
+    from lcfed.tracking.store import open_client
 
-    client = mlflow.MlflowClient(tracking_uri=uri)
+    client = open_client(uri)  # under the store's lock: the runs may be creating the database now
     exp = client.get_experiment_by_name("guard")
     return client.search_runs([exp.experiment_id]) if exp else []
 
 
 def _steps(uri: str, run_id: str) -> int:
-    import mlflow
+    from lcfed.tracking.store import open_client
 
-    return len(mlflow.MlflowClient(tracking_uri=uri).get_metric_history(run_id, "loss/train_loss"))
+    return len(open_client(uri).get_metric_history(run_id, "loss/train_loss"))
 
 
 def _wait_for_rounds(proc: subprocess.Popen[str], uri: str, rounds: int, timeout: float = 240) -> None:

@@ -17,6 +17,7 @@ from lcfed.engines.local import run_local
 from lcfed.errors import ConfigError
 from lcfed.experiment import load, prepare
 from lcfed.tracking import mlflow_key
+from lcfed.tracking.store import open_client
 from tests.conftest import start_test_ray, tiny_config
 from tune_jobs.cli import main
 from tune_jobs.sweep.options import SweepOptions
@@ -319,7 +320,7 @@ def test_a_signal_stops_the_sweep_killed_with_a_reason_and_resume_finishes_it(sh
     cmd = [sys.executable, "-m", "tune_jobs", "sweep", "-c", str(config), "--space", str(space), "--scheduler", "fifo",
            "--max-concurrent", "1", "--name", "sig", "--storage", str(tmp_path / "tune")]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    client = mlflow.MlflowClient(tracking_uri=tracking_uri)
+    client = open_client(tracking_uri)  # under the store's lock: the sweep may be creating the database now
 
     def runs() -> list:
         exp = client.get_experiment_by_name("sweep-sig")
