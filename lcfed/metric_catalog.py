@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["CATALOG", "FAMILIES", "Metric", "PLOTTED", "SECTIONS", "SUMMARY", "objectives", "docs_table"]
+__all__ = ["CATALOG", "FAMILIES", "LAYER_FAMILIES", "Metric", "PLOTTED", "SECTIONS", "SUMMARY", "objectives",
+           "docs_table", "order_key"]
 
 #: MLflow's run page shows one section per metric-key prefix, sorted by name: these read accuracy, loss,
 #: server, time, traffic (:mod:`lcfed.tracking.naming` prefixes each key with its metric's section)
@@ -86,15 +87,32 @@ CATALOG: tuple[Metric, ...] = (
     Metric("bytes_down_total", "traffic", "min", "running sum of `bytes_down`"),
 )
 
+_LAYERS = ("every round, in MLflow as the table `traffic/layers.csv` and the chart `plots/traffic_layers.png`, "
+           "not as metrics")
+
 #: metric families, one key per member: (prefix, section, when, what a member is)
 FAMILIES: tuple[tuple[str, str, str, str], ...] = (
-    ("bytes_up/", "traffic", "every round", "bytes uploaded per model layer (`conv1`…`fc3`; codes and projections "
+    ("bytes_up/", "traffic", _LAYERS, "bytes uploaded per model layer (`conv1`…`fc3`; codes and projections "
      "under `other`)"),
-    ("bytes_down/", "traffic", "every round", "bytes downloaded per model layer"),
+    ("bytes_down/", "traffic", _LAYERS, "bytes downloaded per model layer"),
     ("cluster_size_", "server", _CLUSTERED + ", in MLflow", "devices in cluster `<k>`"),
 )
 
+#: the per-layer traffic families: the same bytes every round for most methods, so MLflow gets them as one
+#: table and one chart at the end of a run (flat per-round lines, one chart per layer, said nothing)
+LAYER_FAMILIES = ("bytes_up/", "bytes_down/")
+
 _BY_NAME = {m.name: m for m in CATALOG}
+_RANK = {m.name: i for i, m in enumerate(CATALOG)}
+
+
+def order_key(name: str) -> tuple[int, int, str]:
+    """Sorts metric names as a run page should read them: by section (:data:`SECTIONS`), then as the
+    catalogue lists them, families and unknown names last in their section. MLflow's run overview lists a
+    run's metrics in the order they were first logged."""
+    where = section_of(name)
+    rank = SECTIONS.index(where) if where in SECTIONS else len(SECTIONS)
+    return rank, _RANK.get(name, len(CATALOG)), name
 
 
 def section_of(name: str) -> str | None:

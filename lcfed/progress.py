@@ -75,7 +75,7 @@ class ProgressBar:
         self.last_line = now
         elapsed = now - self.t0
         eta = elapsed / (rnd + 1) * (self.rounds - rnd - 1)
-        print(f"round {rnd + 1}/{self.rounds}  acc_mean {self.acc:.4f}  train_loss {metrics['train_loss']:.4f}  "
+        print(f"round {rnd} ({rnd + 1}/{self.rounds})  acc_mean {self.acc:.4f}  train_loss {metrics['train_loss']:.4f}  "
               f"elapsed {elapsed:.0f} s  eta {eta:.0f} s", file=self.file, flush=True)
 
     def on_end(self, result: RunResult) -> None:

@@ -133,7 +133,7 @@ def test_cli_resume_continues_the_same_mlflow_run_or_a_new_one_when_it_is_gone(t
     runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
     assert len(runs) == 1
     run = runs[0]
-    assert (f"lcfed: resuming MLflow run {run.info.run_id} at round 3 of 4 (checkpoint {tmp_path / 'ck' / 'latest.pt'})"
+    assert (f"lcfed: resuming MLflow run {run.info.run_id} at round 2 of rounds 0-3 (checkpoint {tmp_path / 'ck' / 'latest.pt'})"
             in said.splitlines()), said
     assert run.info.status == "FINISHED" and run.data.tags.get("resumed") == "true"
     steps = [m.step for m in client.get_metric_history(run.info.run_id, "loss/train_loss")]

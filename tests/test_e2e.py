@@ -8,6 +8,7 @@ from pathlib import Path
 import mlflow
 import pytest
 import torch
+import yaml
 
 from lcfed import numerics
 from lcfed.metric_catalog import SUMMARY
@@ -51,17 +52,29 @@ def test_run_logs_to_mlflow_and_lcfed_beats_fedavg(tmp_path, tracking_uri, capfd
     assert run.info.status == "FINISHED"
     assert run.data.params["method.name"] == "lcfed" and run.data.params["method.mu"] == "0.1"
     assert run.data.params["data.partition"] == "pathological"
-    # what produced the numbers: the summary's record and the run's provenance.* tags agree
+    # what produced the numbers: the summary's record is the run's provenance.json; two of it are tags
     p = lc["provenance"]
     assert p["numerics"] == "portable" and p["torch"] == torch.__version__ and p["threads"] == "1"
     assert p["kernels"] == torch.backends.cpu.get_cpu_capability() and p["cpu"] == numerics.cpu_model()
-    assert {k: run.data.tags[f"provenance.{k}"] for k in p} == p
+    assert mlflow.artifacts.load_dict(f"{run.info.artifact_uri}/provenance.json") == p
+    assert {k: v for k, v in run.data.tags.items() if k.startswith("provenance")} == {
+        "provenance.numerics": "portable", "provenance.fingerprint": p["fingerprint"]}
+    # params: the fields that apply (a pathological split, the in-process engine), the store as resolved;
+    # the whole config is config.yaml
+    params = run.data.params
+    assert "data.classes_per_device" in params and "data.alpha" not in params and "data.primary" not in params
+    assert "engine.torch_threads" in params and not any(k in params for k in ("engine.num_actors", "engine.address"))
+    assert not any(k.startswith("devices.") and k != "devices.simulate" for k in params)
+    assert params["tracking.uri"] == tracking_uri and "train.local_epochs" not in params
+    config = yaml.safe_load(mlflow.artifacts.load_text(f"{run.info.artifact_uri}/config.yaml"))
+    assert config["data"]["partition"] == "pathological" and config["engine"]["num_actors"] == 0
     # every metric under its run-page section: accuracy, loss, server, time, traffic (docs/mlflow.md)
     for key in ("accuracy/acc_mean", "accuracy/acc_weighted", "accuracy/acc_p10", "accuracy/acc_p90",
                 "loss/train_loss", "traffic/bytes_up", "traffic/bytes_down", "server/cluster_size_0",
                 "server/num_clusters", "server/label_homogeneity", "server/coverage", "time/round_seconds"):
         assert key in run.data.metrics, key
-    assert {k.split("/")[0] for k in run.data.metrics} == {"accuracy", "loss", "server", "time", "traffic", "system"}
+    assert {k.split("/")[0] for k in run.data.metrics} == {"accuracy", "loss", "server", "time", "traffic"}
+    assert next(iter(run.data.metrics)).startswith("accuracy/")  # first logged: the run page lists it first
     history = client.get_metric_history(lc["run_id"], "accuracy/acc_mean")
     assert [m.step for m in history] == list(range(12))
     assert run.data.metrics["accuracy/acc_mean"] == lc["acc_mean"]
@@ -84,14 +97,18 @@ def test_run_logs_to_mlflow_and_lcfed_beats_fedavg(tmp_path, tracking_uri, capfd
     assert str(tmp_path) in run.info.artifact_uri
     assert (local / "metrics" / "devices.csv").read_text().startswith("device,cluster,trained,correct,total,accuracy")
 
-    # the UI opens the experiment on its runs table; source, commit, user, dataset, models, system metrics
+    # the UI opens the experiment on its runs table; source, commit, user, dataset, models
     assert client.get_experiment(run.info.experiment_id).tags["mlflow.experimentKind"] == "custom_model_development"
     assert {"mlflow.source.name", "mlflow.user", "model.personal", "model.clusters"} <= set(run.data.tags)
     assert len(run.data.tags.get("mlflow.source.git.commit", "0" * 40)) == 40
     (dataset,) = [d.dataset for d in run.inputs.dataset_inputs]
     assert dataset.name == "digits" and '"partition": "pathological"' in dataset.profile and dataset.source_type == "local"
-    assert any(k.startswith("system/") for k in run.data.metrics)
-    assert "traffic/bytes_up/conv1" in run.data.metrics and not any("bytes_up." in k for k in run.data.metrics)
+    assert not any(k.startswith("system/") for k in run.data.metrics)  # off unless asked (docs/mlflow.md)
+    # the per-layer traffic is a table and one chart, not a flat line per layer
+    assert not any(k.startswith(("traffic/bytes_up/", "traffic/bytes_down/")) for k in run.data.metrics)
+    layers = (local / "traffic" / "layers.csv").read_text().splitlines()
+    assert layers[0] == "round,layer,bytes_up,bytes_down" and len(layers) == 1 + 12 * 6  # conv1..fc3, other
+    assert (local / "plots" / "traffic_layers.png").read_bytes()[:4] == b"\x89PNG"
 
 
 def test_progress_without_a_terminal_is_plain_lines_and_quiet_is_silent():
@@ -106,5 +123,5 @@ def test_progress_without_a_terminal_is_plain_lines_and_quiet_is_silent():
     run_local(tiny_config("train.rounds=3"), [ProgressBar(file=out), ProgressBar(disable=True, file=quiet)])
     lines = out.getvalue().splitlines()
     assert "\r" not in out.getvalue() and quiet.getvalue() == ""
-    assert lines[0].startswith("round 1/3  acc_mean ") and lines[-1].startswith("round 3/3  acc_mean ")
+    assert lines[0].startswith("round 0 (1/3)  acc_mean ") and lines[-1].startswith("round 2 (3/3)  acc_mean ")
     assert all("train_loss" in line and "eta" in line for line in lines) and 2 <= len(lines) <= 3

@@ -234,14 +234,14 @@ HISTORY = [
 
 def test_last_evals_average_only_evaluated_rounds() -> None:
     two = last_evals(HISTORY, 2)
-    assert two["evaluations"] == 2 and two["rounds"] == [4, 6]
+    assert two["evaluations"] == 2 and two["rounds"] == [3, 5]
     assert two["acc_mean"] == pytest.approx(0.65) and two["acc_weighted"] == pytest.approx(0.70)
     assert two["train_loss"] == pytest.approx(0.7)
     assert "ari" not in two  # not measured at every averaged evaluation
     every = last_evals(HISTORY, 10)  # asks for more than the run made: all three
     assert every["evaluations"] == 3 and every["acc_mean"] == pytest.approx(0.6)
     table = summary_table(HISTORY[-1], two)
-    assert "(round 6)" in table and "mean of last 2 evals" in table and "(rounds 4, 6)" in table
+    assert "(round 5)" in table and "mean of last 2 evals" in table and "(rounds 3, 5)" in table
     assert re.search(r"acc_mean\s+0\.6000\s+0\.6500", table)
     with pytest.raises(ConfigError, match="tracking.summary_evals"):
         load_config(None, ["tracking.summary_evals=0"])
@@ -262,18 +262,18 @@ def test_run_prints_partition_and_summary_and_logs_them(tmp_path: Path, tracking
     summary = json.loads(out.read_text())
     assert printed.startswith("partition: digits pathological 2 classes per device")
     assert "min_test_samples 50" in printed and "test 50 / " in printed
-    assert "mean of last 3 evals" in printed and "(rounds 2, 3, 4)" in printed
+    assert "mean of last 3 evals" in printed and "(rounds 1, 2, 3)" in printed
     assert summary["partition"]["test_min"] == 50 and summary["partition"]["classes_max"] == 2
-    assert summary["last_eval_round"] == 4 and "last evaluation" in summary["reports"]
+    assert summary["last_eval_round"] == 3 and "last evaluation" in summary["reports"]
     history = mlflow.MlflowClient(tracking_uri).get_metric_history(summary["run_id"], "accuracy/acc_mean")
     by_step = {m.step: m.value for m in history}
     assert summary["acc_mean"] == by_step[3]  # the top level stays the last evaluation
-    assert summary["last_evals"]["rounds"] == [2, 3, 4]
+    assert summary["last_evals"]["rounds"] == [1, 2, 3]
     assert summary["last_evals"]["acc_mean"] == pytest.approx(np.mean([by_step[1], by_step[2], by_step[3]]))
     params = mlflow.MlflowClient(tracking_uri).get_run(summary["run_id"]).data.params
     assert params["federation.partition.test_min"] == "50"
     assert params["federation.partition.classes_mean"] == "2"
-    assert params["data.dirichlet_convention"] == "rebalance" and params["data.min_test_samples"] == "50"
+    assert "data.dirichlet_convention" not in params and params["data.min_test_samples"] == "50"  # pathological
 
 
 # ---------------------------------------------------------------- the repository explains itself

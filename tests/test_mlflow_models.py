@@ -35,7 +35,7 @@ def test_logged_models_on_raw_images_reproduce_each_devices_accuracy(tracking_ur
     run = client.get_run(obs.run_id)
     assert run.info.status == "FINISHED"
     assert {"model.personal", "model.clusters", "model.embedding"} <= set(run.data.tags)
-    assert any(k.startswith("system/") for k in run.data.metrics)  # one point even for a short run
+    assert not any(k.startswith("system/") for k in run.data.metrics)  # off unless the environment asks
 
     rows = list(csv.DictReader(io.StringIO(mlflow.artifacts.load_text(f"runs:/{obs.run_id}/metrics/devices.csv"))))
     assert [int(r["device"]) for r in rows] == list(range(8))
@@ -115,13 +115,16 @@ def test_fedavg_logs_its_global_model(tracking_uri, monkeypatch):
     assert mlflow.models.get_model_info(tags["model.global"]).signature.params is None
 
 
-def test_system_metrics_stop_when_the_run_fails(tracking_uri):
+def test_system_metrics_when_asked_get_a_point_and_stop_when_the_run_fails(tracking_uri, monkeypatch):
+    monkeypatch.setenv("MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING", "true")  # MLflow's own switch turns them on
     obs = MLflowObserver(tracking_uri)
+    assert obs.system_metrics
     with pytest.raises(DivergenceError):
         run_local(tiny_config("train.lr=1e6", "tracking.enabled=true", f"tracking.uri={tracking_uri}"), [obs])
     assert obs.monitor is None and not _monitors()
     run = mlflow.MlflowClient(tracking_uri).get_run(obs.run_id)
     assert run.info.status == "FAILED" and "model.personal" not in run.data.tags
+    assert any(k.startswith("system/") for k in run.data.metrics)  # one point even for a short run
 
 
 def test_store_gone_at_the_end_skips_the_models_with_a_warning(tracking_uri, tmp_path, monkeypatch):

@@ -105,7 +105,8 @@ def test_sweep_of_four_trials_logs_children_and_parent(shared_ray, tmp_path, tra
                                            "params.`method.mu`", "params.`method.lam`"]
     assert (view["orderByKey"], view["orderByAsc"], view["searchFilter"]) == ("metrics.`accuracy/acc_mean`", False,
                                                                               "tags.sweep = 't4'")
-    assert summary["view"].endswith(f"/#/experiments/{exp.experiment_id}/runs?viewStateShareKey=sweep-t4")
+    assert summary["view"].endswith(f"/#/experiments/{exp.experiment_id}/runs?workflowType=machine_learning"
+                                   "&viewStateShareKey=sweep-t4")
     assert (p.params["metric"], p.params["mode"], p.params["scheduler"]) == ("acc_mean", "max", "fifo")
     assert "grace_period" not in p.params
     text = Path(client.download_artifacts(summary["parent_run_id"], "space.yaml")).read_text()
@@ -247,7 +248,7 @@ def test_an_optuna_sweep_with_asha_is_seeded_and_prints_one_table(shared_ray, tm
     assert (summary["search"], summary["scheduler"], summary["grace_period"], summary["trials"]) == ("optuna", "asha",
                                                                                                      2, 5)
     assert "__base__" not in console and "'data':" not in console
-    assert re.search(r"trial 1 \(\w+\) mu=[\d.e-]+ lam=[\d.e-]+: round 1/4  acc_mean [\d.]+", console)
+    assert re.search(r"trial 1 \(\w+\) mu=[\d.e-]+ lam=[\d.e-]+: round 0 \(1/4\)  acc_mean [\d.]+", console)
     table = console[console.index("sweep: 5/5 trials ended"):].splitlines()
     assert table[1].split() == ["trial", "status", "mu", "lam", "round", "acc_mean"]
     rows = [line.lstrip("* ").split() for line in table[2:7]]

@@ -21,7 +21,7 @@ from typing import Any
 
 from actors.connect import ensure_ray
 from lcfed.config import EngineConfig
-from lcfed.tracking import RunGuard, get_or_create_experiment, open_client
+from lcfed.tracking import RunGuard, get_or_create_experiment, open_client, source_tags
 
 
 def exception_line(exc: BaseException) -> str:
@@ -73,8 +73,9 @@ class ParentRun:
         return self.client
 
     def create(self, name: str, tags: dict[str, str], params: dict[str, str] | None = None) -> str:
-        """A new parent run, opened (:meth:`open`), with ``params`` logged (each cut to MLflow's 6000
-        characters)."""
+        """A new parent run, opened (:meth:`open`), with MLflow's source tags (the UI's Source and Created by)
+        and ``params`` logged (each cut to MLflow's 6000 characters)."""
+        tags = {**source_tags(), **tags}
         run_id = self.open(self.client.create_run(self.experiment_id, run_name=name, tags=tags).info.run_id)
         if params:
             from mlflow.entities import Param  # MLflow with the first run; not at the top: see the module's docstring

@@ -76,16 +76,17 @@ def _observers(cfg: ExperimentConfig, args: argparse.Namespace, resume: Any) -> 
 
 
 def resume_line(cfg: ExperimentConfig, resume: Any, ckpt: Path, tracked: bool) -> str:
-    """What ``--resume`` continues, in one line: the MLflow run and the round (counted from 1), e.g.
-    ``lcfed: resuming MLflow run 3f2a... at round 3 of 5 (checkpoint runs/x/checkpoint.pt)``."""
+    """What ``--resume`` continues, in one line: the MLflow run and the round (from 0, as MLflow's steps), e.g.
+    ``lcfed: resuming MLflow run 3f2a... at round 2 of rounds 0-4 (checkpoint runs/x/checkpoint.pt)``."""
     if resume is None:
-        return f"lcfed: no checkpoint in {ckpt.parent} yet; starting at round 1 of {cfg.train.rounds}"
+        return f"lcfed: no checkpoint in {ckpt.parent} yet; starting at round 0 of rounds 0-{cfg.train.rounds - 1}"
     run_id = resume.tracking.get("run_id")
     what = (f"MLflow run {run_id}" if run_id and tracked else
             "an untracked run (a new MLflow run logs it)" if tracked else "the run")
     if resume.next_round >= cfg.train.rounds:
         return f"lcfed: {what} finished all {cfg.train.rounds} rounds (checkpoint {ckpt}); nothing to resume"
-    return f"lcfed: resuming {what} at round {resume.next_round + 1} of {cfg.train.rounds} (checkpoint {ckpt})"
+    return (f"lcfed: resuming {what} at round {resume.next_round} of rounds 0-{cfg.train.rounds - 1} "
+            f"(checkpoint {ckpt})")
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -131,7 +132,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         loc = tracker.location()
         print(f"MLflow run {loc['run_id']} in experiment {cfg.tracking.experiment!r} (id {loc['experiment_id']})")
         print(f"  store: {loc['tracking_uri']}")
-        print(f"  UI:    {ui_hint(loc['tracking_uri'])}")
+        print(f"  UI:    {ui_hint(loc['tracking_uri'], loc['experiment_id'], loc['run_id'])}")
     if args.json:
         Path(args.json).write_text(json.dumps(summary, indent=2, default=str) + "\n")
     if "unlogged_metrics" in result.tracking:
@@ -145,7 +146,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 def _run_summary(cfg: ExperimentConfig, result: Any, stats: dict[str, float], averaged: dict[str, Any]) -> dict[str, Any]:
     """What ``lcfed run --json`` writes: the run's settings, its last evaluation, the mean of the last ones,
     the partition, the numerics and where it was tracked."""
-    final_round = int(result.final["round"]) + 1 if "round" in result.final else None
+    final_round = int(result.final["round"]) if "round" in result.final else None
     return {
         "name": cfg.name,
         "seed": cfg.seed,
@@ -155,7 +156,8 @@ def _run_summary(cfg: ExperimentConfig, result: Any, stats: dict[str, float], av
         "seconds_per_round": result.round_seconds,
         "wall_seconds": result.wall_seconds,
         "reports": f"the metrics at the top level are the last evaluation's (round {final_round}); last_evals "
-                   f"holds their mean over the last {averaged['evaluations']} evaluations (rounds counted from 1)",
+                   f"holds their mean over the last {averaged['evaluations']} evaluations (rounds from 0, as "
+                   "MLflow's steps)",
         "last_eval_round": final_round,
         **{k: v for k, v in result.final.items() if k != "round"},
         **({"sim_seconds_to_target": next((row["sim_seconds_to_target"] for row in result.history
@@ -172,10 +174,10 @@ def _run_summary(cfg: ExperimentConfig, result: Any, stats: dict[str, float], av
 
 def last_evals(history: Sequence[dict[str, float]], n: int) -> dict[str, Any]:
     """The mean of each summary metric over the last ``n`` evaluated rounds (fewer if the run made
-    fewer), with how many were averaged and their round numbers (from 1). A single evaluation moves
+    fewer), with how many were averaged and their rounds (from 0, as MLflow's steps). A single evaluation moves
     with the smallest devices' test sets; the papers' tables average the last few (reproduce: 3)."""
     evals = [row for row in history if "acc_mean" in row][-n:]
-    out: dict[str, Any] = {"evaluations": len(evals), "rounds": [int(row["round"]) + 1 for row in evals]}
+    out: dict[str, Any] = {"evaluations": len(evals), "rounds": [int(row["round"]) for row in evals]}
     for key in SUMMARY:
         if evals and all(key in row for row in evals):
             out[key] = float(sum(row[key] for row in evals) / len(evals))
@@ -185,7 +187,7 @@ def last_evals(history: Sequence[dict[str, float]], n: int) -> dict[str, Any]:
 def summary_table(final: dict[str, float], averaged: dict[str, Any]) -> str:
     """Two columns: the last evaluation and the mean of the last N, each headed by its rounds."""
     k = averaged["evaluations"]
-    last = f"round {int(final['round']) + 1}" if "round" in final else "no evaluation"
+    last = f"round {int(final['round'])}" if "round" in final else "no evaluation"
     rounds = ", ".join(map(str, averaged["rounds"]))
     lines = [f"  {'':<17} {'last eval':>10}   mean of last {k} eval{'s' if k != 1 else ''}",
              f"  {'':<17} {'(' + last + ')':>10}   (round{'s' if k != 1 else ''} {rounds})"]

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from lcfed.config import ExperimentConfig
-from lcfed.metric_catalog import PLOTTED
+from lcfed.metric_catalog import LAYER_FAMILIES, PLOTTED
 from lcfed.run_result import RunResult
 
 #: the plotted pair drawn as a band rather than as lines
@@ -81,6 +81,50 @@ def devices_csv(result: RunResult) -> str:
     return "\n".join(lines) + "\n"
 
 
+def layer_rows(history: Sequence[dict[str, float]]) -> tuple[list[str], list[tuple[int, str, int, int]]]:
+    """The per-layer traffic of a run's history: its layers (in the order first seen) and one
+    ``(round, layer, bytes_up, bytes_down)`` per round and layer (0 where a round moved none of it)."""
+    up, down = LAYER_FAMILIES
+    layers = list(dict.fromkeys(k.split("/", 1)[1] for row in history for k in row if k.startswith(LAYER_FAMILIES)))
+    rows = [(int(row.get("round", i)), layer, int(row.get(up + layer, 0)), int(row.get(down + layer, 0)))
+            for i, row in enumerate(history) for layer in layers]
+    return layers, rows
+
+
+def layers_csv(history: Sequence[dict[str, float]]) -> str:
+    """``traffic/layers.csv``: ``round,layer,bytes_up,bytes_down``, one row per round and model layer (codes
+    and projections under ``other``); empty when no layer moved."""
+    _, rows = layer_rows(history)
+    return "\n".join(["round,layer,bytes_up,bytes_down"] + [",".join(map(str, r)) for r in rows]) + "\n"
+
+
+def layers_figure(history: Sequence[dict[str, float]], cfg: ExperimentConfig) -> Any:
+    """``plots/traffic_layers.png``: each layer's upload and download over the whole run, in MB (10^6 bytes),
+    as paired horizontal bars, the layers top to bottom as the model has them."""
+    import matplotlib  # here, not at the top: see accuracy_figure
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # after choosing the Agg backend
+
+    layers, rows = layer_rows(history)
+    totals = {layer: [0, 0] for layer in layers}
+    for _, layer, up, down in rows:
+        totals[layer][0] += up
+        totals[layer][1] += down
+    fig, ax = plt.subplots(figsize=(6, 1.2 + 0.45 * max(len(layers), 1)), dpi=100, layout="constrained")
+    y = np.arange(len(layers))[::-1]
+    ax.barh(y + 0.2, [totals[layer][0] / 1e6 for layer in layers], height=0.4, label="uploaded")
+    ax.barh(y - 0.2, [totals[layer][1] / 1e6 for layer in layers], height=0.4, label="downloaded")
+    ax.set_yticks(y, layers)
+    ax.set_xlabel("MB over the run (10^6 bytes)")
+    ax.set_title(f"traffic per layer: {cfg.method.name}, {len(history)} rounds")
+    ax.grid(axis="x", alpha=0.3)
+    if layers:
+        ax.legend(loc="lower right", frameon=False)
+    plt.close(fig)
+    return fig
+
+
 #: x-axis label of plots against the device model's simulated clock
 CLOCK_AXIS = "simulated clock (hours)"
 
@@ -122,9 +166,13 @@ def log_artifacts(client: Any, run_id: str, result: RunResult, cfg: ExperimentCo
                   assignments: Sequence[np.ndarray], rounds: Sequence[int]) -> None:
     """The end-of-run artifacts: ``metrics/history.csv``, for clustered methods ``clusters/assignment.csv``
     and ``clusters/assignment_history.csv`` (``assignments[i]`` is round ``rounds[i]``'s),
-    ``plots/accuracy.png`` (with the device model also ``plots/accuracy_vs_clock.png``) and, when the run
-    evaluated its devices, ``metrics/devices.csv``."""
+    ``plots/accuracy.png`` (with the device model also ``plots/accuracy_vs_clock.png``), the per-layer
+    traffic as ``traffic/layers.csv`` and ``plots/traffic_layers.png`` and, when the run evaluated its
+    devices, ``metrics/devices.csv``."""
     client.log_text(run_id, history_csv(result.history), "metrics/history.csv")
+    if layer_rows(result.history)[0]:
+        client.log_text(run_id, layers_csv(result.history), "traffic/layers.csv")
+        client.log_figure(run_id, layers_figure(result.history, cfg), "plots/traffic_layers.png")
     if result.assignment is not None:
         client.log_text(run_id, assignment_csv(result.assignment), "clusters/assignment.csv")
         if assignments:

@@ -1,5 +1,6 @@
-"""What went into a run: its params (the flattened config and the federation's facts, ``federation.*``)
-and its dataset input (a digest of the partition, its config and statistics).
+"""What went into a run: its params (the config's fields that apply to it, the resolved store and the
+federation's facts, ``federation.*``), the whole config as ``config.yaml``, and its dataset input (a
+digest of the partition, its config and statistics).
 
 Separate from the observer because the sweep's trials compute the facts on worker nodes (no MLflow
 there) and report them to the driver, and because the partition digest (equal digests, equal devices'
@@ -12,10 +13,14 @@ import dataclasses
 import hashlib
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from lcfed.config import ExperimentConfig, drop_later_defaults, flatten
+import yaml
+
+from lcfed.config import ExperimentConfig, drop_later_defaults, flatten, to_dict
+from lcfed.data.generated import GENERATED
 from lcfed.experiment import file_source
 from lcfed.methods.base import Federation
 
@@ -39,16 +44,95 @@ PARAMS_PER_BATCH = 100
 PARAM_LENGTH = 6000
 
 
-def log_params(client: Any, run_id: str, cfg: ExperimentConfig, facts: dict[str, str]) -> None:
-    """The run's params: the flattened config, and ``facts`` (:func:`federation_facts`) as ``federation.*``;
-    sorted, each cut at :data:`PARAM_LENGTH` characters."""
+Rule = Callable[[ExperimentConfig], bool]
+
+
+def _partition(*names: str) -> Rule:
+    return lambda c: c.data.partition in names
+
+
+def _dataset(*names: str) -> Rule:
+    return lambda c: c.data.dataset in names
+
+
+def _simulated(rule: Rule = lambda c: True) -> Rule:
+    return lambda c: bool(c.devices.simulate) and rule(c)
+
+
+def _availability(*names: str) -> Rule:
+    return _simulated(lambda c: c.devices.availability in names)
+
+
+def _aggregation(name: str) -> Rule:
+    return _simulated(lambda c: c.devices.aggregation == name)
+
+
+def _ray(c: ExperimentConfig) -> bool:
+    return c.engine.kind == "ray"
+
+
+#: fields logged as params only where they apply: a Dirichlet run's params say nothing of classes per
+#: device, an in-process run's nothing of actors (the whole config is the run's ``config.yaml``)
+APPLIES: dict[str, Rule] = {
+    "data.alpha": _partition("dirichlet"),
+    "data.dirichlet_convention": _partition("dirichlet"),
+    "data.classes_per_device": _partition("pathological"),
+    "data.primary": _partition("primary_secondary"),
+    "data.secondary": _partition("primary_secondary"),
+    "data.user_selection": _partition("natural"),
+    "data.testbed_groups": lambda c: c.data.testbed != "none",
+    **{f"data.{f}": _dataset("file") for f in ("path", "format", "label_column", "device_column", "group_column",
+                                               "image_size")},
+    "data.synthetic_samples": _dataset("synthetic", GENERATED),
+    **{f"data.{f}": _dataset(GENERATED) for f in ("synthetic_alpha", "synthetic_beta", "synthetic_clusters")},
+    "data.download": lambda c: c.data.dataset != "file",
+    **{f"devices.{f}": _simulated() for f in ("speed_sigma", "bandwidth_sigma", "latency_ms", "availability",
+                                              "dropout", "capacity_trace", "target_acc", "aggregation")},
+    "devices.online_fraction": _availability("diurnal", "iid"),
+    "devices.period_hours": _availability("diurnal", "iid"),
+    "devices.slot_minutes": _availability("iid"),
+    "devices.phase": _availability("diurnal"),
+    "devices.phase_jitter": _simulated(lambda c: c.devices.availability == "diurnal" and c.devices.phase == "groups"),
+    "devices.availability_trace": _availability("trace"),
+    "devices.trace_format": _simulated(lambda c: bool(c.devices.capacity_trace or c.devices.availability_trace)),
+    "devices.deadline_seconds": _aggregation("sync"),
+    "devices.overcommit": _aggregation("sync"),
+    "devices.async_buffer": _aggregation("async"),
+    "devices.staleness": _aggregation("async"),
+    **{f"engine.{f}": _ray for f in ("num_actors", "devices_per_actor", "cpus_per_actor", "gpus_per_actor", "gpus",
+                                     "actors_per_gpu", "placement_timeout_s", "address", "object_store_mb",
+                                     "max_failures")},
+    "engine.spill_dir": lambda c: c.engine.state_memory_mb > 0,
+    "checkpoint.every": lambda c: bool(c.checkpoint.dir),
+    "tracking.enabled": lambda c: False,  # a logged run is tracked
+}
+
+
+def applicable(cfg: ExperimentConfig) -> dict[str, Any]:
+    """The flattened config's fields that apply to this run (:data:`APPLIES`), unset ones (None, "", ())
+    left out: ``train.local_epochs`` when the budget is in steps, ``tracking.run_name`` when not given."""
+    return {k: v for k, v in flatten(cfg).items()
+            if APPLIES.get(k, lambda c: True)(cfg) and v is not None and v != "" and v != ()}
+
+
+def run_params(cfg: ExperimentConfig, facts: dict[str, str], uri: str) -> dict[str, str]:
+    """A run's params: :func:`applicable`, ``tracking.uri`` as resolved (the store the run went to), and
+    ``facts`` (:func:`federation_facts`) as ``federation.*``; sorted, each cut at :data:`PARAM_LENGTH`."""
+    params = {k: str(v) for k, v in applicable(cfg).items()}
+    params["tracking.uri"] = uri
+    params.update({f"federation.{k}": str(v) for k, v in facts.items()})
+    return {k: v[:PARAM_LENGTH] for k, v in sorted(params.items())}
+
+
+def log_params(client: Any, run_id: str, cfg: ExperimentConfig, facts: dict[str, str], uri: str) -> None:
+    """The run's params (:func:`run_params`) and its whole config as the artifact ``config.yaml`` (what
+    ``lcfed run -c`` reads back)."""
     from mlflow.entities import Param  # MLflow only when a run is logged
 
-    params = {k: str(v) for k, v in flatten(cfg).items()}
-    params.update({f"federation.{k}": str(v) for k, v in facts.items()})
-    items = [Param(k, v[:PARAM_LENGTH]) for k, v in sorted(params.items())]
+    items = [Param(k, v) for k, v in run_params(cfg, facts, uri).items()]
     for start in range(0, len(items), PARAMS_PER_BATCH):
         client.log_batch(run_id, params=items[start : start + PARAMS_PER_BATCH])
+    client.log_text(run_id, yaml.safe_dump(to_dict(cfg), sort_keys=False), "config.yaml")
 
 
 def _partition_config(cfg: ExperimentConfig) -> dict[str, Any]:

@@ -72,8 +72,8 @@ class MLflowObserver:
         (:meth:`new_run_if_gone`). ``guard``: a :class:`RunGuard` closes the run as FAILED if this process
         dies without closing it.
         ``log_models``: log the final models (:meth:`log_models`). ``system_metrics``: sample this
-        machine's CPU/memory/GPU while the run trains (default: unless
-        ``MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING`` is false). ``resume_command``: the command that continues
+        machine's CPU/memory/GPU while the run trains (default: only when
+        ``MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING`` is true; :func:`lcfed.tracking.system.wanted_by_env` says why). ``resume_command``: the command that continues
         the run, named in the failure reason when its cluster is lost. ``run_name``: the new run's name unless
         ``tracking.run_name`` sets one (default: :func:`lcfed.tracking.naming.run_name` of the config, the
         method, data and seed; ``lcfed run`` adds its ``--set`` values)."""
@@ -139,7 +139,8 @@ class MLflowObserver:
 
     def start(self, cfg: ExperimentConfig, facts: dict[str, str], provenance: dict[str, str] | None = None) -> None:
         """Create (or reopen, when resuming) the run; ``facts`` are logged as ``federation.*`` params,
-        ``provenance`` (what produces the numbers: :func:`lcfed.provenance.record`) as ``provenance.*`` tags."""
+        ``provenance`` (what produces the numbers: :func:`lcfed.provenance.record`) as ``provenance.json`` and its
+        ``provenance.numerics`` / ``.fingerprint`` tags."""
         self.cfg = cfg
         self.experiment_id = get_or_create_experiment(self.client, cfg.tracking.experiment, self.uri)
         if self.run_id is not None:  # resuming: same run, metrics continue at the next step
@@ -158,7 +159,9 @@ class MLflowObserver:
         run = self.client.create_run(self.experiment_id, run_name=name, tags=tags)
         self.run_id = run.info.run_id
         self._guard(cfg)
-        log_params(self.client, run.info.run_id, cfg, facts)
+        if provenance:
+            self.client.log_dict(self.run_id, dict(provenance), "provenance.json")
+        log_params(self.client, run.info.run_id, cfg, facts, self.uri)
         for row in self.backfill:  # resumed into a new run: the checkpoint's rounds first
             self.log_round(int(row["round"]), dict(row), None)
 
@@ -213,11 +216,13 @@ class MLflowObserver:
             self.guard = None
 
     def log_provenance(self, provenance: dict[str, str]) -> None:
-        """``provenance.*`` tags, replacing earlier values (one call)."""
+        """The whole record as ``provenance.json`` and its ``provenance.numerics`` / ``.fingerprint`` tags,
+        replacing earlier ones."""
         from mlflow.entities import RunTag  # MLflow only when a run is logged (never on Tune workers)
 
         if provenance and self.run_id is not None:
             self.client.log_batch(self.run_id, tags=[RunTag(k, v) for k, v in provenance_tags(provenance).items()])
+            self.client.log_dict(self.run_id, dict(provenance), "provenance.json")
 
     # -- every round ------------------------------------------------------------------------------
 

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from lcfed.metric_catalog import LAYER_FAMILIES, order_key
 from lcfed.metrics import cluster_sizes
 from lcfed.tracking.naming import mlflow_key
 from lcfed.tracking.store import METRICS_PER_BATCH, reachable
@@ -26,18 +27,20 @@ POLL_S = 1.0
 
 
 def round_points(rnd: int, metrics: dict[str, float], assignment: np.ndarray | None, method_params: Any) -> list[Any]:
-    """Round ``rnd``'s metrics as MLflow points (step = round; ``round`` itself and non-finite values
-    left out), with ``cluster_size_<c>`` for every cluster of ``assignment`` (at least the method's
-    ``num_clusters``, empty ones as 0), each under its section's key (:func:`~lcfed.tracking.naming.mlflow_key`)."""
+    """Round ``rnd``'s metrics as MLflow points (step = round; ``round`` itself, non-finite values and the
+    per-layer traffic, logged as a table at the end, left out), with ``cluster_size_<c>`` for every cluster
+    of ``assignment`` (at least the method's ``num_clusters``, empty ones as 0), each under its section's key
+    (:func:`~lcfed.tracking.naming.mlflow_key`), in the catalogue's order: accuracy first."""
     from mlflow.entities import Metric  # MLflow only where a run is logged (never on Tune workers)
 
     ts = int(time.time() * 1000)
-    values = {k: v for k, v in metrics.items() if k != "round"}
+    values = {k: v for k, v in metrics.items() if k != "round" and not k.startswith(LAYER_FAMILIES)}
     if assignment is not None:
         k = getattr(method_params, "num_clusters", int(assignment.max()) + 1)
         for c, size in enumerate(cluster_sizes(assignment, max(k, int(assignment.max()) + 1))):
             values[f"cluster_size_{c}"] = float(size)
-    return [Metric(mlflow_key(k), float(v), ts, rnd) for k, v in values.items() if np.isfinite(v)]
+    return [Metric(mlflow_key(k), float(v), ts, rnd) for k, v in sorted(values.items(), key=lambda kv: order_key(kv[0]))
+            if np.isfinite(v)]
 
 
 class MetricBuffer:

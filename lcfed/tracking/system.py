@@ -12,15 +12,17 @@ import warnings
 from typing import Any
 
 #: seconds between two samples of the system metrics (``system/cpu_utilization_percentage``, memory,
-#: disk, network, GPU): MLflow's default; ``MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL`` overrides it and
-#: ``MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING=false`` turns them off
+#: disk, network, GPU): MLflow's default; ``MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL`` overrides it
 SYSTEM_METRICS_INTERVAL_S = 10.0
 
 
 def wanted_by_env() -> bool:
-    """Whether runs sample system metrics when not told: unless ``MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING``
-    is false (or 0)."""
-    return os.environ.get("MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING", "true").lower() not in ("false", "0")
+    """Whether runs sample system metrics: only when ``MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING`` is true (or 1).
+
+    Off by default: they sample the machine of the process that logs the run, which with Ray is the driver,
+    not the nodes that train; a run of seconds gets one sample; and MLflow's run page lists them above
+    the model's metrics, ahead of accuracy."""
+    return os.environ.get("MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING", "false").lower() in ("true", "1")
 
 
 def start_monitor(run_id: str, uri: str, resumed: bool) -> Any:

@@ -1,6 +1,6 @@
 """A run's tags: what ran (method, dataset, partition, seed: the runs table groups by them), and where its
 numbers come from: the command, the code's git commit and the user (MLflow's source tags), and the
-numerics provenance (``provenance.*``).
+numerics provenance (``provenance.numerics`` and ``.fingerprint``; the whole record is an artifact).
 
 Separate from the observer because sweeps and comparisons tag their parent runs with them too, and the
 source and provenance tags describe the process, the checkout and the machine, not the federation.
@@ -58,6 +58,12 @@ def source_tags() -> dict[str, str]:
     return tags
 
 
+#: the provenance fields a run carries as tags (the whole record is its ``provenance.json``): what decides
+#: whether two runs' numbers may differ, searchable without crowding the run page's tags
+PROVENANCE_TAGS = ("numerics", "fingerprint")
+
+
 def provenance_tags(provenance: dict[str, str]) -> dict[str, str]:
-    """``provenance.<field>`` tags of :func:`lcfed.provenance.record`'s record (MLflow caps a tag at 8000 characters)."""
-    return {f"provenance.{k}": str(v)[:8000] for k, v in provenance.items()}
+    """``provenance.<field>`` tags of :func:`lcfed.provenance.record`'s record, the fields of
+    :data:`PROVENANCE_TAGS` only (MLflow caps a tag at 8000 characters)."""
+    return {f"provenance.{k}": str(provenance[k])[:8000] for k in PROVENANCE_TAGS if k in provenance}

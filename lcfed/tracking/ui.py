@@ -6,7 +6,9 @@ the CLI prints the hint after the runs are logged.
 
 from __future__ import annotations
 
+import functools
 import json
+import socket
 import sys
 import warnings
 from collections.abc import Sequence
@@ -31,12 +33,45 @@ def mlflow_command() -> str:
         return str(here)
 
 
-def ui_hint(uri: str) -> str:
-    """How to open the MLflow UI for this store."""
+#: the port ``mlflow ui`` serves on by default, and the first tried for the UI command lcfed prints
+UI_PORT = 5000
+
+#: MLflow 3's UI opens in its GenAI mode (traces, judges) unless the address asks for the model-training one
+ML_VIEW = "workflowType=machine_learning"
+
+
+@functools.cache
+def ui_port(host: str = "127.0.0.1") -> int:
+    """The port the printed ``mlflow ui`` command (:func:`ui_hint`) and every address lcfed prints for a local
+    store use: :data:`UI_PORT`, or the next one nothing listens on (a UI already open on 5000 may be
+    another store's). Asked once per process, so the command and the addresses agree."""
+    for port in range(UI_PORT, UI_PORT + 50):
+        try:
+            socket.create_connection((host, port), timeout=0.2).close()
+        except OSError:
+            return port
+    return UI_PORT
+
+
+def ui_base(uri: str) -> str:
+    """The UI's address for this store: the tracking server's own, else the ``mlflow ui`` that
+    :func:`ui_hint` starts."""
+    return uri.rstrip("/") if is_server_uri(uri) else f"http://127.0.0.1:{ui_port()}"
+
+
+def run_url(uri: str, exp_id: str, run_id: str | None = None) -> str:
+    """Where the UI shows run ``run_id`` (else experiment ``exp_id``'s runs table), in the model-training view."""
+    page = f"runs/{run_id}" if run_id else "runs"
+    return f"{ui_base(uri)}/#/experiments/{exp_id}/{page}?{ML_VIEW}"
+
+
+def ui_hint(uri: str, exp_id: str | None = None, run_id: str | None = None) -> str:
+    """How to open the MLflow UI for this store, on run ``run_id`` of experiment ``exp_id`` when given."""
+    where = run_url(uri, exp_id, run_id) if exp_id else ui_base(uri)
     if is_server_uri(uri):
-        return f"open {uri}"
-    return (f"{mlflow_command()} ui --backend-store-uri {uri} --host 127.0.0.1 --port 5000   "
-            "# then open http://127.0.0.1:5000")
+        return f"open {where}"
+    return (f"{mlflow_command()} ui --backend-store-uri {uri} --host 127.0.0.1 --port {ui_port()}   "
+            f"# then open {where}")
 
 
 def share_view(client: Any, exp_id: str, key: str, *, metrics: Sequence[str], params: Sequence[str] = (),
@@ -59,7 +94,6 @@ def share_view(client: Any, exp_id: str, key: str, *, metrics: Sequence[str], pa
 
 
 def view_url(uri: str, exp_id: str, key: str) -> str:
-    """Where the UI shows the view :func:`share_view` saved (for a local store, the address ``mlflow ui``
-    serves by default, as :func:`ui_hint` starts it)."""
-    base = uri.rstrip("/") if is_server_uri(uri) else "http://127.0.0.1:5000"
-    return f"{base}/#/experiments/{exp_id}/runs?viewStateShareKey={key}"
+    """Where the UI shows the view :func:`share_view` saved (for a local store, on the port of the
+    ``mlflow ui`` command :func:`ui_hint` prints), in the model-training view."""
+    return f"{run_url(uri, exp_id)}&viewStateShareKey={key}"

@@ -233,7 +233,7 @@ class SweepProgress(Callback):
             row["metric"] = float(value)
         self.changed = True
         if self.lines:
-            self._print(f"{self._label(trial.trial_id)}: round {row['round']}/{self.rounds}  "
+            self._print(f"{self._label(trial.trial_id)}: round {row['round'] - 1} ({row['round']}/{self.rounds})  "
                         f"{self.metric} {_value(row['metric'])}")
 
     def _ended(self, trial: Any, status: str) -> None:
@@ -241,7 +241,8 @@ class SweepProgress(Callback):
         row["status"] = status
         self.changed = True
         if self.lines:
-            self._print(f"{self._label(trial.trial_id)}: {status} at round {row['round']}/{self.rounds}")
+            self._print(f"{self._label(trial.trial_id)}: {status} after round {row['round'] - 1} "
+                        f"({row['round']}/{self.rounds})")
 
     def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         row = self._row(trial)

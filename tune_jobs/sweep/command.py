@@ -62,7 +62,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(summary, indent=2, default=str) + "\n")
     if summary["parent_run_id"]:
-        print(f"MLflow parent run {summary['parent_run_id']}: {ui_hint(summary['tracking_uri'])}")
+        hint = ui_hint(summary["tracking_uri"], summary["experiment_id"], summary["parent_run_id"])
+        print(f"MLflow parent run {summary['parent_run_id']}: {hint}")
         print(f"the trials side by side (metric, swept values): {summary['view']}")
     else:
         print(f"not tracked: the trials are in Tune's storage, {summary['storage']}")
