@@ -202,7 +202,7 @@ class Hosts:
         try:
             return fn()
         except ray.exceptions.RayError as exc:
-            check_cluster()  # an actor on a node without its raylet cannot be restarted: no HostFailure then
+            check_cluster(wait=True)  # a cluster without its head (or raylet) cannot restart actors: no HostFailure then
             lost = [i for i, a in enumerate(self.devices) if not self._alive(a)]
             server_lost = not self._alive(self.server)
             if not lost and not server_lost:
@@ -211,6 +211,7 @@ class Hosts:
             raise HostFailure(f"lost {', '.join(what)} ({type(exc).__name__})") from exc
 
     def restart_lost(self) -> None:
+        check_cluster(wait=True)  # starting an actor waits for the GCS: not on a cluster whose head is gone
         if not self._alive(self.server):
             self.server = self._new_server()
         for i, actor in enumerate(self.devices):

@@ -20,7 +20,7 @@ from ray.util.placement_group import remove_placement_group
 
 from actors.connect import ensure_ray
 from actors.hosts import Hosts, fast_tensor_transfer
-from actors.liveness import get
+from actors.liveness import cluster_lost, get, watch
 from actors.nodes import alive_nodes, alive_nodes_info, place_pool
 from actors.placement import cluster_layout, pool_layout
 from lcfed import fingerprint, numerics, provenance
@@ -123,7 +123,7 @@ class RayPool:
         def run() -> dict[int, EvalResult]:  # only the actors hosting a sampled device
             parts = [(a, tuple(sorted(b & wanted))) for a, b in zip(self.hosts.devices, self.blocks, strict=True)]
             out: dict[int, EvalResult] = {}
-            for part in ray.get([a.evaluate.remote(payload_ref, mine) for a, mine in parts if mine]):
+            for part in get([a.evaluate.remote(payload_ref, mine) for a, mine in parts if mine]):
                 out.update(part)
             return out
 
@@ -183,6 +183,7 @@ class RayEngine:
         self.hosts: Hosts | None = None
         self.started_ray = ensure_ray(cfg.engine)
         try:
+            watch()  # a lost cluster is ClusterLost within seconds (actors.liveness)
             fast_tensor_transfer()
             ds = dataset if dataset is not None else load(cfg)
             self.setup = prepare(cfg, ds)
@@ -233,8 +234,8 @@ class RayEngine:
         :meth:`DeviceActor.holdings` each) and ``server`` (:meth:`ServerActor.holdings`)."""
         assert self.hosts is not None
         hosts = self.hosts
-        return {"device_actors": hosts.call(lambda: ray.get([a.holdings.remote() for a in hosts.devices])),
-                "server": hosts.call(lambda: ray.get(hosts.server.holdings.remote()))}
+        return {"device_actors": hosts.call(lambda: get([a.holdings.remote() for a in hosts.devices])),
+                "server": hosts.call(lambda: get(hosts.server.holdings.remote()))}
 
     def provenance(self) -> dict[str, str]:
         """This process's record (:func:`lcfed.provenance.record`), with the device actors' kernel levels
@@ -255,12 +256,16 @@ class RayEngine:
         return out
 
     def close(self) -> None:
+        # a lost cluster's GCS would hold these calls for Ray's minute (then end the process): the actors and
+        # the placement group went with the cluster, or are the cluster's to reap when its head comes back
+        lost = cluster_lost()
         if self.hosts is not None:
-            for actor in [*self.hosts.devices, self.hosts.server]:
+            for actor in [*self.hosts.devices, self.hosts.server] if not lost else []:
                 ray.kill(actor)
             self.hosts = None
         if self.group is not None:
-            remove_placement_group(self.group)
+            if not lost:
+                remove_placement_group(self.group)
             self.group = None
         if self.started_ray:
             ray.shutdown()

@@ -12,8 +12,9 @@ from typing import Any
 
 
 class ClusterLost(RuntimeError):
-    """The cluster under a run is gone (e.g. the raylet or GCS of the private Ray it started died): there
-    is nothing left to restart lost actors on, so the run stops at once. ``what`` names what was lost;
+    """The cluster under a run is gone (e.g. the raylet or GCS of the private Ray it started died, or the head
+    of a cluster it attached to stopped answering: ``actors/liveness.py``): there is nothing left to restart
+    lost actors on, so the run stops at once. ``what`` names what was lost;
     the round loop adds the round in progress and the last checkpoint (:meth:`during`), and
     :meth:`describe` says all of it in one line, with the command that continues the run."""
 
