@@ -90,6 +90,7 @@ def one(m: int, args: argparse.Namespace) -> dict[str, Any]:
         "round_s": rounds, "s_per_round": float(np.mean(rounds[1:])), "final_eval_s": eval_s[-1],
         "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, "checkpoint_mb": ckpt_mb,
         "states_stored": stored, "states_spilled": spilled, "acc_mean": res.final.get("acc_mean"),
+        "acc_mean_ci95": res.final.get("acc_mean_ci95"), "evaluated": len(res.evaluation),
         "coverage": res.history[-1]["coverage"],
     }
 

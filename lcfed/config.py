@@ -129,6 +129,7 @@ class TrainConfig:
     participation: float = 1.0
     eval_every: int = 1
     eval_devices: int = 0
+    final_eval_devices: int = -1  # the last round's: -1 auto (a sample above FINAL_EVAL_AUTO devices), 0 all, N
 
     def validate(self, prefix: str = "train") -> None:
         check_train(self, prefix)
@@ -297,7 +298,8 @@ class ExperimentConfig:
         d = to_dict(self)
         for section in ("engine", "tracking", "checkpoint"):
             d.pop(section, None)
-        d["train"] = {k: v for k, v in d["train"].items() if k not in ("rounds", "eval_every", "eval_devices")}
+        d["train"] = {k: v for k, v in d["train"].items() if k not in ("rounds", "eval_every", "eval_devices",
+                                                                       "final_eval_devices")}
         d.pop("name", None)
         drop_later_defaults(d)
         return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]

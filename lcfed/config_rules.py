@@ -258,6 +258,9 @@ def check_train(train: TrainConfig, prefix: str = "train") -> None:
     require(train.eval_every >= 1, f"{prefix}.eval_every", train.eval_every, "must be >= 1")
     require(train.eval_devices >= 0, f"{prefix}.eval_devices", train.eval_devices,
             "must be >= 0 (trained devices scored by an evaluation before the last round; 0 = every device)")
+    require(train.final_eval_devices >= -1, f"{prefix}.final_eval_devices", train.final_eval_devices,
+            "must be -1 (auto: every device up to 10,000, a seeded sample of 10,000 above), 0 (every device) "
+            "or N >= 1 (a seeded sample of N trained devices)")
 
 
 #: ``devices.availability``: every device always online, a daily window, i.i.d. on/off slots, or a trace file

@@ -76,13 +76,30 @@ def should_evaluate(cfg: ExperimentConfig, rnd: int) -> bool:
 #: the stream (with the seed and round) of ``train.eval_devices``' samples: no other draw uses it
 _EVAL_STREAM = 0xE7A1
 
+#: ``train.final_eval_devices: -1`` (auto): the last round scores every device of a federation up to this
+#: size, a seeded sample of this many above it. The final evaluation is O(m) (about 1 ms a device on a CPU
+#: core: 19 min at 10^6); a sample of 10^4 puts acc_mean within about +-0.4 points (95 %) at any m.
+FINAL_EVAL_AUTO = 10_000
+
+
+def eval_size(cfg: ExperimentConfig, rnd: int, devices: int) -> int:
+    """How many devices an evaluation in round ``rnd`` scores in a federation of ``devices``: 0 = every one.
+    Before the last round ``train.eval_devices``; in it ``train.final_eval_devices`` (-1: every device up to
+    :data:`FINAL_EVAL_AUTO`, that many above)."""
+    if rnd != cfg.train.rounds - 1:
+        return cfg.train.eval_devices
+    n = cfg.train.final_eval_devices
+    if n == -1:
+        return 0 if devices <= FINAL_EVAL_AUTO else FINAL_EVAL_AUTO
+    return n
+
 
 def eval_sample(cfg: ExperimentConfig, rnd: int, trained: np.ndarray) -> tuple[int, ...] | None:
-    """The devices an evaluation in round ``rnd`` scores: None (every device) in the last round or
-    without ``train.eval_devices``; else that many of the devices that have trained (those the accuracy
-    metrics count), sorted, drawn with the seed and round (all of them when fewer have trained)."""
-    n = cfg.train.eval_devices
-    if n == 0 or rnd == cfg.train.rounds - 1:
+    """The devices an evaluation in round ``rnd`` scores: None (every device) when :func:`eval_size` is 0;
+    else that many of the devices that have trained (those the accuracy metrics count), sorted, drawn with
+    the seed and round (all of them when fewer have trained)."""
+    n = eval_size(cfg, rnd, len(trained))
+    if n == 0:
         return None
     candidates = np.flatnonzero(trained)
     if len(candidates) <= n:

@@ -46,6 +46,9 @@ CATALOG: tuple[Metric, ...] = (
            summary=True, plotted=True),
     Metric("acc_p90", "accuracy", "max", "90th percentile of the devices' test accuracies", _EVAL,
            summary=True, plotted=True),
+    Metric("acc_mean_ci95", "accuracy", None, "half-width of `acc_mean`'s 95 % interval (`acc_mean` ± it) when "
+           "the evaluation scored a seeded sample of the trained devices",
+           "evaluations of a sample (`train.eval_devices`, `train.final_eval_devices`)", objective=False),
     Metric("val_acc_mean", "accuracy", "max", "`acc_mean` on the validation split: tune on it", _EVAL + " with `data.val_fraction`"),
     Metric("val_acc_weighted", "accuracy", "max", "`acc_weighted` on the validation split",
            _EVAL + " with `data.val_fraction`"),

@@ -8,6 +8,20 @@ import numpy as np
 
 from lcfed.local_update import EvalResult
 
+#: the standard normal quantile of a two-sided 95 % interval
+Z95 = 1.959963984540054
+
+
+def sampled_mean_ci95(acc: np.ndarray, population: int) -> float:
+    """Half-width of the 95 % interval of the mean of ``population`` values estimated from ``acc``, a simple
+    random sample of them drawn without replacement: ``Z95 * s / sqrt(n) * sqrt((N - n) / (N - 1))`` (the
+    sample's standard deviation, the finite-population correction, the normal approximation); 0 when the
+    sample is the whole population."""
+    n = len(acc)
+    if n < 2 or n >= population:
+        return 0.0
+    return float(Z95 * np.std(acc, ddof=1) / np.sqrt(n) * np.sqrt((population - n) / (population - 1)))
+
 
 def accuracy_metrics(results: Mapping[int, EvalResult], trained: np.ndarray | None = None) -> dict[str, float]:
     """Mean (unweighted and sample-weighted) and 10th/90th percentile of per-device test accuracy,
@@ -17,7 +31,9 @@ def accuracy_metrics(results: Mapping[int, EvalResult], trained: np.ndarray | No
     Only devices that have trained at least once (``trained[d]``; all if None) count: under partial
     participation the others would be scored with fallback models they never shaped. Devices without
     test samples are left out. The weighted mean is steadier: devices with a dozen samples make the
-    unweighted mean jump between evaluations.
+    unweighted mean jump between evaluations. When ``results`` hold a sample of the trained devices (not
+    every one), ``acc_mean_ci95`` is the half-width of ``acc_mean``'s 95 % interval
+    (:func:`sampled_mean_ci95`).
     """
     rows = [r for d, r in results.items() if r.total > 0 and (trained is None or trained[d])]
     if not rows:
@@ -33,6 +49,10 @@ def accuracy_metrics(results: Mapping[int, EvalResult], trained: np.ndarray | No
         "acc_p90": float(np.percentile(acc, 90)),
         "test_loss": sum(r.loss_sum for r in rows) / total,
     }
+    population = len(results) if trained is None else int(np.count_nonzero(trained))
+    scored = sum(1 for d in results if trained is None or trained[d])
+    if scored < population:  # a sample of the devices the metrics count
+        out["acc_mean_ci95"] = sampled_mean_ci95(acc, population)
     # the same devices on their validation sets (every device keeps one when the split is on)
     val = [r.val for r in rows if r.val is not None and r.val.total > 0]
     if val:

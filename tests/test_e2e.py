@@ -36,10 +36,13 @@ def test_run_logs_to_mlflow_and_lcfed_beats_fedavg(tmp_path, tracking_uri, capfd
     lc = _run(tmp_path, tracking_uri, "method.mu=0.1")
     printed, err = capfd.readouterr()
     assert "acc_mean" in printed and "mlflow ui --backend-store-uri" in printed and ".venv/bin/mlflow ui" in printed and lc["run_id"] in printed
-    # -q: the summary alone (a blank line, the title, 2 column heads, a row per metric, s/round, numerics, the
-    # MLflow run in 3 lines): no partition line, no progress, none of MLflow's INFO lines (creating the store)
+    # -q: the summary alone (a blank line, the title, 2 column heads, a row per metric, which devices the last
+    # evaluation scored, s/round, numerics, the MLflow run in 3 lines): no partition line, no progress, none of
+    # MLflow's INFO lines (creating the store)
     rows = sum(key in lc for key in SUMMARY)
-    assert len(printed.splitlines()) == 1 + 1 + 2 + rows + 2 + 3, printed
+    assert len(printed.splitlines()) == 1 + 1 + 2 + rows + 3 + 3, printed
+    assert "  evaluated      every trained device (16)" in printed.splitlines()
+    assert lc["final_eval"] == {"devices": 16, "trained": 16, "sampled": False}
     assert printed.splitlines()[1] == "demo: lcfed on digits (pathological), 16 devices, 12 rounds, engine local"
     assert err == "", err
     fa = _run(tmp_path, tracking_uri, "method.name=fedavg", "tracking.run_name=fedavg")

@@ -83,7 +83,8 @@ def test_seed_changes_results():
         ("lcfed", ["engine.vectorize=always"]),  # vmapped steps: the batches differ from in-process (4 vs 8 devices)
         ("ifca", ["data.holdout_fraction=0.25", "engine.devices_per_actor=3"]),  # newcomers join on their actors
         # states of the devices that trained only, spilled past a tiny budget; evaluations of a sample
-        ("lcfed", ["train.participation=0.5", "train.eval_devices=2", "engine.state_memory_mb=0.0001"]),
+        ("lcfed", ["train.participation=0.5", "train.eval_devices=2", "train.final_eval_devices=3",
+                   "engine.state_memory_mb=0.0001"]),
         # the device model: the server schedules on the simulated clock, devices drop out, go offline, over-commit
         ("ifca", ["train.participation=0.5", "devices.simulate=true", "devices.availability=diurnal",
                   "devices.online_fraction=0.6", "devices.dropout=0.2", "devices.overcommit=0.5",

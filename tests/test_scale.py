@@ -16,9 +16,11 @@ from lcfed.device_states import DeviceStates
 from lcfed.engines.local import HostedDevices, LocalPool, LocalServer, run_local
 from lcfed.errors import ConfigError
 from lcfed.experiment import prepare
-from lcfed.loop import eval_sample, run_rounds
+from lcfed.local_update import EvalResult
+from lcfed.loop import FINAL_EVAL_AUTO, eval_sample, eval_size, run_rounds
 from lcfed.methods.base import PersonalModel
-from tests.conftest import same_history, tiny_config
+from lcfed.metrics import accuracy_metrics, sampled_mean_ci95
+from tests.conftest import same_history, same_metrics, tiny_config
 
 
 def test_never_trained_device_reads_the_initial_state_and_a_trained_one_its_own():
@@ -111,10 +113,34 @@ def test_eval_sample_is_seeded_among_trained_devices_and_every_device_last():
     assert eval_sample(cfg.replace(**{"train.eval_devices": 9}), 1, trained) == (1, 2, 4, 6, 7)
 
 
+def test_final_evaluation_scores_every_device_up_to_the_threshold_a_sample_above_or_as_told():
+    cfg = tiny_config("train.eval_devices=3", "train.rounds=5")
+    last = 4
+    assert eval_size(cfg, 1, 10**6) == 3  # before the last round: train.eval_devices
+    assert eval_size(cfg, last, FINAL_EVAL_AUTO) == 0  # auto: every device up to the threshold
+    assert eval_size(cfg, last, FINAL_EVAL_AUTO + 1) == FINAL_EVAL_AUTO == 10_000  # a sample above it
+    assert eval_size(cfg.replace(**{"train.final_eval_devices": 0}), last, 10**6) == 0  # every device, asked
+    assert eval_size(cfg.replace(**{"train.final_eval_devices": 7}), last, 20) == 7
+    trained = np.ones(12, dtype=bool)
+    sample = eval_sample(cfg.replace(**{"train.final_eval_devices": 5}), last, trained)
+    assert sample is not None and len(sample) == 5 and sample == eval_sample(cfg.replace(**{"train.final_eval_devices": 5}), last, trained)
+
+
+def test_a_sampled_mean_carries_its_95_percent_interval():
+    acc = np.array([0.5, 1.0, 0.0])  # s = 0.5 (n - 1 in the denominator)
+    assert sampled_mean_ci95(acc, 10) == pytest.approx(1.959963984540054 * 0.5 / 3**0.5 * (7 / 9) ** 0.5, abs=1e-15)
+    assert sampled_mean_ci95(acc, 3) == 0.0 and sampled_mean_ci95(acc[:1], 10) == 0.0  # the whole; one device
+    results = {d: EvalResult(correct=c, total=4, loss_sum=1.0) for d, c in enumerate([2, 4, 0])}
+    trained = np.zeros(10, dtype=bool)
+    trained[:7] = True  # 3 of the 7 devices the metrics count were scored
+    assert accuracy_metrics(results, trained)["acc_mean_ci95"] == pytest.approx(sampled_mean_ci95(acc, 7))
+    assert "acc_mean_ci95" not in accuracy_metrics(results, np.ones(3, dtype=bool))  # every counted device scored
+
+
 def test_sampled_evaluation_scores_the_sample_and_leaves_training_alone():
     cfg = tiny_config("train.participation=0.5", "train.rounds=4")
     full = run_local(cfg)
-    sampled_cfg = cfg.replace(**{"train.eval_devices": 2})
+    sampled_cfg = cfg.replace(**{"train.eval_devices": 2, "train.final_eval_devices": 3})
     seen: list[int] = []
 
     class Counting(LocalPool):
@@ -130,11 +156,15 @@ def test_sampled_evaluation_scores_the_sample_and_leaves_training_alone():
                              Counting(hosted))
     finally:
         hosted.close()
-    assert seen == [2, 2, 2, 8]  # a sample of two trained devices, then every device in the last round
+    assert seen == [2, 2, 2, 3]  # a sample of two trained devices, then three in the last round
     for a, b in zip(full.history, sampled.history, strict=True):
         assert a["train_loss"] == b["train_loss"] and a["bytes_up"] == b["bytes_up"]
-    assert full.final["acc_mean"] == sampled.final["acc_mean"]  # the last evaluation is the full one
+    assert "acc_mean_ci95" not in full.final and sampled.final["acc_mean_ci95"] > 0
+    assert set(sampled.evaluation) <= set(np.flatnonzero(sampled.trained)) and len(sampled.evaluation) == 3
     assert sampled_cfg.digest() == cfg.digest()  # it changes no trained number: checkpoints resume across it
+    again = run_local(sampled_cfg)
+    same_metrics([again.final], [sampled.final])  # seeded: the same sample, the same numbers
+    assert set(again.evaluation) == set(sampled.evaluation)
 
 
 def test_synthetic_data_of_any_size():
@@ -157,6 +187,7 @@ def test_synthetic_data_of_any_size():
 
 @pytest.mark.parametrize("override,field", [
     ("train.eval_devices=-1", "train.eval_devices"),
+    ("train.final_eval_devices=-2", "train.final_eval_devices"),
     ("data.synthetic_samples=5000", "data.synthetic_samples"),  # the dataset is digits
     ("engine.state_memory_mb=-1", "engine.state_memory_mb"),
 ])

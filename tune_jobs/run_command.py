@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from lcfed import engines, logs, numerics
@@ -124,6 +125,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(f"\n{cfg.name}: {cfg.method.name} on {cfg.data.dataset} ({cfg.data.partition}), "
           f"{cfg.data.num_devices} devices, {cfg.train.rounds} rounds, engine {cfg.engine.kind}")
     print(summary_table(result.final, averaged))
+    if "final_eval" in summary:
+        print(f"  {'evaluated':<14} {final_eval_line(summary['final_eval'], result.final)}")
     print(f"  {'s/round':<14} {result.round_seconds:>10.3f}   (wall {result.wall_seconds:.1f} s)")
     print(f"  numerics       {provenance_line(result.provenance)}")
     if result.placement:
@@ -159,6 +162,7 @@ def _run_summary(cfg: ExperimentConfig, result: Any, stats: dict[str, float], av
                    f"holds their mean over the last {averaged['evaluations']} evaluations (rounds from 0, as "
                    "MLflow's steps)",
         "last_eval_round": final_round,
+        **({"final_eval": final_eval(result)} if result.trained is not None else {}),
         **{k: v for k, v in result.final.items() if k != "round"},
         **({"sim_seconds_to_target": next((row["sim_seconds_to_target"] for row in result.history
                                            if "sim_seconds_to_target" in row), None)}
@@ -182,6 +186,26 @@ def last_evals(history: Sequence[dict[str, float]], n: int) -> dict[str, Any]:
         if evals and all(key in row for row in evals):
             out[key] = float(sum(row[key] for row in evals) / len(evals))
     return out
+
+
+def final_eval(result: Any) -> dict[str, Any]:
+    """Which devices the last evaluation scored: ``devices`` of the ``trained`` ones (those the accuracy
+    metrics count), and whether that was a seeded sample (``train.eval_devices`` before the last round,
+    ``train.final_eval_devices`` in it)."""
+    trained = int(np.count_nonzero(result.trained))
+    scored = sum(1 for d in result.evaluation if result.trained[d])
+    return {"devices": scored, "trained": trained, "sampled": scored < trained}
+
+
+def final_eval_line(info: dict[str, Any], final: dict[str, float]) -> str:
+    """The summary's line on :func:`final_eval`: every trained device, or a sample with ``acc_mean``'s 95 %
+    interval."""
+    if not info["sampled"]:
+        return f"every trained device ({info['trained']:,})"
+    ci = final.get("acc_mean_ci95", float("nan"))
+    return (f"a seeded sample of {info['devices']:,} of the {info['trained']:,} trained devices: "
+            f"acc_mean {final.get('acc_mean', float('nan')):.4f} ± {ci:.4f} (95 %); train.final_eval_devices=0 "
+            "scores every one")
 
 
 def summary_table(final: dict[str, float], averaged: dict[str, Any]) -> str:
