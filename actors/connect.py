@@ -148,13 +148,38 @@ def attach(address: str) -> None:
     if address.startswith("ray://"):  # Ray Client: its own protocol and server
         ray.init(address=address, **ray_init_options())
         return
-    gcs = resolve_gcs(address)
-    _probe_tcp(gcs, address)
-    _enable_auth_if_required(gcs, address)
+    with _loopback_node_ip() if _loopback_only(address) else contextlib.nullcontext():
+        gcs = resolve_gcs(address)
+        _probe_tcp(gcs, address)
+        _enable_auth_if_required(gcs, address)
+        try:
+            ray.init(address=gcs, **ray_init_options())
+        except ConnectionError as exc:
+            raise ClusterError(f"cannot connect to the Ray cluster at {_named(gcs, address)}: {exc}.\n"
+                               f"{UNREACHABLE_FIX}") from exc
+
+
+def _loopback_only(address: str) -> bool:
+    """A loopback address whose cluster listens on loopback only (``lcfed head start``'s): Ray swaps the host
+    for the machine's IP, where nothing listens, so resolving and joining its node stay on loopback. A
+    cluster on the machine's IP that also answers on loopback is attached as Ray would."""
+    host = address.rsplit(":", 1)[0]
+    if host not in ("127.0.0.1", "localhost"):
+        return False
     try:
-        ray.init(address=gcs, **ray_init_options())
-    except ConnectionError as exc:
-        raise ClusterError(f"cannot connect to the Ray cluster at {_named(gcs, address)}: {exc}.\n{UNREACHABLE_FIX}") from exc
+        gcs = resolve_gcs(address)
+    except ClusterError:
+        return False
+    if gcs.rsplit(":", 1)[0] in ("127.0.0.1", "localhost"):
+        return False
+    from ray._common.network_utils import parse_address  # (the same)
+
+    ip, port = parse_address(gcs)
+    try:
+        socket.create_connection((ip, int(port)), timeout=1.0).close()
+        return False
+    except OSError:
+        return True
 
 
 def resolve_gcs(address: str) -> str:

@@ -150,6 +150,13 @@ def _names_us(state: dict[str, Any]) -> bool:
         return False
 
 
+def running() -> dict[str, Any] | None:
+    """The state of the head ``lcfed head start`` left running on this machine (its leader alive and Ray's
+    address file naming it); None when there is none."""
+    state = read_state()
+    return state if state is not None and _leader_alive(state) and _names_us(state) else None
+
+
 def start(port: int, dashboard_port: int, num_cpus: int | None, num_gpus: int | None,
           timeout: float = READY_TIMEOUT_S) -> dict[str, Any]:
     """Start the head, wait until its job server answers, record and return its state."""
@@ -257,7 +264,8 @@ def cmd_start(args: argparse.Namespace) -> int:
           f"job server {state['dashboard']}; {len(sockets)} listening sockets, {where}")
     print("  submit:  lcfed submit -- lcfed run --config configs/demo.yaml --engine ray"
           + ("" if state["dashboard"] == "http://127.0.0.1:8265" else f"   (with --address {state['dashboard']})"))
-    print(f"  attach:  --set engine.address={state['gcs']}   (or auto)")
+    print(f"  attach:  lcfed run --engine ray attaches to it by default (--private-ray: a Ray of the run's own); "
+          f"elsewhere --set engine.address={state['gcs']}")
     print(f"  stop:    lcfed head stop        log: {state['log']}")
     return 0
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import sys
 from collections.abc import Sequence
@@ -47,6 +48,9 @@ def add_parser(sub: Any) -> None:
     config_options(run)
     run.add_argument("--engine", choices=engines.names(), help="execution engine (overrides engine.kind)")
     run.add_argument("--no-track", action="store_true", help="do not log to MLflow")
+    run.add_argument("--private-ray", action="store_true",
+                     help="with engine.kind=ray, start a Ray of this run's own even when `lcfed head start` left a "
+                          "head running on this machine (which the run otherwise attaches to)")
     verbosity_options(run, "no progress, no notices: errors and the final summary only")
     run.add_argument("--json", metavar="FILE", help="also write the final metrics and timings as JSON")
     run.add_argument(
@@ -90,9 +94,26 @@ def resume_line(cfg: ExperimentConfig, resume: Any, ckpt: Path, tracked: bool) -
             f"(checkpoint {ckpt})")
 
 
+def attach_to_head(cfg: ExperimentConfig, private: bool) -> ExperimentConfig:
+    """With ``engine.kind: ray`` and no address (nor ``$RAY_ADDRESS``), the head ``lcfed head start`` left
+    running on this machine, said in one line: attaching skips the private Ray's start and stop (seconds a
+    run). ``private`` (``--private-ray``), an address, or no such head: ``cfg`` as it is."""
+    if cfg.engine.kind != "ray" or private or cfg.engine.address or os.environ.get("RAY_ADDRESS", "").strip():
+        return cfg
+    from tune_jobs import head  # psutil and the head's state only for a Ray run
+
+    state = head.running()
+    if state is None:
+        return cfg
+    if logs.progress_shown():
+        print(f"lcfed: attaching to the Ray head `lcfed head start` left running (GCS {state['gcs']}); "
+              "--private-ray starts a Ray of this run's own", file=sys.stderr, flush=True)
+    return cfg.replace(**{"engine.address": str(state["gcs"])})
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     overrides = list(args.set) + ([f"engine.kind={args.engine}"] if args.engine else [])
-    cfg = load_config(args.config, overrides)
+    cfg = attach_to_head(load_config(args.config, overrides), args.private_ray)
     numerics.activate(cfg.engine.numerics)  # before this process's first tensor op
     check_output_file(args.json, "--json", protect=[args.config])
     check_output_dir(cfg.checkpoint.dir, "checkpoint.dir")
