@@ -20,8 +20,10 @@ import hashlib
 import importlib
 import io
 import os
+import re
 import secrets
 import tempfile
+import warnings
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,13 +44,51 @@ class CheckpointError(RuntimeError):
     """A checkpoint is missing, unreadable, or does not belong to this config."""
 
 
+#: longest reason a :class:`CheckpointError` quotes from the error underneath
+REASON_CHARS = 300
+
+
+def _safe_load(source: Any) -> Any:
+    """``torch.load`` with the safe loader (tensors and plain data only), quietly: a damaged file either
+    fails (a :class:`CheckpointError` says so) or loads what was written, so torch's warnings about an odd
+    pickle protocol (a flipped byte in a header) would only add lines to that one."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.load(source, map_location="cpu", weights_only=True)
+
+
+def _reason(exc: BaseException) -> str:
+    """Why torch (or the decoder) could not read a file, in one line: the safe unpickler's own complaint
+    without torch's multi-line advice around it (which suggests loading with ``weights_only=False``: unsafe,
+    and no help for a damaged file), terminal escapes and line breaks dropped, at most :data:`REASON_CHARS`."""
+    text = str(exc)
+    if "WeightsUnpickler error:" in text:
+        text = text.split("WeightsUnpickler error:", 1)[1].split("Check the documentation", 1)[0]
+    elif text.startswith("Weights only load failed"):
+        text = "the safe loader (weights_only) refuses its content"
+    text = " ".join(re.sub(r"\x1b\[[0-9;]*m", "", text).split())
+    if len(text) > REASON_CHARS:
+        text = text[: REASON_CHARS - 3] + "..."
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
 def encode(obj: Any) -> Any:
     """Plain containers + tensors that ``torch.load(weights_only=True)`` accepts."""
-    if obj is None or isinstance(obj, (bool, int, float, str, torch.Tensor)):
+    # the exact types: a subclass (numpy's float64 and str_ are float's and str's) would be pickled as its class,
+    # which the safe loader refuses: a checkpoint written that no resume could read
+    if obj is None or type(obj) in (bool, int, float, str) or isinstance(obj, torch.Tensor):
         return obj
     if isinstance(obj, np.ndarray):
-        return {"__np__": torch.from_numpy(np.ascontiguousarray(obj).copy()), "dtype": str(obj.dtype)}
+        # np.array, not np.ascontiguousarray: that makes a 0-d array 1-d, and it would come back of shape (1,)
+        return {"__np__": torch.from_numpy(np.array(obj, order="C", copy=True)), "dtype": str(obj.dtype)}
     if isinstance(obj, np.generic):
+        # a numeric numpy scalar stays one of its dtype (a float32 that came back a Python float would compute in
+        # float64 after a resume, and the run would no longer be bit-identical); others (str_, datetime64) as Python's
+        if obj.dtype.kind in "biufc":
+            try:
+                return {"__np__": torch.from_numpy(np.array(obj)), "dtype": str(obj.dtype), "scalar": True}
+            except TypeError:  # a dtype torch has no tensor of (longdouble): its Python value
+                pass
         return obj.item()
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         cls = type(obj)
@@ -87,7 +127,7 @@ def _dataclass(path: str, allowed: tuple[str, ...] = ()) -> type:
     try:  # an allowed module only: lcfed's own, or the run's method's, whose code the run imports anyway
         obj: Any = importlib.import_module(module)
     except Exception as exc:  # a plugin renamed or not installed here: one line, not the import's traceback
-        why = " ".join(f"{type(exc).__name__}: {exc}".split())
+        why = _reason(exc)
         raise CheckpointError(f"checkpoint names {path!r}, but its module {module!r} cannot be imported ({why}); "
                               f"{needs}") from None
     for part in qualname.split("."):
@@ -114,7 +154,8 @@ def _decode(obj: Any, allowed: tuple[str, ...]) -> Any:
         return [_decode(v, allowed) for v in obj]
     if isinstance(obj, dict):
         if "__np__" in obj:
-            return obj["__np__"].numpy().astype(obj["dtype"], copy=False)
+            array = obj["__np__"].numpy().astype(obj["dtype"], copy=False)
+            return array[()] if obj.get("scalar") else array
         if "__dc__" in obj:
             cls = _dataclass(obj["__dc__"], allowed)
             return cls(**{k: _decode(v, allowed) for k, v in obj["fields"].items()})
@@ -163,12 +204,12 @@ class StateParts(Mapping[int, Any]):
         part = self.parts[i]
         path = self.folder / part.file
         try:
-            raw = torch.load(path, map_location="cpu", weights_only=True)
+            raw = _safe_load(path)
             states = _decode(raw["states"], self.allowed)
         except CheckpointError:
             raise
         except Exception as exc:
-            raise CheckpointError(f"cannot read checkpoint part {path}: {type(exc).__name__}: {exc}") from None
+            raise CheckpointError(f"cannot read checkpoint part {path}: {_reason(exc)}") from None
         self._cached = (i, states)
         return states
 
@@ -293,6 +334,8 @@ def write(path: str | Path, snap: Snapshot, parts: Iterable[Mapping[int, Any]] |
     for old in path.parent.glob(f"{_part_prefix(path)}*.pt"):
         if old.name not in keep:
             old.unlink(missing_ok=True)
+    for stale in path.parent.glob(".ckpt-*.tmp"):  # left by a write killed before its rename (SIGKILL, a crash)
+        stale.unlink(missing_ok=True)
     return dataclasses.replace(snap, device_states=StateParts(path.parent, written, allowed))
 
 
@@ -327,9 +370,9 @@ def load(path: str | Path, allowed: Iterable[str] = ()) -> Snapshot:
     if not path.is_file():
         raise CheckpointError(f"no checkpoint at {path}")
     try:
-        raw = torch.load(path, map_location="cpu", weights_only=True)
+        raw = _safe_load(path)
     except Exception as exc:
-        raise CheckpointError(f"cannot read checkpoint {path} (damaged or not a checkpoint): {exc}") from None
+        raise CheckpointError(f"cannot read checkpoint {path} (damaged or not a checkpoint): {_reason(exc)}") from None
     if not isinstance(raw, dict) or raw.get("format") not in (1, 2, FORMAT_VERSION):
         fmt = raw.get("format") if isinstance(raw, dict) else type(raw).__name__
         raise CheckpointError(f"checkpoint {path} has format {fmt!r}, expected {FORMAT_VERSION}")
@@ -341,9 +384,9 @@ def load(path: str | Path, allowed: Iterable[str] = ()) -> Snapshot:
         if hashlib.sha256(data).hexdigest() != raw.get("sha256"):
             raise CheckpointError(f"checkpoint {path} is damaged: its content does not match its SHA-256")
         try:
-            raw = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+            raw = _safe_load(io.BytesIO(data))
         except Exception as exc:
-            raise CheckpointError(f"cannot read checkpoint {path}: {exc}") from None
+            raise CheckpointError(f"cannot read checkpoint {path}: {_reason(exc)}") from None
     try:
         return Snapshot(
             next_round=int(raw["next_round"]),
@@ -358,4 +401,4 @@ def load(path: str | Path, allowed: Iterable[str] = ()) -> Snapshot:
     except CheckpointError:
         raise
     except Exception as exc:  # well-formed file, wrong structure (e.g. crafted by hand)
-        raise CheckpointError(f"checkpoint {path} has an unexpected structure: {type(exc).__name__}: {exc}") from None
+        raise CheckpointError(f"checkpoint {path} has an unexpected structure: {_reason(exc)}") from None

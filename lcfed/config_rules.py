@@ -55,6 +55,15 @@ def machine_limits() -> tuple[int, int, int]:
 SYNTHETIC_BYTES = {"synthetic": 784 + 8, "leaf_synthetic": 60 * 4 + 3 * 8}
 
 
+#: ``data.alpha``'s largest: Dir(alpha) is IID long before (alpha ~ 100), and numpy's draw overflows to nan near
+#: 1e308, which the multinomial refused with a traceback
+MAX_ALPHA = 1e6
+
+#: ``data.image_size``: the largest side an image is resized to (every sample is held resized in memory: 40
+#: images at 100,000 x 100,000 pixels are 373 GB, which numpy's allocator refused with a traceback)
+MAX_IMAGE_SIDE = 4096
+
+
 def holdout_count(num_devices: int, fraction: float) -> int:
     """How many of ``num_devices`` devices ``data.holdout_fraction`` keeps out of training (halves up)."""
     return math.floor(num_devices * fraction + 0.5)
@@ -88,7 +97,9 @@ def check_data(data: DataConfig, prefix: str = "data") -> None:
 
 def _check_counts(data: DataConfig, prefix: str) -> None:
     """The partition's sizes: concentration, classes, devices, samples, test share, subset and quantity skew."""
-    require(data.alpha > 0, f"{prefix}.alpha", data.alpha, "must be > 0")
+    require(0 < data.alpha <= MAX_ALPHA, f"{prefix}.alpha", data.alpha,
+            f"must be > 0 and <= {MAX_ALPHA:g} (the Dirichlet concentration; from about 100 on the split is IID: "
+            "data.partition=iid)")
     require(data.classes_per_device >= 1, f"{prefix}.classes_per_device", data.classes_per_device, "must be >= 1")
     require(data.num_devices >= 1, f"{prefix}.num_devices", data.num_devices, "must be >= 1")
     require(data.min_samples >= 2, f"{prefix}.min_samples", data.min_samples, "must be >= 2 (one train, one test)")
@@ -114,19 +125,30 @@ def _check_generated(data: DataConfig, prefix: str) -> None:
             f"{prefix}.synthetic_samples", data.synthetic_samples,
             "must be >= 0, and 0 unless data.dataset is synthetic or leaf_synthetic (samples to generate; 0 = "
             "synthetic's 60,000, or 40 per device)")
+    samples = data.synthetic_samples
     if generated:
+        from lcfed.data.generated import DEFAULT_PER_DEVICE  # (lcfed.data: as in check_data)
+
         require(data.partition == "natural", f"{prefix}.partition", data.partition,
                 "must be natural with data.dataset=leaf_synthetic, which generates each device's samples itself")
         require(data.synthetic_samples == 0 or data.synthetic_samples >= data.num_devices * data.min_samples,
                 f"{prefix}.synthetic_samples", data.synthetic_samples,
                 f"must be 0 (40 per device) or >= num_devices x min_samples ({data.num_devices} x {data.min_samples})")
-    if data.synthetic_samples:  # checked before numpy's allocator fails deep in the generator
+        require(data.synthetic_samples > 0 or data.min_samples <= DEFAULT_PER_DEVICE, f"{prefix}.min_samples",
+                data.min_samples, f"must be <= {DEFAULT_PER_DEVICE} with data.dataset=leaf_synthetic and "
+                f"data.synthetic_samples=0 ({DEFAULT_PER_DEVICE} samples per device): lower it, or set "
+                "data.synthetic_samples >= num_devices x min_samples")
+        samples = samples or DEFAULT_PER_DEVICE * data.num_devices
+    if samples:  # checked before numpy's allocator fails deep in the generator (or swaps for hours)
         per_sample = SYNTHETIC_BYTES["leaf_synthetic" if generated else "synthetic"]
-        need_mb = data.synthetic_samples * per_sample / 2**20
+        need_mb = samples * per_sample / 2**20
         memory_mb = machine_limits()[2]
-        require(need_mb <= memory_mb, f"{prefix}.synthetic_samples", data.synthetic_samples,
-                f"must fit this machine's memory: {data.synthetic_samples:,} samples of {per_sample} bytes are "
-                f"{need_mb / 1024:,.1f} GB, and it has {memory_mb / 1024:,.1f} GB")
+        field, value = ("synthetic_samples", data.synthetic_samples) if data.synthetic_samples else (
+            "num_devices", data.num_devices)
+        require(need_mb <= memory_mb, f"{prefix}.{field}", value,
+                f"must fit this machine's memory: {samples:,} samples of {per_sample} bytes"
+                + ("" if data.synthetic_samples else f" ({DEFAULT_PER_DEVICE} per device)")
+                + f" are {need_mb / 1024:,.1f} GB, and it has {memory_mb / 1024:,.1f} GB")
     for name, default in (("synthetic_alpha", 1.0), ("synthetic_beta", 1.0), ("synthetic_clusters", 0)):
         value = getattr(data, name)
         require(value == default or generated, f"{prefix}.{name}", value,
@@ -215,9 +237,9 @@ def _check_sources(data: DataConfig, prefix: str) -> None:
                 data.group_column, "must differ from data.label_column and data.device_column")
         require(data.testbed == "none", f"{prefix}.group_column", data.group_column,
                 "names the file's true groups, and a data.testbed makes groups of its own: use one or the other")
-    require(data.image_size == () or (len(data.image_size) == 2 and all(v >= 1 for v in data.image_size)),
+    require(data.image_size == () or (len(data.image_size) == 2 and all(1 <= v <= MAX_IMAGE_SIDE for v in data.image_size)),
             f"{prefix}.image_size", list(data.image_size),
-            "must be [] (the images' own size) or [height, width] in pixels, e.g. [28, 28]")
+            f"must be [] (the images' own size) or [height, width] in pixels, each 1-{MAX_IMAGE_SIDE}, e.g. [28, 28]")
     if data.image_size:
         require(data.dataset == "file", f"{prefix}.image_size", list(data.image_size),
                 f"resizes the images of data.dataset=file only (data.dataset is {data.dataset!r}): leave it []")
@@ -237,9 +259,24 @@ def _check_sources(data: DataConfig, prefix: str) -> None:
                    if data.testbed in MAX_GROUPS else ")"))
 
 
+# Work that never ends: the budget's upper bounds. A run stops cleanly only between rounds (a signal
+# finishes the round it is in, checkpoints and exits; the progress and its ETA move a round at a time), so the
+# work inside one round is bounded, not estimated: a typo such as local_steps=10000000 would run for days with
+# no progress line and no clean stop. The rounds are bounded too, though each shows its progress and can be
+# stopped: every round adds a history row and its MLflow points, and no schedule in the literature comes near.
+#: ``train.rounds``: 100x the longest schedules (FedAvg-style runs of 1,000-2,000 rounds)
+MAX_ROUNDS = 100_000
+#: ``train.local_steps``: minibatches a device trains each round (the papers' are 1-500; 100,000 lenet5 steps
+#: are minutes per device, hours per round for a federation)
+MAX_LOCAL_STEPS = 100_000
+#: ``train.local_epochs``: full passes over a device's samples each round (the papers' are 1-50)
+MAX_LOCAL_EPOCHS = 1_000
+
+
 def check_train(train: TrainConfig, prefix: str = "train") -> None:
     """``train.*``: the budget every method shares."""
-    require(train.rounds >= 1, f"{prefix}.rounds", train.rounds, "must be >= 1")
+    require(1 <= train.rounds <= MAX_ROUNDS, f"{prefix}.rounds", train.rounds,
+            f"must be >= 1 and <= {MAX_ROUNDS:,} (rounds of the run)")
     require(train.lr > 0, f"{prefix}.lr", train.lr, "must be > 0")
     require(train.batch_size >= 1, f"{prefix}.batch_size", train.batch_size, "must be >= 1")
     require(
@@ -249,9 +286,13 @@ def check_train(train: TrainConfig, prefix: str = "train") -> None:
         "set exactly one of train.local_steps and train.local_epochs (the other null)",
     )
     if train.local_steps is not None:
-        require(train.local_steps >= 1, f"{prefix}.local_steps", train.local_steps, "must be >= 1")
+        require(1 <= train.local_steps <= MAX_LOCAL_STEPS, f"{prefix}.local_steps", train.local_steps,
+                f"must be >= 1 and <= {MAX_LOCAL_STEPS:,} (minibatches per device per round; a run stops only "
+                "between rounds)")
     if train.local_epochs is not None:
-        require(train.local_epochs >= 1, f"{prefix}.local_epochs", train.local_epochs, "must be >= 1")
+        require(1 <= train.local_epochs <= MAX_LOCAL_EPOCHS, f"{prefix}.local_epochs", train.local_epochs,
+                f"must be >= 1 and <= {MAX_LOCAL_EPOCHS:,} (passes over each device's samples per round; a run "
+                "stops only between rounds)")
     require(
         0 < train.participation <= 1, f"{prefix}.participation", train.participation, "must be in (0, 1]"
     )

@@ -153,6 +153,12 @@ CONFIG_VALUES = [
     ("engine.torch_threads=100000", "engine.torch_threads"),
     ("engine.num_cpus=100000", "engine.num_cpus"),
     ("engine.object_store_mb=1000000000", "engine.object_store_mb"),
+    # work that never ends (issue 39): the budget is bounded, a round stops only when it ends
+    ("train.rounds=1000000", ("train.rounds: got 1000000", "<= 100,000")),
+    ("train.local_steps=1000000000", ("train.local_steps: got 1000000000", "<= 100,000")),
+    # found by tests/test_fuzz.py: numpy's Dirichlet draw overflows to nan; 40 images of 100,000^2 pixels
+    ("data.alpha=1e308", ("data.alpha: got 1e+308", "<= 1e+06")),
+    ("data.image_size=[100000, 100000]", ("data.image_size", "each 1-4096")),
 ]
 
 METHOD_VALUES = [
@@ -443,6 +449,30 @@ ROWS += [
      "--set devices.async_buffer=999 --set method.name=fedavg", {}, "devices.async_buffer"),
     ("devices-async-method", f"{R} --set devices.simulate=true --set devices.aggregation=async "
      "--set devices.async_buffer=2 --set method.name=fesem", {}, ("devices.aggregation", "those that do: ")),
+    # work that never ends: a round's local work and lcfed check's rounds are bounded
+    ("run-final-eval-devices-negative", f"{R} --set train.final_eval_devices=-2", {},
+     ("train.final_eval_devices: got -2", "-1 (auto")),
+    ("run-local-epochs-beyond-bound", f"{R} --set train.local_steps=null --set train.local_epochs=5000", {},
+     ("train.local_epochs: got 5000", "<= 1,000")),
+    ("check-rounds-beyond-bound", "check fedavg --rounds 100000", {}, ("--rounds: got 100000", "[2, 500]")),
+    ("check-set-rounds-beyond-bound", "check fedavg --set train.rounds=600", {}, ("train.rounds: got 600", "[2, 500]")),
+    # found by tests/test_fuzz.py: tracebacks from the partition schemes and the generator, refused before any work
+    ("pathological-device-below-min-samples", f"{R} --set data.partition=pathological --set data.classes_per_device=1 "
+     "--set data.num_devices=21 --set data.min_samples=21 --set data.subset=582", {},
+     ("data.min_samples: got 21", "the pathological split gives device")),
+    ("pathological-classes-beyond-the-subset", f"{R} --set data.partition=pathological --set data.classes_per_device=10 "
+     "--set data.num_devices=1 --set data.min_samples=2 --set data.subset=12 --set method.name=fedavg", {},
+     ("data.classes_per_device: got 10", "distinct classes")),
+    ("primary-secondary-under-3-classes", f"{R} --set data.partition=primary_secondary --set data.num_devices=1 "
+     "--set data.min_samples=2 --set data.subset=2 --set method.name=fedavg", {},
+     ("data.partition: got 'primary_secondary'", "needs labels of >= 3 distinct classes")),
+    ("leaf-synthetic-min-samples-over-40", f"{R} --set data.dataset=leaf_synthetic --set data.partition=natural "
+     "--set data.min_samples=50", {}, ("data.min_samples: got 50", "must be <= 40")),
+    ("leaf-synthetic-devices-beyond-memory", f"{R} --set data.dataset=leaf_synthetic --set data.partition=natural "
+     "--set data.num_devices=1000000000", {}, ("data.num_devices: got 1000000000", "must fit this machine's memory")),
+    ("resume-truncated-checkpoint", f"{R} --set checkpoint.dir=ck --resume", {"ck/latest.pt": b"P"},
+     "lcfed: checkpoint error: cannot read checkpoint ck/latest.pt (damaged or not a checkpoint): UnpicklingError: "
+     "Unsupported operand 80"),
     # config / methods
     ("config-missing-file", "config --config nope.yaml", {}, "--config"),
     ("methods-extra-arg", "methods extra", {}, "lcfed: usage error: methods: unrecognized arguments: extra"),

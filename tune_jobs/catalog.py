@@ -42,7 +42,8 @@ def _add_check(sub: Any) -> None:
                         "lcfed check lcfed fedac --rounds 6", "lcfed check fedavg --set train.lr=0.01"))
     check.add_argument("methods", nargs="+", metavar="METHOD", help="a method name or a package.module:attr path")
     check.add_argument("--ray", action="store_true", help="also compare the Ray engine with the in-process one")
-    check.add_argument("--rounds", type=int, default=2, help="rounds of the small federation (default: %(default)s)")
+    check.add_argument("--rounds", type=int, default=2,
+                       help=f"rounds of the small federation, 2-{MAX_CHECK_ROUNDS} (default: %(default)s)")
     check.add_argument("--set", "-s", metavar="KEY=VALUE", action="append", default=[],
                        help="change the small federation's config, e.g. --set train.lr=0.01 --set method.mu=0.5 "
                             "(repeatable; applied to every METHOD)")
@@ -80,13 +81,25 @@ def cmd_methods(args: argparse.Namespace) -> int:
     return 0
 
 
+#: ``lcfed check --rounds``: the most rounds of its small federation. The check runs the method about four times
+#: (twice straight, then stopped a round early and resumed; --ray once more) at 0.15-0.3 s a round of its 6
+#: devices on one core, so 500 rounds take minutes, while a behaviour due at round N (lcfed's refit every 100
+#: rounds, fedac's or dcpfl's schedules) shows with N + 1. Bounded rather than estimated: unbounded, a slip of the
+#: keyboard would run for days with nothing printed between its "checking ..." lines (Ctrl-C stops it at once,
+#: exit 130).
+MAX_CHECK_ROUNDS = 500
+
+
 def cmd_check(args: argparse.Namespace) -> int:
     """The conformance report of each method; exit 1 when a property fails."""
-    require(args.rounds >= 2, "--rounds", args.rounds, "must be >= 2 (resuming needs a round before the last)")
+    require(2 <= args.rounds <= MAX_CHECK_ROUNDS, "--rounds", args.rounds,
+            f"must be in [2, {MAX_CHECK_ROUNDS}] (resuming needs a round before the last; the check runs the method "
+            "about four times)")
     sets = dict(parse_override(text) for text in args.set)  # a malformed one: one line, exit 2
     configs = [conformance.small_config(name, **{"train.rounds": args.rounds, **sets}) for name in args.methods]
     for cfg in configs:  # (--set train.rounds=N bypasses --rounds' check)
-        require(cfg.train.rounds >= 2, "train.rounds", cfg.train.rounds, "must be >= 2 in lcfed check")
+        require(2 <= cfg.train.rounds <= MAX_CHECK_ROUNDS, "train.rounds", cfg.train.rounds,
+                f"must be in [2, {MAX_CHECK_ROUNDS}] in lcfed check (as --rounds)")
     failed = 0
     for name, cfg in zip(args.methods, configs, strict=True):
         def progress(what: str, n: str = name) -> None:  # (a def: mypy infers no lambda with a bound default)

@@ -213,10 +213,39 @@ def make_partition(
                 groups = _majority_groups(devices, sample_groups)
     if quantity is not None:
         devices = quantity_skew(devices, int(quantity[0]), int(quantity[1]), seed)
+    if scheme in _FLOORED:
+        _check_floor(devices, scheme, min_samples, testbed != "none")
     train, test = split_train_test(devices, labels, test_fraction, _split_seed(seed), min_test_samples)
     if sample_groups is not None and testbed == "none" and partitioner is not _natural_scheme:
         groups = _majority_groups(train, sample_groups)
     return Partition(tuple(train), tuple(test), np.asarray(groups, dtype=np.int64), group_kind=kind)
+
+
+#: the schemes held to ``min_samples`` per device: the built-in ones (a partitioner registered in
+#: :data:`PARTITIONERS` later decides its devices' sizes itself)
+_FLOORED = frozenset([*PARTITIONERS, NATURAL])
+
+
+def _check_floor(devices: Sequence[np.ndarray], scheme: str, min_samples: int, testbed: bool) -> None:
+    """Every device holds at least ``min_samples`` samples, else :class:`PartitionError` naming ``min_samples``.
+
+    ``dirichlet`` and ``natural`` meet the floor by construction; ``pathological`` splits each class among
+    its holders, so a small class (or a ``data.subset`` that left few of it) can give its holders less, and
+    a testbed splits each group's pool on its own. A device below the floor would train on next to nothing
+    (or nothing: a class with fewer samples than holders), so such settings are refused, not run."""
+    sizes = np.fromiter((len(d) for d in devices), dtype=np.int64, count=len(devices))
+    short = np.flatnonzero(sizes < min_samples)
+    if not len(short):
+        return
+    d, smallest = int(short[0]), int(sizes.min())
+    more = {"pathological": ", more data.classes_per_device", "iid": "", "primary_secondary": ""}.get(scheme, "")
+    lower = f"lower data.min_samples to at most {smallest}, or " if smallest >= 2 else ""  # (2: one train, one test)
+    raise PartitionError(
+        "min_samples",
+        f"the {scheme} split{' within the testbed groups' if testbed else ''} gives device {d} only {sizes[d]} samples "
+        f"({len(short)} of {len(sizes)} devices hold fewer than min_samples = {min_samples}; the smallest holds "
+        f"{smallest}): {lower}give every device more samples (fewer data.num_devices{more}, a larger data.subset)",
+    )
 
 
 def _majority_groups(devices: Sequence[np.ndarray], sample_groups: np.ndarray) -> np.ndarray:

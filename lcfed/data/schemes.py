@@ -211,8 +211,13 @@ def pathological(
     num_classes = len(classes)
     if num_devices < 1:
         raise ValueError(f"num_devices must be >= 1, got {num_devices}")
-    if not 1 <= classes_per_device <= num_classes:
-        raise ValueError(f"classes_per_device must be in [1, {num_classes}], got {classes_per_device}")
+    if not 1 <= classes_per_device <= num_classes:  # the classes present: a subset or a file may lack some
+        raise PartitionError(
+            "classes_per_device",
+            f"these labels hold {num_classes} distinct class{'es' if num_classes != 1 else ''}, so classes_per_device "
+            f"must be in [1, {num_classes}] (a data.subset, a testbed group or a file may hold fewer classes than "
+            "the dataset has)",
+        )
     rng = np.random.default_rng(seed)
     usage = np.zeros(num_classes, dtype=np.int64)
     holders: list[list[int]] = [[] for _ in range(num_classes)]
@@ -255,8 +260,12 @@ def primary_secondary(
     labels = _check_labels(labels, nonempty=True)
     classes, class_of, class_sizes = np.unique(labels, return_inverse=True, return_counts=True)
     num_classes = len(classes)
-    if num_classes < 3:
-        raise ValueError(f"primary_secondary needs >= 3 classes, got {num_classes}")
+    if num_classes < 3:  # the classes present: a subset or a file may lack some
+        raise PartitionError(
+            "partition",
+            f"primary_secondary needs labels of >= 3 distinct classes (a primary, a secondary and the rest), these "
+            f"hold {num_classes}: use another data.partition (iid, dirichlet, pathological)",
+        )
     if num_devices < 1 or num_devices > len(labels):
         raise ValueError(f"num_devices must be in [1, {len(labels)}], got {num_devices}")
     (p_lo, p_hi), (s_lo, s_hi) = primary, secondary
