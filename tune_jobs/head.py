@@ -151,10 +151,17 @@ def _names_us(state: dict[str, Any]) -> bool:
 
 
 def running() -> dict[str, Any] | None:
-    """The state of the head ``lcfed head start`` left running on this machine (its leader alive and Ray's
-    address file naming it); None when there is none."""
+    """The state of the head ``lcfed head start`` left running on this machine (its leader alive, its GCS
+    answering); None when there is none. Not Ray's address file: any later ``ray start`` rewrites it."""
     state = read_state()
-    return state if state is not None and _leader_alive(state) and _names_us(state) else None
+    if state is None or not _leader_alive(state):
+        return None
+    host, _, port = str(state.get("gcs", "")).rpartition(":")
+    try:
+        socket.create_connection((host, int(port)), timeout=1.0).close()
+    except (OSError, ValueError):
+        return None
+    return state
 
 
 def start(port: int, dashboard_port: int, num_cpus: int | None, num_gpus: int | None,
