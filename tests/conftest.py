@@ -1,21 +1,33 @@
-"""Shared fixtures: tiny configs and a per-test sqlite MLflow store; the tiers' markers.
+"""Shared fixtures: tiny configs, a per-test sqlite MLflow store, a session's Ray head and MLflow server; the
+tiers' markers.
 
 A test is marked by what it starts: ``ray`` (a Ray instance in the test's process), ``cluster`` (a
 ``ray start`` head or a simulated multi-node cluster), ``server`` (an MLflow or S3 server), ``subprocess``
 (``lcfed`` or Python in a child process). Modules that start one for all their tests say so in
 ``pytestmark``; a test that starts one itself carries the mark; a test that uses a fixture starting one gets
-the fixture's marks here. ``make test-core`` runs what has none."""
+the fixture's marks here. ``make test-core`` runs what has none.
+
+Heavy things a test only uses, never damages, are started once per test process (per xdist worker), on first
+use, and stopped at its end: :func:`shared_head` (a ``ray start --head``) and :func:`mlflow_server` (a tracking
+server; each test logs to an experiment of its own, :func:`mlflow_experiment`). A test that stops, kills or
+reconfigures its cluster or server starts its own."""
 
 from __future__ import annotations
 
 import math
 import os
+import re
+import secrets
+import subprocess
 import sys
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from lcfed.config import ExperimentConfig, from_dict
 from lcfed.overrides import apply_overrides, parse_override
+from tests.raycluster import LocalCluster, alive, free_port, pids_marked
 
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
@@ -62,7 +74,7 @@ def start_test_ray(**resources: float) -> None:
 #: fixtures that start something, and the marks a test using one gets
 FIXTURE_MARKS: dict[str, tuple[str, ...]] = {
     "ray_cluster": ("ray",), "shared_ray": ("ray",), "ray_s3": ("ray",),
-    "installed": ("subprocess",), "_private_head": ("cluster",),
+    "installed": ("subprocess",), "shared_head": ("cluster",),
     "mlflow_server": ("server",), "server": ("server",), "running": ("server",), "s3": ("server",),
     "recorder": ("server",),
 }
@@ -87,3 +99,58 @@ def from_a_terminal(argv: list[str]) -> list[str]:
     restore = "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); os.execv(sys.argv[1], sys.argv[1:])"
     return [sys.executable, "-c", restore, *argv]
 
+
+@pytest.fixture(scope="session")
+def shared_head() -> Iterator[LocalCluster]:
+    """One ``ray start --head`` for this test process, started on first use: 2 CPUs, token auth, a job server on
+    127.0.0.1 (``dashboard``), Ray's address file at ``base/ray/ray_current_cluster``. For tests that attach or
+    submit to a running cluster and leave it as they found it: they must not count what others left on it (jobs,
+    actors), only their own. At the end it is stopped through its process group and its marker, never
+    ``ray stop``: an unrelated process named like Ray's daemons survives, and none of the cluster's is left."""
+    cluster = LocalCluster.start(2, [], object_store_mb=200)
+    try:
+        cluster.wait_job_server()
+        yield cluster
+    finally:
+        # a decoy named like Ray's daemons: stopping the cluster must not touch it (no kill-by-name)
+        decoy = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", "gcs_server", "raylet"],
+                                 start_new_session=True)
+        try:
+            stragglers = cluster.stop()
+            decoy_alive = alive(decoy.pid)
+        finally:
+            decoy.kill()
+            decoy.wait()
+        assert decoy_alive, "stopping the test cluster killed an unrelated process"
+        remaining = [p for p in pids_marked(str(cluster.token)) if alive(p)]
+        assert not remaining, f"processes of the test cluster survived: {remaining}"
+        if stragglers:
+            print(f"\nSIGKILLed {len(stragglers)} straggler(s) of the shared test cluster: {stragglers}")
+
+
+@pytest.fixture(scope="session")
+def mlflow_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The store directory of :func:`mlflow_server`: ``mlflow.db`` and ``mlartifacts/<experiment id>/<run id>``."""
+    return tmp_path_factory.mktemp("mlflow-server")
+
+
+@pytest.fixture(scope="session")
+def mlflow_server(mlflow_store: Path) -> Iterator[str]:
+    """One MLflow tracking server on 127.0.0.1 for this test process, started on first use: its URL. For tests
+    that only log to a running server, each to its own :func:`mlflow_experiment`; one that stops or restarts
+    its server starts its own."""
+    from tune_jobs.mlflow_server import start_mlflow_server, stop
+
+    proc, url = start_mlflow_server("127.0.0.1", free_port(), mlflow_store)
+    try:
+        yield url
+    finally:
+        stop(proc)
+        assert proc.poll() is not None
+
+
+@pytest.fixture
+def mlflow_experiment(request: pytest.FixtureRequest) -> str:
+    """An MLflow experiment name of this test's own (its name and a random suffix), so that a test logging to
+    the shared :func:`mlflow_server` sees only its own runs."""
+    return f"{re.sub(r'[^A-Za-z0-9_-]+', '-', request.node.name)[:80]}-{secrets.token_hex(4)}"

@@ -179,13 +179,35 @@ class LocalCluster:
                 raise RuntimeError(f"{count} nodes not up after {timeout:.0f} s: {why}")
             time.sleep(0.5 if self.dashboard else 1)
 
+    def _auth(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.token.read_text().strip()}"}
+
+    def wait_job_server(self, timeout: float = 180.0) -> None:
+        """Until the head's job server answers (it starts after the address file is written); RuntimeError if
+        the head's ``ray start`` exits or ``timeout`` passes."""
+        assert self.head is not None and self.dashboard, "a head with a dashboard"
+        request = urllib.request.Request(f"{self.dashboard}/api/jobs/", headers=self._auth())
+        deadline = time.monotonic() + timeout
+        while True:
+            self._check_alive(self.head)
+            try:
+                with urllib.request.urlopen(request, timeout=5) as resp:
+                    if resp.status == 200:
+                        return
+                    why = f"HTTP {resp.status}"
+            except OSError as exc:  # still starting
+                why = repr(exc)
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the job server at {self.dashboard} not up after {timeout:.0f} s: {why}\n"
+                                   f"{self.head.log.read_text()[-3000:]}")
+            time.sleep(0.5)
+
     def _alive_nodes(self, timeout: float) -> tuple[int | None, str]:
         """The GCS's count of alive nodes (None if not known yet) and what answered. Through the head's
         dashboard (Ray's state API) when it has one: a driver process per ask costs seconds of CPU that the
         nodes being started need on a small machine."""
         if self.dashboard:
-            request = urllib.request.Request(f"{self.dashboard}/api/v0/nodes?limit=1000",
-                                             headers={"Authorization": f"Bearer {self.token.read_text().strip()}"})
+            request = urllib.request.Request(f"{self.dashboard}/api/v0/nodes?limit=1000", headers=self._auth())
             try:
                 with urllib.request.urlopen(request, timeout=10) as resp:
                     nodes = json.load(resp)["data"]["result"]["result"]

@@ -1,10 +1,11 @@
-"""Ray connection rules (actors/connect.py) against one real, private, token-auth Ray head.
+"""Ray connection rules (actors/connect.py) against one real, token-auth Ray head.
 
 The head is what a user gets from ``ray start --head``: token auth on and Ray's address file
-(``<ray temp dir>/ray_current_cluster``) pointing at it. It uses its own temp dir ``BASE/ray``; the
-checks run with ``RAY_TMPDIR=BASE`` so that this is Ray's default temp dir for them, exactly like
-``/tmp/ray`` after a real ``ray start --head``. Each check runs in a fresh ``python -c`` (ray.init
-state must not leak into pytest) without ``RAY_AUTH_MODE`` and with ``RAY_AUTH_TOKEN_PATH`` at the
+(``<ray temp dir>/ray_current_cluster``) pointing at it. It is the test process's shared head
+(:func:`tests.conftest.shared_head`: these checks only attach to it, and count nothing but its CPUs); it uses its
+own temp dir ``BASE/ray``, and the checks run with ``RAY_TMPDIR=BASE`` so that this is Ray's default temp dir for
+them, exactly like ``/tmp/ray`` after a real ``ray start --head``. Each check runs in a fresh ``python -c``
+(ray.init state must not leak into pytest) without ``RAY_AUTH_MODE`` and with ``RAY_AUTH_TOKEN_PATH`` at the
 head's token. The head is stopped through its process group, never ``ray stop``.
 """
 
@@ -18,7 +19,6 @@ import subprocess
 import sys
 import tempfile
 import textwrap
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -36,12 +36,8 @@ def _clean_env() -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def head() -> Iterator[LocalCluster]:
-    h = LocalCluster.start(2, [], dashboard=False)
-    try:
-        yield h
-    finally:
-        h.stop()
+def head(shared_head: LocalCluster) -> LocalCluster:
+    return shared_head
 
 
 PRELUDE = """

@@ -1,40 +1,37 @@
 """Job submission and the MLflow server, end to end on this machine.
 
-A private Ray head (own ports, own temp dir, token auth on) runs ``lcfed run`` submitted through
-``lcfed submit``; the run lands in an MLflow server started by :func:`start_mlflow_server`.
+``lcfed submit`` runs ``lcfed run`` / ``lcfed sweep`` as jobs on the test process's shared Ray head
+(:func:`tests.conftest.shared_head`: own ports, own temp dir, token auth on); the runs land in the shared MLflow
+server (:func:`tests.conftest.mlflow_server`), each test in an experiment of its own, and the tests look only at
+their own jobs and runs. ``lcfed mlflow-server`` itself is started and stopped here, on a port of its own.
 
 The head is never stopped with ``ray stop`` (that kills every Ray on the machine, other tests'
 and other users' included). It runs as ``ray start --head --block`` in its own process group:
 SIGTERM to that group makes Ray tear down the processes it started. Every process of this cluster
 also carries a marker in its environment (``RAY_AUTH_TOKEN_PATH`` pointing into the private temp
-dir), so stragglers (job drivers, workers) are found by that marker alone and the test asserts
+dir), so stragglers (job drivers, workers) are found by that marker alone and the fixture asserts
 none is left, while a decoy process named like Ray's daemons must survive.
 """
 
 from __future__ import annotations
 
 import os
-import secrets
-import shutil
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import from_a_terminal
-from tests.raycluster import alive, free_port, pids_marked
+from tests.raycluster import LocalCluster, free_port, pids_marked
 from tune_jobs import jobs
 from tune_jobs.cli import main
-from tune_jobs.mlflow_server import MlflowServerError, start_mlflow_server, stop
+from tune_jobs.mlflow_server import MlflowServerError, start_mlflow_server
 
 pytestmark = [pytest.mark.cluster, pytest.mark.server, pytest.mark.subprocess]  # what it starts: `make test-core` leaves it out
 
@@ -43,146 +40,13 @@ ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 
 
-@dataclass
-class RayHead:
-    """One private Ray head started by a test; stopped with :meth:`stop`, never ``ray stop``."""
-
-    proc: subprocess.Popen[bytes]
-    temp_dir: str
-    dashboard_url: str
-    token_path: Path
-    log: Path
-
-    @classmethod
-    def start(cls, timeout: float = 240.0) -> RayHead:
-        # short path: Ray's unix sockets live under it (108-byte limit)
-        temp_dir = tempfile.mkdtemp(prefix="ray", dir="/tmp")
-        token_path = Path(temp_dir) / "auth_token"
-        token_path.write_text(secrets.token_hex(32))
-        token_path.chmod(0o600)
-        dash = free_port()
-        ports = {
-            "--port": free_port(),
-            "--dashboard-port": dash,
-            "--dashboard-agent-listen-port": free_port(),
-            "--dashboard-agent-grpc-port": free_port(),
-            "--runtime-env-agent-port": free_port(),
-            "--metrics-export-port": free_port(),
-            "--ray-client-server-port": free_port(),
-            "--node-manager-port": free_port(),
-            "--object-manager-port": free_port(),
-        }
-        cmd = [str(BIN / "ray"), "start", "--head", "--block", "--dashboard-host", "127.0.0.1",
-               "--num-cpus", "2", "--object-store-memory", str(200 * 1024 * 1024), "--temp-dir", temp_dir,
-               "--disable-usage-stats", "--include-dashboard", "true"]
-        for flag, port in ports.items():
-            cmd += [flag, str(port)]
-        env = {
-            **os.environ,
-            "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",  # `lcfed` for the job's entrypoint
-            "RAY_AUTH_MODE": "token",  # Ray 2.60's default, made explicit: the test relies on it
-            "RAY_AUTH_TOKEN_PATH": str(token_path),  # also the marker of every process of this cluster
-            "RAY_USAGE_STATS_ENABLED": "0",
-            "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0",  # SIGTERM: tear down now (no 30 s Serve drain)
-        }
-        env.pop("RAY_AUTH_TOKEN", None)
-        env.pop("RAY_ADDRESS", None)
-        log = Path(temp_dir) / "ray-start.log"
-        with open(log, "wb") as out:
-            proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, start_new_session=True)
-        head = cls(proc, temp_dir, f"http://127.0.0.1:{dash}", token_path, log)
-        try:
-            head._wait_ready(timeout)
-        except BaseException:
-            head.stop()
-            raise
-        return head
-
-    def _wait_ready(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        request = urllib.request.Request(f"{self.dashboard_url}/api/jobs/",
-                                         headers={"Authorization": f"Bearer {self.token_path.read_text()}"})
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"ray start exited {self.proc.returncode}:\n{self.log.read_text()[-3000:]}")
-            try:
-                with urllib.request.urlopen(request, timeout=5) as resp:
-                    if resp.status == 200:
-                        return
-            except (urllib.error.URLError, OSError):
-                pass
-            time.sleep(1)
-        raise RuntimeError(f"Ray head not ready after {timeout:.0f} s:\n{self.log.read_text()[-3000:]}")
-
-    def stop(self, timeout: float = 90.0) -> list[int]:
-        """SIGTERM the head's process group, wait, then SIGKILL any process still marked as ours.
-
-        Returns the stragglers that needed SIGKILL (for the test to report); other Ray instances on
-        the machine are never signalled: only this group and processes carrying this cluster's marker.
-        """
-        try:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-        try:
-            self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            with_suppress_kill(self.proc.pid, group=True)
-            self.proc.wait(timeout=10)
-        deadline = time.monotonic() + 30
-        while (left := [p for p in pids_marked(str(self.token_path)) if alive(p)]) and time.monotonic() < deadline:
-            time.sleep(1)
-        for pid in left:
-            with_suppress_kill(pid)
-        shutil.rmtree(self.temp_dir, ignore_errors=True)
-        return left
-
-
-def with_suppress_kill(pid: int, group: bool = False) -> None:
-    try:
-        (os.killpg if group else os.kill)(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-
-
-@pytest.fixture(scope="module")
-def _private_head() -> Iterator[RayHead]:
-    # a decoy named like Ray's daemons: stopping our cluster must not touch it (no kill-by-name)
-    decoy = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(900)", "gcs_server", "raylet"],
-                             start_new_session=True)
-    head = RayHead.start()
-    try:
-        yield head
-    finally:
-        stragglers = head.stop()
-        decoy_alive = alive(decoy.pid)
-        decoy.kill()
-        decoy.wait()
-        assert decoy_alive, "stopping the test cluster killed an unrelated process"
-        remaining = [p for p in pids_marked(str(head.token_path)) if alive(p)]
-        assert not remaining, f"processes of the test cluster survived: {remaining}"
-        if stragglers:
-            print(f"\nSIGKILLed {len(stragglers)} straggler(s) of the test cluster: {stragglers}")
-
-
 @pytest.fixture
-def ray_head(_private_head: RayHead, monkeypatch: pytest.MonkeyPatch) -> RayHead:
-    """The module's private head, with this process (the job client) holding its token."""
-    monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(_private_head.token_path))
+def ray_head(shared_head: LocalCluster, monkeypatch: pytest.MonkeyPatch) -> LocalCluster:
+    """The shared head, with this process (the job client) holding its token."""
+    monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(shared_head.token))
     for name in ("RAY_AUTH_TOKEN", "RAY_ADDRESS", "RAY_API_SERVER_ADDRESS", "RAY_AUTH_MODE"):
         monkeypatch.delenv(name, raising=False)
-    return _private_head
-
-
-@pytest.fixture
-def mlflow_server(tmp_path: Path) -> Iterator[str]:
-    proc, url = start_mlflow_server("127.0.0.1", free_port(), tmp_path / "mlflow")
-    try:
-        yield url
-    finally:
-        stop(proc)
-        assert proc.poll() is not None
+    return shared_head
 
 
 def test_unreachable_address_exits_2_naming_it_and_the_fix(capsys):
@@ -304,42 +168,43 @@ def test_mlflow_server_warns_on_all_interfaces_and_refuses_a_taken_port(tmp_path
             start_mlflow_server("127.0.0.1", taken.getsockname()[1], tmp_path)
 
 
-# ---- against a private Ray head (started once for these tests, last in the module) ----------------
+# ---- against the shared Ray head and MLflow server ------------------------------------------------
 
 
-def test_submit_runs_lcfed_on_ray_and_logs_to_mlflow_server(ray_head, mlflow_server, tmp_path, capsys):
+def test_submit_runs_lcfed_on_ray_and_logs_to_mlflow_server(ray_head, mlflow_server, mlflow_store, mlflow_experiment,
+                                                            tmp_path, capsys):
     import mlflow
 
     # token auth is on: a request without the token is refused
     with pytest.raises(urllib.error.HTTPError) as refused:
-        urllib.request.urlopen(f"{ray_head.dashboard_url}/api/jobs/", timeout=10)
+        urllib.request.urlopen(f"{ray_head.dashboard}/api/jobs/", timeout=10)
     assert refused.value.code == 401
 
     sets = ["train.rounds=2", "data.num_devices=6", "method.num_clusters=2", "method.rank=3",
-            "train.local_steps=2", f"tracking.uri={mlflow_server}", "tracking.experiment=jobs-e2e",
+            "train.local_steps=2", f"tracking.uri={mlflow_server}", f"tracking.experiment={mlflow_experiment}",
             "engine.torch_threads=1"]
     # a tiny sweep: 2 trials, each a federation on Ray actors inside the job's cluster
     entry = ["lcfed", "sweep", "--space", "mu_lambda.yaml", "--num-samples", "2", "--scheduler", "fifo",
              "--max-concurrent", "1", "--name", "jobs-e2e", "--storage", str(tmp_path / "tune")]
     entry += [a for s in sets for a in ("--set", s)]
-    code = main(["submit", "--address", ray_head.dashboard_url, "--working-dir", str(ROOT),
+    code = main(["submit", "--address", ray_head.dashboard, "--working-dir", str(ROOT),
                  "--env", "LCFED_JOB_TEST=1", "--", *entry])
     out = capsys.readouterr().out
     assert code == 0, out
     assert "submitted job" in out and "acc_mean" in out  # the job's own output was streamed
     job_id = out.split("submitted job ", 1)[1].split()[0]
 
-    assert main(["job", "status", job_id, "--address", ray_head.dashboard_url]) == 0
+    assert main(["job", "status", job_id, "--address", ray_head.dashboard]) == 0
     assert "SUCCEEDED" in capsys.readouterr().out
-    assert main(["job", "logs", job_id, "--address", ray_head.dashboard_url]) == 0
+    assert main(["job", "logs", job_id, "--address", ray_head.dashboard]) == 0
     assert "MLflow parent run" in capsys.readouterr().out
-    assert main(["job", "list", "--address", ray_head.dashboard_url]) == 0
+    assert main(["job", "list", "--address", ray_head.dashboard]) == 0
     assert job_id in capsys.readouterr().out
-    assert main(["job", "stop", job_id, "--address", ray_head.dashboard_url]) == 0
+    assert main(["job", "stop", job_id, "--address", ray_head.dashboard]) == 0
     assert "not running" in capsys.readouterr().out
 
     client = mlflow.MlflowClient(tracking_uri=mlflow_server)
-    exp = client.get_experiment_by_name("jobs-e2e")
+    exp = client.get_experiment_by_name(mlflow_experiment)
     assert exp is not None
     runs = client.search_runs([exp.experiment_id])
     parents = [r for r in runs if r.data.tags.get("sweep_parent") == "true"]
@@ -355,18 +220,18 @@ def test_submit_runs_lcfed_on_ray_and_logs_to_mlflow_server(ray_head, mlflow_ser
     # artifacts went through the server's proxy into its artifact directory
     names = {a.path for a in client.list_artifacts(run.info.run_id, "clusters")}
     assert "clusters/assignment.csv" in names
-    assert list((tmp_path / "mlflow" / "mlartifacts").rglob("assignment.csv"))
+    assert list((mlflow_store / "mlartifacts" / exp.experiment_id / run.info.run_id).rglob("assignment.csv"))
 
 
 def test_wrong_token_is_a_clear_error(ray_head, monkeypatch, capsys):
     monkeypatch.setenv("RAY_AUTH_TOKEN", "0" * 64)
-    assert main(["job", "list", "--address", ray_head.dashboard_url]) == 2
+    assert main(["job", "list", "--address", ray_head.dashboard]) == 2
     err = capsys.readouterr().err
-    assert ray_head.dashboard_url in err and "token" in err
+    assert ray_head.dashboard in err and "token" in err
 
 
 def test_failed_job_exits_1(ray_head, capsys):
-    code = main(["submit", "--address", ray_head.dashboard_url, "--working-dir", str(ROOT), "--no-logs",
+    code = main(["submit", "--address", ray_head.dashboard, "--working-dir", str(ROOT), "--no-logs",
                  "--", "lcfed", "run", "--set", "method.num_clusters=500"])
     out = capsys.readouterr().out
     assert code == 1 and "FAILED" in out

@@ -5,8 +5,9 @@ workers with 1 CPU and 1 logical GPU each, whose ``~/data`` is empty and where i
 fails (so a trial or actor that tried to talk to MLflow would error), and whose environment asks torch
 for baseline kernels (``OTHER_CPU``, as another CPU would pick other kernels than the head's). ``lcfed`` commands run as
 drivers on the head, attached through ``RAY_ADDRESS`` as inside a submitted job, without
-``RAY_AUTH_MODE`` in their environment. An S3-compatible server (moto) and an MLflow server run on
-127.0.0.1.
+``RAY_AUTH_MODE`` in their environment. An S3-compatible server (moto) runs on 127.0.0.1; the runs that are
+tracked log to the test process's shared MLflow server (:func:`tests.conftest.mlflow_server`), each test to an
+experiment of its own. The cluster is the module's own, not the shared head: its shape is what is tested.
 """
 
 from __future__ import annotations
@@ -30,10 +31,9 @@ from lcfed.config import load_config
 from lcfed.data import import_idx
 from lcfed.engines.local import run_local
 from tests.conftest import from_a_terminal
-from tests.raycluster import ROOT, LocalCluster, free_port
+from tests.raycluster import ROOT, LocalCluster
 from tests.s3server import S3Server
 from tests.test_data import write_mnist_dir
-from tune_jobs.mlflow_server import start_mlflow_server, stop
 
 pytestmark = [pytest.mark.timeout(900), pytest.mark.cluster, pytest.mark.server, pytest.mark.subprocess]  # what it starts: `make test-core` leaves it out
 
@@ -75,13 +75,12 @@ class Env:
 
 
 @pytest.fixture(scope="module")
-def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
+def env(tmp_path_factory: pytest.TempPathFactory, mlflow_server: str) -> Iterator[Env]:
     tmp = tmp_path_factory.mktemp("mn")
     blocker = tmp / "no-mlflow" / "mlflow"
     blocker.mkdir(parents=True)
     (blocker / "__init__.py").write_text("raise ImportError('mlflow imported on a worker node')\n")
     with S3Server() as s3:
-        server, url = start_mlflow_server("127.0.0.1", free_port(), tmp / "mlflow")
         cluster = LocalCluster.start(2, [(1, 1)] * 3, env=s3.env,
                                      worker_env={"PYTHONPATH": str(blocker.parent), **OTHER_CPU})
         try:
@@ -91,10 +90,9 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
             import_idx(home / "data", [tmp / "idx"])
             config = home / "mn.yaml"
             config.write_text(yaml.safe_dump(CONFIG))
-            yield Env(cluster, s3, url, home, config)
+            yield Env(cluster, s3, mlflow_server, home, config)
         finally:
             left = cluster.stop()
-            stop(server)
             assert not left or print(f"SIGKILLed {len(left)} straggler(s) of the test cluster")
 
 
@@ -202,21 +200,21 @@ def _children(client: mlflow.MlflowClient, exp_name: str) -> list:
 
 
 @pytest.mark.slow  # ~2 min; trials on the workers, S3 storage and MLflow through the driver: the plugin sweep below
-def test_sweep_on_workers_logs_through_the_driver_and_resumes_from_s3(env: Env, tmp_path: Path):
+def test_sweep_on_workers_logs_through_the_driver_and_resumes_from_s3(env: Env, tmp_path: Path, mlflow_experiment: str):
     space = tmp_path / "space.yaml"
     space.write_text("method.mu: {grid: [0.0, 0.01, 0.1, 1.0]}\n")
     storage = env.s3.uri("sweeps")
     args = ["sweep", "--config", str(env.config), "--space", str(space), "--scheduler", "fifo",
             "--gpus-per-trial", "0.5", "--storage", storage, "--name", "mnsweep",
             "--set", "engine.cpus_per_actor=0.5", "--set", "checkpoint.every=1", "--set", "tracking.enabled=true",
-            "--set", f"tracking.uri={env.mlflow_url}", "--set", "tracking.experiment=mn-sweep"]
+            "--set", f"tracking.uri={env.mlflow_url}", "--set", f"tracking.experiment={mlflow_experiment}"]
     client = mlflow.MlflowClient(tracking_uri=env.mlflow_url)
     log = tmp_path / "first.log"
     first = env.popen(log, *args)
     try:  # interrupt once a trial is past its first round (its checkpoint is in S3)
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline and first.poll() is None:
-            if any(m.step >= 1 for r in _children(client, "mn-sweep")
+            if any(m.step >= 1 for r in _children(client, mlflow_experiment)
                    for m in client.get_metric_history(r.info.run_id, "loss/train_loss")):
                 break
             time.sleep(1)
@@ -239,7 +237,7 @@ def test_sweep_on_workers_logs_through_the_driver_and_resumes_from_s3(env: Env, 
     keys = env.s3.list("sweeps/mnsweep/")
     assert any(k.endswith("tuner.pkl") for k in keys) and any("/checkpoint_" in k for k in keys)
 
-    children = _children(client, "mn-sweep")
+    children = _children(client, mlflow_experiment)
     assert len(children) == 4 and all(c.info.status == "FINISHED" for c in children)
     workers = {c.data.tags["placement.trial_node"] for c in children}
     for child in children:
@@ -255,14 +253,15 @@ def test_sweep_on_workers_logs_through_the_driver_and_resumes_from_s3(env: Env, 
     parent = client.get_run(summary["parent_run_id"])
     assert parent.info.status == "FINISHED"
     # the resumed sweep is the same one: one parent run, the interrupted trials' runs continued
-    exp = client.get_experiment_by_name("mn-sweep")
+    exp = client.get_experiment_by_name(mlflow_experiment)
     assert len(client.search_runs([exp.experiment_id])) == 5
     assert all(c.data.tags["mlflow.parentRunId"] == parent.info.run_id for c in children)
     print(f"\nsweep placement: {sorted(w[:8] for w in workers)}; root {ROOT}")
 
 
 @pytest.mark.slow  # ~2 min; the storage refusal and trials on workers are also covered by the sweep tests above
-def test_compare_needs_a_storage_every_node_reaches_and_runs_on_the_workers(env: Env, tmp_path: Path):
+def test_compare_needs_a_storage_every_node_reaches_and_runs_on_the_workers(env: Env, tmp_path: Path,
+                                                                            mlflow_experiment: str):
     """`lcfed compare` as a job's driver: without a shared --storage it is refused before any file or run
     exists; with one (S3) both phases run their trials on the GPU workers and the report is written."""
     spaces = tmp_path / "spaces"
@@ -273,18 +272,18 @@ def test_compare_needs_a_storage_every_node_reaches_and_runs_on_the_workers(env:
     args = ["compare", "--config", str(env.config), "--methods", "lcfed,standalone", "--budget", "1", "--seeds", "2",
             "--space-dir", str(spaces), "--scheduler", "fifo", "--gpus-per-trial", "0.5", "--out", str(out),
             "--set", "engine.cpus_per_actor=0.5", "--set", "tracking.enabled=true",
-            "--set", f"tracking.uri={env.mlflow_url}", "--set", "tracking.experiment=mn-compare"]
+            "--set", f"tracking.uri={env.mlflow_url}", "--set", f"tracking.experiment={mlflow_experiment}"]
     client = mlflow.MlflowClient(tracking_uri=env.mlflow_url)
     refused = env.lcfed(*args)
     assert refused.returncode == 2, refused.stderr[-3000:]
     assert "--storage" in refused.stderr and "4 nodes" in refused.stderr and "Traceback" not in refused.stderr
-    assert not out.exists() and client.get_experiment_by_name("mn-compare") is None
+    assert not out.exists() and client.get_experiment_by_name(mlflow_experiment) is None
 
     done = env.lcfed(*args, "--storage", env.s3.uri("compare"))
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-4000:]
     rows = {r["method"]: r for r in csv.DictReader((out / "compare.csv").open())}
     assert set(rows) == {"lcfed", "standalone"} and all(r["seed_0"] and r["seed_1"] for r in rows.values())
-    trials = [r for r in _children(client, "mn-compare") if "tune_trial_id" in r.data.tags]
+    trials = [r for r in _children(client, mlflow_experiment) if "tune_trial_id" in r.data.tags]
     assert len(trials) == 2 + 4 and all(t.info.status == "FINISHED" for t in trials)  # 1 trial + 2 seeds per method
     names = env.cluster.node_names()
     assert {names[t.data.tags["placement.trial_node"]] for t in trials} <= {"w0", "w1", "w2"}  # GPU workers only
@@ -299,7 +298,8 @@ with open(_os.environ["LCFED_TEST_IMPORTS"], "a") as _f:
 """
 
 
-def test_a_plugin_in_the_jobs_working_directory_runs_in_trials_on_the_workers(env: Env, tmp_path: Path):
+def test_a_plugin_in_the_jobs_working_directory_runs_in_trials_on_the_workers(env: Env, tmp_path: Path,
+                                                                              mlflow_experiment: str):
     """``lcfed submit -- lcfed sweep --set method.name=mymethods:FedProx``: the plugin exists only in the
     submitted directory; the workers' Python path does not have it (Ray adds the driver's directory only
     without a job working directory), so the trials import it from what Ray shipped, on the GPU workers."""
@@ -314,7 +314,7 @@ def test_a_plugin_in_the_jobs_working_directory_runs_in_trials_on_the_workers(en
              "--gpus-per-trial", "0.5", "--storage", env.s3.uri("plugin"), "--name", "plugin",
              "--set", "method.name=mymethods:FedProx", "--set", "engine.cpus_per_actor=0.5", "--set", "train.rounds=1",
              "--set", "tracking.enabled=true", "--set", f"tracking.uri={env.mlflow_url}",
-             "--set", "tracking.experiment=mn-plugin"]
+             "--set", f"tracking.experiment={mlflow_experiment}"]
     proc = subprocess.run([sys.executable, "-m", "tune_jobs", "submit", "--address", env.cluster.dashboard,
                            "--working-dir", str(work), "--env", f"LCFED_TEST_IMPORTS={imports}", "--", *entry],
                           env=env.cluster.client_env(env.home), cwd=tmp_path, capture_output=True, text=True,
@@ -323,7 +323,7 @@ def test_a_plugin_in_the_jobs_working_directory_runs_in_trials_on_the_workers(en
     assert "2/2 trials ended" in proc.stdout
 
     client = mlflow.MlflowClient(tracking_uri=env.mlflow_url)
-    trials = [r for r in _children(client, "mn-plugin") if "tune_trial_id" in r.data.tags]
+    trials = [r for r in _children(client, mlflow_experiment) if "tune_trial_id" in r.data.tags]
     assert len(trials) == 2 and all(t.info.status == "FINISHED" for t in trials)
     assert {t.data.params["method.name"] for t in trials} == {"mymethods:FedProx"}
     assert {t.data.params["method.mu"] for t in trials} == {"0.0", "0.5"}

@@ -94,10 +94,11 @@ def test_tracking_uri_is_made_absolute(tmp_path, monkeypatch):
 
 
 class Server:
-    """A real MLflow tracking server on 127.0.0.1 that the outage tests stop and start again."""
+    """A real MLflow tracking server on 127.0.0.1 that the outage tests stop and start again: their own, not the
+    shared :func:`tests.conftest.mlflow_server`."""
 
     def __init__(self, store: Path) -> None:
-        from tests.test_jobs import free_port
+        from tests.raycluster import free_port
 
         self.port, self.store, self.proc = free_port(), store, None
 
