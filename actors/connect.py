@@ -170,16 +170,17 @@ def _loopback_only(address: str) -> bool:
         gcs = resolve_gcs(address)
     except ClusterError:
         return False
-    if gcs.rsplit(":", 1)[0] in ("127.0.0.1", "localhost"):
-        return False
-    from ray._common.network_utils import parse_address  # (the same)
+    return gcs.rsplit(":", 1)[0] not in ("127.0.0.1", "localhost") and not answers(gcs, timeout=1.0)
 
-    ip, port = parse_address(gcs)
+
+def answers(address: str, timeout: float) -> bool:
+    """Whether something accepts a TCP connection at ``host:port`` (``[v6]:port`` too) within ``timeout``."""
+    host, _, port = address.rpartition(":")
     try:
-        socket.create_connection((ip, int(port)), timeout=1.0).close()
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+    except (OSError, ValueError):
         return False
-    except OSError:
-        return True
+    return True
 
 
 def resolve_gcs(address: str) -> str:

@@ -18,7 +18,6 @@ while; then Ray marks the node dead after missed health checks (~15 s) and fails
 
 from __future__ import annotations
 
-import socket
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -26,6 +25,7 @@ from typing import Any
 import ray
 from ray._private import ray_constants
 
+from actors.connect import answers
 from lcfed.faults import ClusterLost
 
 #: seconds a ``ray.get`` waits before the driver looks at the cluster again
@@ -119,19 +119,10 @@ def _is_head(node_id: str) -> bool | None:
     return None
 
 
-def _reachable(address: str) -> bool:
-    host, _, port = address.rpartition(":")
-    try:
-        socket.create_connection((host.strip("[]"), int(port)), timeout=PROBE_TIMEOUT_S).close()
-    except (OSError, ValueError):
-        return False
-    return True
-
-
 def _unreachable(head: _Head) -> list[str]:
     """What of ``head`` does not answer now: ``"gcs"``, ``"raylet"``."""
-    down = [] if _reachable(head.gcs) else ["gcs"]
-    if head.raylet and not _reachable(head.raylet):
+    down = [] if answers(head.gcs, PROBE_TIMEOUT_S) else ["gcs"]
+    if head.raylet and not answers(head.raylet, PROBE_TIMEOUT_S):
         down.append("raylet")
     return down
 

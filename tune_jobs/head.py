@@ -30,7 +30,7 @@ from typing import Any
 
 import psutil
 
-from actors.connect import LOOPBACK, secure_token_file
+from actors.connect import LOOPBACK, answers, secure_token_file
 from tune_jobs.jobs import auth_headers
 from tune_jobs.options import add_actions, examples
 
@@ -154,12 +154,7 @@ def running() -> dict[str, Any] | None:
     """The state of the head ``lcfed head start`` left running on this machine (its leader alive, its GCS
     answering); None when there is none. Not Ray's address file: any later ``ray start`` rewrites it."""
     state = read_state()
-    if state is None or not _leader_alive(state):
-        return None
-    host, _, port = str(state.get("gcs", "")).rpartition(":")
-    try:
-        socket.create_connection((host, int(port)), timeout=1.0).close()
-    except (OSError, ValueError):
+    if state is None or not _leader_alive(state) or not answers(str(state.get("gcs", "")), timeout=1.0):
         return None
     return state
 

@@ -91,22 +91,22 @@ def layer_rows(history: Sequence[dict[str, float]]) -> tuple[list[str], list[tup
     return layers, rows
 
 
-def layers_csv(history: Sequence[dict[str, float]]) -> str:
-    """``traffic/layers.csv``: ``round,layer,bytes_up,bytes_down``, one row per round and model layer (codes
-    and projections under ``other``); empty when no layer moved."""
-    _, rows = layer_rows(history)
+def layers_csv(rows: Sequence[tuple[int, str, int, int]]) -> str:
+    """``traffic/layers.csv`` of :func:`layer_rows`' rows: ``round,layer,bytes_up,bytes_down``, one row per round
+    and model layer (codes and projections under ``other``)."""
     return "\n".join(["round,layer,bytes_up,bytes_down"] + [",".join(map(str, r)) for r in rows]) + "\n"
 
 
-def layers_figure(history: Sequence[dict[str, float]], cfg: ExperimentConfig) -> Any:
-    """``plots/traffic_layers.png``: each layer's upload and download over the whole run, in MB (10^6 bytes),
-    as paired horizontal bars, the layers top to bottom as the model has them."""
+def layers_figure(layers: Sequence[str], rows: Sequence[tuple[int, str, int, int]], rounds: int,
+                  cfg: ExperimentConfig) -> Any:
+    """``plots/traffic_layers.png`` of :func:`layer_rows`' layers and rows over ``rounds`` rounds: each layer's
+    upload and download over the whole run, in MB (10^6 bytes), as paired horizontal bars, the layers top to
+    bottom as the model has them."""
     import matplotlib  # here, not at the top: see accuracy_figure
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # after choosing the Agg backend
 
-    layers, rows = layer_rows(history)
     totals = {layer: [0, 0] for layer in layers}
     for _, layer, up, down in rows:
         totals[layer][0] += up
@@ -117,7 +117,7 @@ def layers_figure(history: Sequence[dict[str, float]], cfg: ExperimentConfig) ->
     ax.barh(y - 0.2, [totals[layer][1] / 1e6 for layer in layers], height=0.4, label="downloaded")
     ax.set_yticks(y, layers)
     ax.set_xlabel("MB over the run (10^6 bytes)")
-    ax.set_title(f"traffic per layer: {cfg.method.name}, {len(history)} rounds")
+    ax.set_title(f"traffic per layer: {cfg.method.name}, {rounds} rounds")
     ax.grid(axis="x", alpha=0.3)
     if layers:
         ax.legend(loc="lower right", frameon=False)
@@ -170,9 +170,10 @@ def log_artifacts(client: Any, run_id: str, result: RunResult, cfg: ExperimentCo
     traffic as ``traffic/layers.csv`` and ``plots/traffic_layers.png`` and, when the run evaluated its
     devices, ``metrics/devices.csv``."""
     client.log_text(run_id, history_csv(result.history), "metrics/history.csv")
-    if layer_rows(result.history)[0]:
-        client.log_text(run_id, layers_csv(result.history), "traffic/layers.csv")
-        client.log_figure(run_id, layers_figure(result.history, cfg), "plots/traffic_layers.png")
+    layers, rows = layer_rows(result.history)
+    if layers:
+        client.log_text(run_id, layers_csv(rows), "traffic/layers.csv")
+        client.log_figure(run_id, layers_figure(layers, rows, len(result.history), cfg), "plots/traffic_layers.png")
     if result.assignment is not None:
         client.log_text(run_id, assignment_csv(result.assignment), "clusters/assignment.csv")
         if assignments:
