@@ -20,15 +20,16 @@ import ray
 import torch
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
-from actors.liveness import alive, check_cluster
+from actors.liveness import alive, check_cluster, get
 from actors.nodes import head_node_id
 from actors.placement import PoolLayout
 from lcfed import fingerprint, numerics
 from lcfed.config import ExperimentConfig
 from lcfed.data import Dataset, Partition
+from lcfed.data.sources import feature_spreads, feature_sums
 from lcfed.devices.schedule import SimClock
 from lcfed.engines.local import DeviceHost, HostedDevices, LocalServer, auto_workers
-from lcfed.experiment import Setup
+from lcfed.experiment import NodeShard, Setup
 from lcfed.loop import HostFailure
 from lcfed.methods.base import Message, RoundPlan, RoundStats
 from lcfed.methods.traffic import tensor_bytes
@@ -64,13 +65,54 @@ class DeviceActor(DeviceHost):
     dataset, placed on the GPU if one is assigned) and their personal states, which never leave the actor.
     Answers the pool's calls as :class:`lcfed.engines.local.DeviceHost` does in-process."""
 
-    def __init__(self, setup: Setup, devices: Sequence[int], shard: tuple[Dataset, Partition], cpus: float = 1.0) -> None:
+    def __init__(self, setup: Setup | None, devices: Sequence[int], shard: tuple[Dataset, Partition] | NodeShard,
+                 cpus: float = 1.0) -> None:
+        """``shard``: the devices' samples and partition, cut by the process that loaded the dataset; or a
+        :class:`NodeShard` to generate them here. Without ``setup`` (a generated shard before the driver
+        partitioned the labels) the actor generates its samples and waits for :meth:`start`."""
+        self.devices = tuple(devices)
+        self.cpus = cpus
+        self._generated: Any = None  # (samples, first row) until start, when generating here
+        self._beyond: Any = None  # the next hosts' rows a chunk of the scaling reaches into
+        if setup is None:
+            assert isinstance(shard, NodeShard)
+            self._generated = shard.generate()
+            self._rows = int(shard.spec.starts()[shard.first])
+            self._node = shard
+        else:
+            self.start(setup, shard)
+
+    def start(self, setup: Setup, shard: tuple[Dataset, Partition] | NodeShard) -> None:
+        """Host the devices: their data from ``shard`` (generated here if a :class:`NodeShard`)."""
         numerics.activate(setup.cfg.engine.numerics)
         fast_tensor_transfer()
-        self.devices = tuple(devices)
-        workers = auto_workers(setup.cfg, cpus, setup.torch_device())
-        ds, part = shard  # this actor's devices' samples, from the process that loaded the dataset
+        workers = auto_workers(setup.cfg, self.cpus, setup.torch_device())
+        if isinstance(shard, NodeShard):
+            ds, part = shard.build(self._generated)  # the samples generated before the partition, if any
+        else:
+            ds, part = shard  # this actor's devices' samples, from the process that loaded the dataset
+        self._generated = self._beyond = None
         self.hosted = HostedDevices(replace(setup, partition=part), self.devices, ds, workers=workers)
+
+    def labels(self) -> np.ndarray:
+        """The generated samples' labels, in row order (for the driver's partition)."""
+        return self._generated.y
+
+    def feature_sums(self, chunks: Sequence[np.ndarray], mean: np.ndarray | None = None) -> list[np.ndarray]:
+        """Each chunk's sum (or, given ``mean``, its squared deviations: the scaling's second pass) over the
+        rows the chunks name, which start among this actor's and may reach into the next hosts'."""
+        last = max((int(c[-1]) for c in chunks if len(c)), default=-1)
+        x = self._generated.x
+        if last >= self._rows + len(x):  # generate the next devices up to that row (their own streams)
+            spec, starts = self._node.spec, self._node.spec.starts()
+            stop = int(np.searchsorted(starts, last, side="right"))
+            if self._beyond is None or len(self._beyond) < int(starts[stop]) - self._rows:
+                more = NodeShard(spec, self._node.stop, stop).generate().x
+                self._beyond = np.concatenate([x, more])
+            x = self._beyond
+        if mean is None:
+            return feature_sums(x, chunks, self._rows)
+        return feature_spreads(x, chunks, mean, self._rows)
 
     def info(self) -> dict[str, Any]:
         return {
@@ -149,6 +191,14 @@ RemoteDevice = ray.remote(DeviceActor)
 RemoteServer = ray.remote(ServerActor)
 
 
+def device_options(layout: PoolLayout, placement: Any, i: int) -> dict[str, Any]:
+    """Device actor ``i``'s resources and, in a placement group of ours, its bundle."""
+    opts: dict[str, Any] = {"num_cpus": layout.cpus_per_actor, "num_gpus": layout.gpus_per_actor}
+    if placement is not None:
+        opts["scheduling_strategy"] = PlacementGroupSchedulingStrategy(placement, placement_group_bundle_index=i)
+    return opts
+
+
 class Hosts:
     """The federation's actors, with the means to notice lost ones and start them again.
 
@@ -160,19 +210,39 @@ class Hosts:
 
     def __init__(
         self, cfg: ExperimentConfig, setup_ref: Any, layout: PoolLayout, shard_refs: Sequence[Any],
-        placement: Any = None, attached: bool = False,
+        placement: Any = None, attached: bool = False, generating: Sequence[Any] = (),
     ) -> None:
+        """``generating``: device actors already started without a setup (:meth:`generate`), which start
+        hosting their devices here; a restarted one generates its shard again from its :class:`NodeShard`."""
         self.cfg = cfg
-        # on a cluster lcfed attached to, the workers were started by `ray start` without the profile's
-        # variables, and import numpy before lcfed: they get them from their start through the runtime env
-        env = numerics.worker_env(cfg.engine.numerics) if attached else {}
-        self.common: dict[str, Any] = {"runtime_env": {"env_vars": env}} if env else {}  # every actor's options
+        self.common = self.actor_options(cfg, attached)
         self.setup_ref = setup_ref
         self.layout = layout
         self.shard_refs = list(shard_refs)
         self.placement = placement
         self.server = self._new_server()
-        self.devices = [self._new_device(i) for i in range(len(layout.blocks))]
+        if generating:
+            self.devices = list(generating)
+            get([a.start.remote(setup_ref, ref) for a, ref in zip(self.devices, self.shard_refs, strict=True)])
+        else:
+            self.devices = [self._new_device(i) for i in range(len(layout.blocks))]
+
+    @staticmethod
+    def actor_options(cfg: ExperimentConfig, attached: bool) -> dict[str, Any]:
+        """Every actor's options: on a cluster lcfed attached to, the workers were started by `ray start`
+        without the profile's variables, and import numpy before lcfed: they get them from their start
+        through the runtime env."""
+        env = numerics.worker_env(cfg.engine.numerics) if attached else {}
+        return {"runtime_env": {"env_vars": env}} if env else {}
+
+    @classmethod
+    def generate(cls, cfg: ExperimentConfig, layout: PoolLayout, shards: Sequence[NodeShard], placement: Any = None,
+                 attached: bool = False) -> list[Any]:
+        """Device actors that generate their devices' samples on their nodes and wait for a setup."""
+        common = cls.actor_options(cfg, attached)
+        return [RemoteDevice.options(**device_options(layout, placement, i), **common).remote(
+                    None, layout.blocks[i], shard, layout.cpus_per_actor)
+                for i, shard in enumerate(shards)]
 
     def _new_server(self) -> Any:
         opts: dict[str, Any] = {"num_cpus": 0, **self.common}
@@ -185,12 +255,9 @@ class Hosts:
         return RemoteServer.options(**opts).remote(self.setup_ref)
 
     def _new_device(self, i: int) -> Any:
-        opts: dict[str, Any] = {"num_cpus": self.layout.cpus_per_actor, "num_gpus": self.layout.gpus_per_actor,
-                                **self.common}
-        if self.placement is not None:
-            opts["scheduling_strategy"] = PlacementGroupSchedulingStrategy(self.placement, placement_group_bundle_index=i)
         block = self.layout.blocks[i]
-        return RemoteDevice.options(**opts).remote(self.setup_ref, block, self.shard_refs[i], self.layout.cpus_per_actor)
+        return RemoteDevice.options(**device_options(self.layout, self.placement, i), **self.common).remote(
+            self.setup_ref, block, self.shard_refs[i], self.layout.cpus_per_actor)
 
     @staticmethod
     def _alive(actor: Any) -> bool:

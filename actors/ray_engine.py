@@ -9,6 +9,7 @@ messages go from the actors straight to the ServerActor as object refs, never th
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -27,10 +28,19 @@ from lcfed import fingerprint, numerics, provenance
 from lcfed.checkpoint import Snapshot, state_chunks
 from lcfed.config import ExperimentConfig
 from lcfed.contracts import Observer
-from lcfed.data import Dataset, Partition
+from lcfed.data import Dataset, Partition, Scaling
 from lcfed.devices.schedule import RoundTiming, SimClock
 from lcfed.engines import run_closed
-from lcfed.experiment import load, prepare, shard
+from lcfed.experiment import (
+    NodeShard,
+    labels_dataset,
+    load,
+    node_generated,
+    node_partition,
+    prepare,
+    scaling_rows,
+    shard,
+)
 from lcfed.local_update import EvalResult
 from lcfed.loop import run_rounds
 from lcfed.methods.base import RoundPlan, RoundStats
@@ -181,29 +191,94 @@ class RayEngine:
         self.cfg = cfg
         self.group = None
         self.hosts: Hosts | None = None
+        self._generating: list[Any] = []
+        #: seconds of each start-up phase and, after :meth:`close`, of the shutdown (where a start goes)
+        self.timings: dict[str, float] = {}
+        clock = time.perf_counter()
+
+        def lap(phase: str) -> None:
+            nonlocal clock
+            now = time.perf_counter()
+            self.timings[phase] = now - clock
+            clock = now
+
         self.started_ray = ensure_ray(cfg.engine)
+        lap("ray_start" if self.started_ray else "ray_attach")
+        self.node_local = dataset is None and node_generated(cfg) is not None
         try:
             watch()  # a lost cluster is ClusterLost within seconds (actors.liveness)
             fast_tensor_transfer()
-            ds = dataset if dataset is not None else load(cfg)
-            self.setup = prepare(cfg, ds)
-            n = self.setup.federation.num_devices
+            n = cfg.data.num_devices if self.node_local else None
+            ds = None
+            if n is None:
+                ds = dataset if dataset is not None else load(cfg)
+                self.setup = prepare(cfg, ds)
+                n = self.setup.federation.num_devices
+                lap("data")
             if resources is not None:
                 self.layout = pool_layout(cfg.engine, n, *resources)
             else:
                 self.layout = cluster_layout(cfg.engine, n, alive_nodes())
                 self.group = place_pool(self.layout, cfg.engine.placement_timeout_s, can_grow=not self.started_ray)
-            shards = [ray.put(shard(ds, self.setup.partition, block)) for block in self.layout.blocks]
+            lap("placement")
+            if ds is None:
+                generating, shards = self._generate_on_nodes(cfg)
+            else:
+                generating, shards = [], [ray.put(shard(ds, self.setup.partition, block)) for block in self.layout.blocks]
+                del ds
+            lap("data_on_nodes" if generating else "shards")
             # each device actor's partition comes with its shard: the setup every actor gets holds none (at
             # m = 10^6 the whole partition is 2 x 10^6 index arrays, which each actor would unpickle)
             shared = replace(self.setup, partition=Partition((), (), np.zeros(0, dtype=np.int64)))
             # the driver's fingerprint first: actors on this machine then read it from the disk cache
             fingerprint.for_process(cfg.engine.torch_threads)
-            self.hosts = Hosts(cfg, ray.put(shared), self.layout, shards, self.group, attached=not self.started_ray)
+            self.hosts = Hosts(cfg, ray.put(shared), self.layout, shards, self.group, attached=not self.started_ray,
+                               generating=generating)
             self.actor_info = get([a.info.remote() for a in self.hosts.devices])
+            lap("actors")
         except BaseException:
             self.close()
             raise
+
+    def _generate_on_nodes(self, cfg: ExperimentConfig) -> tuple[list[Any], list[Any]]:
+        """Generated data, built where it is used: each device actor generates its devices' samples on its node
+        and sends the driver their labels, which the driver partitions (as in-process, from the same labels);
+        the input scaling's chunk sums come from the actors holding the chunks' rows, added here in the
+        chunks' order (the same bits as :meth:`Scaling.fit`). Returns the actors and each one's
+        :class:`NodeShard` (its partition's part; a restarted actor generates its samples again from it)."""
+        spec = node_generated(cfg)
+        assert spec is not None
+        starts = spec.starts()
+        ranges = [(block[0], block[-1] + 1) for block in self.layout.blocks]
+        actors = Hosts.generate(cfg, self.layout, [NodeShard(spec, a, b) for a, b in ranges], self.group,
+                                attached=not self.started_ray)
+        self._generating = actors  # closed with the engine if setting up fails
+        labels = np.concatenate(get([a.labels.remote() for a in actors]))
+        first_rows = np.array([starts[a] for a, _ in ranges])
+
+        def fit(part: Partition, held_out: Sequence[int]) -> Scaling:
+            rows = scaling_rows(part, held_out)
+            chunks = Scaling.feature_chunks(rows)
+            if not chunks:
+                return Scaling.unit(labels_ds.input_shape[0])
+            owner = np.searchsorted(first_rows, [int(c[0]) for c in chunks], side="right") - 1  # the chunk's first row's
+            mine = [[c for c, o in zip(chunks, owner, strict=True) if o == i] for i in range(len(actors))]
+
+            def gather(mean: np.ndarray | None) -> list[np.ndarray]:
+                parts = get([a.feature_sums.remote(ch, mean) for a, ch in zip(actors, mine, strict=True)])
+                return [s for part in parts for s in part]  # actors hold consecutive chunks: the chunks' order
+
+            mean = Scaling.mean_of(gather(None), len(rows))
+            return Scaling.from_spreads(mean, gather(mean), len(rows))
+
+        labels_ds = labels_dataset(spec, labels)
+        del labels
+        self.setup = prepare(cfg, labels_ds, fit_scaling=fit)
+        part = self.setup.partition
+        shards = [ray.put(NodeShard(spec, a, b, node_partition(part, block, int(starts[a]))))
+                  for (a, b), block in zip(ranges, self.layout.blocks, strict=True)]
+        self._generating = []
+        return actors, shards
 
     def placement(self) -> dict[str, Any]:
         """Where the federation runs: each device actor's node (with that node's resources), GPU ids,
@@ -258,7 +333,11 @@ class RayEngine:
     def close(self) -> None:
         # a lost cluster's GCS would hold these calls for Ray's minute (then end the process): the actors and
         # the placement group went with the cluster, or are the cluster's to reap when its head comes back
+        t = time.perf_counter()
         lost = cluster_lost()
+        for actor in self._generating if not lost else []:
+            ray.kill(actor)
+        self._generating = []
         if self.hosts is not None:
             for actor in [*self.hosts.devices, self.hosts.server] if not lost else []:
                 ray.kill(actor)
@@ -267,9 +346,12 @@ class RayEngine:
             if not lost:
                 remove_placement_group(self.group)
             self.group = None
+        self.timings["close"] = time.perf_counter() - t
         if self.started_ray:
+            t = time.perf_counter()
             ray.shutdown()
             self.started_ray = False
+            self.timings["ray_shutdown"] = time.perf_counter() - t
 
 
 def open_ray(cfg: ExperimentConfig, dataset: Dataset | None = None, resources: tuple[float, float] | None = None

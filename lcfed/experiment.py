@@ -9,7 +9,7 @@ The setup travels to the hosts whole (pickled to Ray's actors), so they build wh
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -32,7 +32,7 @@ from lcfed.data import (
     partition_stats,
     split_validation,
 )
-from lcfed.data.generated import GENERATED, leaf_synthetic
+from lcfed.data.generated import CLASSES, FEATURES, GENERATED, GeneratedSpec, generate_devices, leaf_synthetic
 from lcfed.data.sources import synthetic_dataset
 from lcfed.data.testbeds import apply_testbed
 from lcfed.errors import ConfigError, require
@@ -230,9 +230,14 @@ def held_out_devices(cfg: ExperimentConfig) -> tuple[int, ...]:
     return tuple(sorted(int(d) for d in rng.choice(m, size=n, replace=False)))
 
 
-def prepare(cfg: ExperimentConfig, dataset: Dataset | None = None) -> Setup:
+#: fits the input scaling from the partition and the held-out devices, where the samples are (hosts')
+ScalingFit = Callable[[Partition, Sequence[int]], Scaling]
+
+
+def prepare(cfg: ExperimentConfig, dataset: Dataset | None = None, fit_scaling: ScalingFit | None = None) -> Setup:
     """The experiment's :class:`Setup`: the dataset partitioned and the federation described (sizes,
-    groups, model layout, init, partition statistics)."""
+    groups, model layout, init, partition statistics). ``fit_scaling`` fits ``data.normalize``'s scaling
+    where ``dataset`` holds labels only (:func:`labels_dataset`: the samples are on the hosts)."""
     ds = dataset if dataset is not None else load(cfg)
     part = check_against_data(cfg, ds)
     net, init = network(cfg, ds.input_shape, ds.num_classes)
@@ -251,7 +256,10 @@ def prepare(cfg: ExperimentConfig, dataset: Dataset | None = None) -> Setup:
         input_shape=ds.input_shape,
         held_out=held_out_devices(cfg),
     )
-    scaling = input_scaling(cfg, ds, part, fed.held_out)
+    if fit_scaling is not None and cfg.data.normalize != "unit":
+        scaling = fit_scaling(part, fed.held_out)
+    else:
+        scaling = input_scaling(cfg, ds, part, fed.held_out)
     fed = replace(fed, scaling=scaling)
     if cfg.devices.simulate:  # here: traces are read on the driver, before any work
         from lcfed.devices.schedule import make_fleet
@@ -272,8 +280,7 @@ def input_scaling(cfg: ExperimentConfig, ds: Dataset, part: Partition, held_out:
     find the scaling as it is), or plain [0, 1]."""
     if cfg.data.normalize == "unit":
         return Scaling.unit(ds.input_shape[0])
-    skip = set(held_out)
-    return Scaling.fit(ds.x, np.concatenate([np.zeros(0, np.int64), *(t for d, t in enumerate(part.train) if d not in skip)]))
+    return Scaling.fit(ds.x, scaling_rows(part, held_out))
 
 
 def forward_flops(net: Network, weights: torch.Tensor, input_shape: tuple[int, ...]) -> float:
@@ -298,6 +305,64 @@ def forward_flops(net: Network, weights: torch.Tensor, input_shape: tuple[int, .
         for h in hooks:
             h.remove()
     return total
+
+
+def scaling_rows(part: Partition, held_out: Sequence[int]) -> np.ndarray:
+    """The samples ``data.normalize`` fits on: the devices' training samples, held-out devices' excepted."""
+    skip = set(held_out)
+    return np.concatenate([np.zeros(0, np.int64), *(t for d, t in enumerate(part.train) if d not in skip)])
+
+
+def node_generated(cfg: ExperimentConfig) -> GeneratedSpec | None:
+    """What a host generates its devices' samples from, when the config's data can be built on every node
+    (``leaf_synthetic``, whole: no ``data.subset`` of it); else None."""
+    d = cfg.data
+    if d.dataset != GENERATED or d.testbed != "none":
+        return None
+    spec = GeneratedSpec(d.num_devices, d.synthetic_alpha, d.synthetic_beta, d.synthetic_clusters, d.synthetic_samples,
+                         d.min_samples)
+    return spec if d.subset <= 0 or d.subset >= int(spec.starts()[-1]) else None
+
+
+def labels_dataset(spec: GeneratedSpec, labels: np.ndarray) -> Dataset:
+    """The generated federation as the driver holds it: its labels, device ids and groups, and no sample (``x``
+    is a read-only view of one zero row)."""
+    starts = spec.starts()
+    owner = np.repeat(np.arange(spec.num_devices, dtype=np.int64), np.diff(starts))
+    groups = spec.device_groups()
+    x = np.broadcast_to(np.zeros((1, FEATURES), dtype=np.float32), (len(labels), FEATURES))
+    return Dataset(GENERATED, x, np.asarray(labels, dtype=np.int64), CLASSES, owner,
+                   None if groups is None else np.ascontiguousarray(groups[owner]).astype(np.int64))
+
+
+@dataclass(frozen=True)
+class NodeShard:
+    """A host's devices ``first``..``stop - 1`` to generate on its own node (``spec``), with their part of the
+    partition (indices from the first of their rows; None until the driver partitioned the labels)."""
+
+    spec: GeneratedSpec
+    first: int
+    stop: int
+    part: Partition | None = None
+
+    def generate(self) -> Dataset:
+        return generate_devices(self.spec, self.first, self.stop)
+
+    def build(self, ds: Dataset | None = None) -> tuple[Dataset, Partition]:
+        """The host's (samples, partition) as :func:`shard` cuts them from the whole dataset, bit for bit."""
+        assert self.part is not None
+        return shard(ds if ds is not None else self.generate(), self.part, range(self.first, self.stop))
+
+
+def node_partition(part: Partition, devices: Sequence[int], offset: int) -> Partition:
+    """``part`` for a host of ``devices`` whose rows start at ``offset``; the other devices' indices empty."""
+    empty = np.zeros(0, dtype=np.int64)
+    hosted = set(devices)
+
+    def cut(idx: tuple[np.ndarray, ...]) -> tuple[np.ndarray, ...]:
+        return tuple(a - offset if d in hosted else empty for d, a in enumerate(idx))
+
+    return Partition(cut(part.train), cut(part.test), part.groups, cut(part.val) if part.val else (), part.group_kind)
 
 
 def shard(ds: Dataset, part: Partition, devices: Iterable[int]) -> tuple[Dataset, Partition]:

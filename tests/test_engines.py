@@ -283,3 +283,31 @@ def test_ray_engine_matches_in_process_on_a_testbed_of_a_table(ray_cluster, tmp_
     assert len(local.history) == len(remote.history) == 2
     for a, b in zip(local.history, remote.history, strict=True):
         assert {k: v for k, v in a.items() if k != "round_seconds"} == {k: v for k, v in b.items() if k != "round_seconds"}
+
+
+#: generated data, built on the actors' nodes: 1,000 devices (40,000 samples) over 3 actors, so the input
+#: scaling's chunks of 8,192 training rows straddle the actors; known groups, a validation split, newcomers
+NODE_LOCAL = ("data.dataset=leaf_synthetic", "data.partition=natural", "model.name=mlp", "data.num_devices=1000",
+              "data.synthetic_clusters=3", "data.val_fraction=0.2", "data.holdout_fraction=0.01",
+              "method.name=ifca", "method.num_clusters=3", "train.participation=0.01", "train.rounds=4",
+              "train.final_eval_devices=50", "engine.num_actors=3")
+
+
+def test_generated_data_is_built_on_the_actors_nodes_with_the_same_numbers(ray_cluster):
+    cfg = tiny_config(*NODE_LOCAL)
+    local = run_local(cfg)
+    engine = RayEngine(cfg.replace(**{"engine.kind": "ray"}))
+    try:
+        assert engine.node_local  # the driver generated nothing: it partitioned the actors' labels
+        held = engine.holdings()["device_actors"]
+        remote = engine.run([KillAt(engine, 1, "device")])  # and a lost actor generates its devices again
+    finally:
+        engine.close()
+    assert engine.setup.scaling == prepare(cfg).scaling  # the chunk sums of three actors add up to the same bits
+    same_history(local.history, remote.history)
+    assert np.array_equal(local.assignment, remote.assignment)
+    same_metrics([local.final], [remote.final])  # the sampled final evaluation and the newcomers' scores too
+    assert "acc_new_mean" in local.final
+    assert len(remote.failures) == 1
+    assert [h["data_devices"] for h in held] == [list(b) for b in engine.layout.blocks]
+    assert sum(h["data_rows"] for h in held) == 40_000

@@ -22,6 +22,8 @@ every seed of a comparison sees the same federation.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from lcfed.data.dataset import Dataset
@@ -46,41 +48,80 @@ def device_sizes(num_devices: int, samples: int, min_samples: int) -> np.ndarray
     return min_samples + rng.multinomial(samples - num_devices * min_samples, weights / weights.sum())
 
 
+@dataclass(frozen=True)
+class GeneratedSpec:
+    """What :func:`leaf_synthetic` generates (its arguments): any node can build any devices' samples from it."""
+
+    num_devices: int
+    alpha: float = 1.0
+    beta: float = 1.0
+    clusters: int = 0
+    samples: int = 0
+    min_samples: int = 2
+
+    def starts(self) -> np.ndarray:
+        """Row offsets (m + 1,): device d's samples are rows ``starts[d]:starts[d + 1]``."""
+        sizes = device_sizes(self.num_devices, self.samples or DEFAULT_PER_DEVICE * self.num_devices, self.min_samples)
+        return np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+
+    def device_groups(self, rng: np.random.Generator | None = None) -> np.ndarray | None:
+        """Each device's true group (m,), or None without ``clusters``; ``rng`` is the clusters' stream, which
+        goes on to draw the groups' models."""
+        if not self.clusters:
+            return None
+        rng = rng if rng is not None else np.random.default_rng([_STREAM, self.num_devices, self.clusters, 1])
+        return rng.permutation(self.num_devices) % self.clusters
+
+
 def leaf_synthetic(
     num_devices: int, alpha: float = 1.0, beta: float = 1.0, clusters: int = 0, samples: int = 0, min_samples: int = 2
 ) -> Dataset:
     """synthetic(α, β) for ``num_devices`` devices with ``samples`` samples in all (0: :data:`DEFAULT_PER_DEVICE`
     each); ``device_ids`` say whose each sample is (``data.partition: natural``), and with ``clusters`` > 0
     ``groups`` say each sample's device's group."""
-    m = num_devices
-    sizes = device_sizes(m, samples or DEFAULT_PER_DEVICE * m, min_samples)
-    owner = np.repeat(np.arange(m, dtype=np.int64), sizes)
-    starts = np.concatenate([[0], np.cumsum(sizes)])
-    x = np.empty((len(owner), FEATURES), dtype=np.float32)
-    y = np.empty(len(owner), dtype=np.int64)
+    return generate_devices(GeneratedSpec(num_devices, alpha, beta, clusters, samples, min_samples), 0, num_devices)
+
+
+def generate_devices(spec: GeneratedSpec, first: int, stop: int) -> Dataset:
+    """The samples of devices ``first``..``stop - 1`` alone (rows ``starts[first]:starts[stop]`` of the whole
+    federation's, bit for bit): the blocks they fall in are generated, each from its own stream."""
+    m = spec.num_devices
+    if not 0 <= first <= stop <= m:
+        raise ValueError(f"devices {first}..{stop} are not within 0..{m}")
+    starts = spec.starts()
     std_x = np.arange(1, FEATURES + 1, dtype=np.float64) ** -0.6  # sqrt of j^-1.2
     group = shared = centres = None
-    if clusters:
-        rng = np.random.default_rng([_STREAM, m, clusters, 1])
-        group = rng.permutation(m) % clusters
-        shared = _models(rng, clusters, alpha)
-        centres = _centres(rng, clusters, 1.0)
-    for i, lo in enumerate(range(0, m, BLOCK)):
-        hi = min(lo + BLOCK, m)
+    if spec.clusters:
+        rng = np.random.default_rng([_STREAM, m, spec.clusters, 1])
+        group = spec.device_groups(rng)
+        shared = _models(rng, spec.clusters, spec.alpha)
+        centres = _centres(rng, spec.clusters, 1.0)
+    base = int(starts[first])
+    n = int(starts[stop]) - base
+    x = np.empty((n, FEATURES), dtype=np.float32)
+    y = np.empty(n, dtype=np.int64)
+    for i in range(first // BLOCK, -(-stop // BLOCK)):
+        lo, hi = i * BLOCK, min(i * BLOCK + BLOCK, m)
         rng = np.random.default_rng([_STREAM, m, i, 2])
-        w, b = shared if shared is not None else _models(rng, hi - lo, alpha)
+        w, b = shared if shared is not None else _models(rng, hi - lo, spec.alpha)
         if centres is not None and group is not None:
-            centre = centres[group[lo:hi]] + rng.normal(0.0, beta, (hi - lo, FEATURES))
+            centre = centres[group[lo:hi]] + rng.normal(0.0, spec.beta, (hi - lo, FEATURES))
         else:
-            centre = _centres(rng, hi - lo, beta)
+            centre = _centres(rng, hi - lo, spec.beta)
         r0, r1 = int(starts[lo]), int(starts[hi])
-        xb = centre[owner[r0:r1] - lo] + rng.standard_normal((r1 - r0, FEATURES)) * std_x
+        owner = np.repeat(np.arange(lo, hi, dtype=np.int64), np.diff(starts[lo:hi + 1]))
+        xb = centre[owner - lo] + rng.standard_normal((r1 - r0, FEATURES)) * std_x
+        yb = np.empty(r1 - r0, dtype=np.int64)
         for s in range(0, r1 - r0, _ROWS):
             rows = slice(s, s + _ROWS)
-            dev = owner[r0:r1][rows]
+            dev = owner[rows]
             which = group[dev] if group is not None else dev - lo  # the row's model: its group's, else its own
-            y[r0:r1][rows] = np.argmax(np.einsum("nf,nfc->nc", xb[rows], w[which]) + b[which], axis=1)
-        x[r0:r1] = xb
+            yb[rows] = np.argmax(np.einsum("nf,nfc->nc", xb[rows], w[which]) + b[which], axis=1)
+        keep = slice(max(r0, int(starts[first])) - r0, min(r1, int(starts[stop])) - r0)  # this call's devices' rows
+        at = max(r0, base) - base
+        x[at:at + keep.stop - keep.start] = xb[keep]
+        y[at:at + keep.stop - keep.start] = yb[keep]
+    owner = np.repeat(np.arange(first, stop, dtype=np.int64), np.diff(starts[first:stop + 1]))
     groups = None if group is None else np.ascontiguousarray(group[owner]).astype(np.int64)
     return Dataset(GENERATED, x, y, CLASSES, owner, groups)
 

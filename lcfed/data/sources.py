@@ -13,7 +13,7 @@ of its own devices' samples. The cache is keyed by the source files' names, size
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -28,6 +28,16 @@ from lcfed.data.formats import FileSource, load_file
 from lcfed.data.generated import GENERATED, leaf_synthetic
 
 __all__ = ["SOURCES", "Scaling", "load_dataset", "to_float"]
+
+def feature_sums(x: np.ndarray, chunks: Iterable[np.ndarray], offset: int = 0) -> list[np.ndarray]:
+    """Each chunk's per-feature sum in float64, of rows ``chunk - offset`` of ``x`` (a host's rows from ``offset``)."""
+    return [np.asarray(x[c - offset], dtype=np.float64).sum(axis=0) for c in chunks]
+
+
+def feature_spreads(x: np.ndarray, chunks: Iterable[np.ndarray], mean: np.ndarray, offset: int = 0) -> list[np.ndarray]:
+    """Each chunk's per-feature sum of squared deviations from ``mean``, in float64 (as :func:`feature_sums`)."""
+    return [((np.asarray(x[c - offset], dtype=np.float64) - mean) ** 2).sum(axis=0) for c in chunks]
+
 
 def to_float(x: np.ndarray) -> torch.Tensor:
     """uint8 images -> float32 tensor in [0, 1] (a fresh copy, so the dataset stays untouched)."""
@@ -81,18 +91,35 @@ class Scaling:
     @classmethod
     def _fit_features(cls, x: np.ndarray, rows: np.ndarray, chunk: int) -> Scaling:
         """Per-feature mean and (population) std of ``x[rows]``, two passes in float64, in chunks."""
-        features = x.shape[1]
+        chunks = cls.feature_chunks(rows, chunk)
+        if not chunks:
+            return cls.unit(x.shape[1])
+        mean = cls.mean_of(feature_sums(x, chunks), len(rows))
+        return cls.from_spreads(mean, feature_spreads(x, chunks, mean), len(rows))
+
+    @staticmethod
+    def feature_chunks(rows: np.ndarray, chunk: int = 8192) -> list[np.ndarray]:
+        """``rows`` sorted and cut into the chunks :meth:`fit` sums one at a time (a host holding some of
+        the rows sums its chunks with :func:`feature_sums`, and the sums add up to the same bits)."""
         rows = np.sort(np.asarray(rows, dtype=np.int64))
-        if len(rows) == 0:
-            return cls.unit(features)
-        total = np.zeros(features)
-        for start in range(0, len(rows), chunk):
-            total += np.asarray(x[rows[start:start + chunk]], dtype=np.float64).sum(axis=0)
-        mean = total / len(rows)
-        spread = np.zeros(features)
-        for start in range(0, len(rows), chunk):
-            spread += ((np.asarray(x[rows[start:start + chunk]], dtype=np.float64) - mean) ** 2).sum(axis=0)
-        std = np.sqrt(spread / len(rows))
+        return [rows[start:start + chunk] for start in range(0, len(rows), chunk)]
+
+    @staticmethod
+    def mean_of(chunk_sums: Iterable[np.ndarray], n: int) -> np.ndarray:
+        """The mean from the chunks' sums, added in the chunks' order."""
+        sums = list(chunk_sums)
+        total = np.zeros(len(sums[0]))
+        for s in sums:
+            total += s
+        return total / n
+
+    @classmethod
+    def from_spreads(cls, mean: np.ndarray, chunk_spreads: Iterable[np.ndarray], n: int) -> Scaling:
+        """The scaling from the mean and the chunks' squared deviations, added in the chunks' order."""
+        spread = np.zeros(len(mean))
+        for s in chunk_spreads:
+            spread += s
+        std = np.sqrt(spread / n)
         std[std < 1e-6] = 1.0
         return cls(tuple(float(v) for v in mean), tuple(float(v) for v in std))
 
