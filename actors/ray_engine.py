@@ -36,7 +36,7 @@ from lcfed.experiment import (
     labels_dataset,
     load,
     node_generated,
-    node_partition,
+    node_shard,
     prepare,
     scaling_rows,
     shard,
@@ -275,8 +275,7 @@ class RayEngine:
         del labels
         self.setup = prepare(cfg, labels_ds, fit_scaling=fit)
         part = self.setup.partition
-        shards = [ray.put(NodeShard(spec, a, b, node_partition(part, block, int(starts[a]))))
-                  for (a, b), block in zip(ranges, self.layout.blocks, strict=True)]
+        shards = [ray.put(node_shard(spec, a, b, part)) for a, b in ranges]
         self._generating = []
         return actors, shards
 

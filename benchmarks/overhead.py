@@ -36,7 +36,7 @@ def w1(args: argparse.Namespace, engine: str) -> object:
         "data.alpha=0.1", "data.num_devices=100", f"data.subset={args.subset}", "data.min_samples=10",
         "method.name=fedavg", f"train.rounds={args.rounds}", "train.participation=0.25", "train.local_steps=5",
         "train.batch_size=32", "train.lr=0.01", f"train.eval_every={args.rounds}", "engine.torch_threads=1",
-        f"engine.kind={'local' if engine.startswith('local') else engine}", f"engine.num_actors={args.actors}",
+        f"engine.kind={'local' if engine.startswith('local') else 'ray'}", f"engine.num_actors={args.actors}",
         "tracking.enabled=false", *(["engine.workers=1"] if engine == "local-1" else []), *getattr(args, "set", []),
     ])
 
@@ -71,26 +71,28 @@ def measure(args: argparse.Namespace, engine: str) -> dict:
     me = psutil.Process(os.getpid())
     rss = PeakRSS(me)
     t0 = time.perf_counter()
+    timings: dict[str, float] = {}
     if engine.startswith("local"):
         from lcfed.engines.local import run_local
 
         res = run_local(cfg, [rss])
     else:
-        import ray
-
         from actors.ray_engine import RayEngine
 
-        ray.init(address="local", num_cpus=args.actors, include_dashboard=False, object_store_memory=256 * 2**20, log_to_driver=False)
-        deployed = RayEngine(cfg)
+        # "ray": the private Ray lcfed starts itself (as `lcfed run --engine ray --private-ray`); "ray-head": an
+        # attach to the running cluster in $RAY_ADDRESS (as `lcfed run --engine ray` beside `lcfed head`)
+        sets = {"engine.num_cpus": args.actors, "engine.object_store_mb": 256} if engine == "ray" else {}
+        deployed = RayEngine(cfg.replace(**sets))
         try:
             res = deployed.run([rss])
         finally:
             deployed.close()
-            ray.shutdown()
+        timings = deployed.timings
     wall = time.perf_counter() - t0
     rounds = [r["round_seconds"] for r in res.history[1:]]
     return {"engine": engine, "round_s": float(np.mean(rounds)), "round_s_std": float(np.std(rounds)),
-            "wall_s": wall, "peak_rss_mb": rss.peak, "acc_mean": res.final.get("acc_mean")}
+            "wall_s": wall, "peak_rss_mb": rss.peak, "acc_mean": res.final.get("acc_mean"), "timings": timings,
+            "rounds_s": float(sum(r["round_seconds"] for r in res.history))}
 
 
 def add_w1_arguments(ap: argparse.ArgumentParser) -> None:

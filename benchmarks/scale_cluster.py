@@ -8,15 +8,19 @@ serves every m; each m's driver is a process of its own, attached through ``RAY_
 Workload as ``scale_devices.py`` (synthetic data, 10 samples per device, LeNet-5, LCFed K = 10, D = 10,
 100 participants per round x 5 steps; ``--data leaf``: ``leaf_synthetic`` and the MLP), on the Ray engine
 with one device actor per worker.
-``--rounds`` rounds without evaluation, then the run is stopped at the round boundary (which writes
-the checkpoint) instead of evaluating every device; then one evaluation of ``--eval-devices`` sampled
-devices is timed, from which the final evaluation of all m is extrapolated.
+``--rounds`` rounds, the last ending in the final evaluation as by default (``train.final_eval_devices``
+-1: the trained devices up to 10,000, a seeded sample of 10,000 above, with its 95 % interval), which is timed;
+then one more evaluation of ``--eval-devices`` devices drawn from all m is timed, from which scoring every
+device (``train.final_eval_devices: 0``, the behaviour before the sample) is extrapolated.
+With ``--data leaf`` the device actors generate their own devices' samples on their nodes; ``--driver-data``
+runs each m first as before that (the driver generates every sample and ships the shards), paired.
 
-Reports per m: start-up (data, partition, shards, actors), s/round over the rounds after the first,
+Reports per m: start-up (data, partition, shards, actors) and the driver's peak RSS by then, s/round over the
+rounds after the first (the last excepted),
 peak RSS of each node's process tree (sampled with psutil; the node's Ray processes and its actors)
 and of the driver, the checkpoint's size, and the states each device actor holds.
 
-    python benchmarks/scale.py --cluster [--devices 10000 100000] [--rounds 3] [--workers 3]
+    python benchmarks/scale.py --cluster [--devices 10000 100000] [--rounds 3] [--workers 3] [--data leaf --driver-data]
 """
 
 from __future__ import annotations
@@ -44,65 +48,84 @@ GB = 2**30
 
 
 def config(m: int, args: argparse.Namespace, ckpt: str) -> Any:
-    """scale_devices.py's workload on the Ray engine, one round more than measured, never reached: the run
-    stops before it (no evaluation of all m)."""
-    return scale_devices.config(m, args, ckpt, [
-        f"train.rounds={args.rounds + 1}", f"train.eval_every={args.rounds + 1}", "engine.kind=ray",
-        "engine.cpus_per_actor=1"])
+    """scale_devices.py's workload on the Ray engine: ``--rounds`` rounds, the last ending in the final evaluation
+    (``train.final_eval_devices`` as by default: a sample of 10,000 devices above 10,000)."""
+    return scale_devices.config(m, args, ckpt, ["engine.kind=ray", "engine.cpus_per_actor=1"])
 
 
-class StopAfter:
-    """Observer: round times; asks the loop to stop after ``rounds`` rounds."""
+class RoundClock:
+    """Observer: each round's time."""
 
-    def __init__(self, rounds: int) -> None:
-        self.rounds, self.seconds = rounds, []  # type: ignore[var-annotated]
+    def __init__(self) -> None:
+        self.seconds: list[float] = []
 
     def on_start(self, cfg: Any, fed: Any) -> None: ...
 
     def on_round(self, rnd: int, metrics: dict[str, float], stats: Any) -> None:
-        from lcfed.stop import STOP
-
         self.seconds.append(float(metrics["round_seconds"]))
-        if rnd + 1 >= self.rounds:
-            STOP.request("benchmark")
 
     def on_end(self, result: Any) -> None: ...
 
 
+class TimedEvaluations:
+    """Times every evaluation the pool is asked for (the last one is the final evaluation)."""
+
+    def __init__(self) -> None:
+        from actors.ray_engine import RayPool
+
+        self.seconds: list[float] = []
+        self.devices: list[int] = []
+        plain = RayPool.evaluate
+
+        def timed(pool: Any, payload: Any, devices: Any = None) -> Any:
+            t = time.perf_counter()
+            out = plain(pool, payload, devices)
+            self.seconds.append(time.perf_counter() - t)
+            self.devices.append(len(out))
+            return out
+
+        RayPool.evaluate = timed  # type: ignore[method-assign]
+
+
 def driver(m: int, args: argparse.Namespace) -> dict[str, Any]:
-    """One federation of ``m`` devices on the cluster in ``RAY_ADDRESS`` (this process is its driver)."""
+    """One federation of ``m`` devices on the cluster in ``RAY_ADDRESS`` (this process is its driver), run to its
+    end with the default final evaluation. ``--driver-data``: the driver generates the data and ships the shards
+    (as before node-local data)."""
     import resource
 
     from actors.ray_engine import RayEngine, RayPool, RayServer
-    from lcfed.stop import Stopped
+    from lcfed.experiment import load
 
+    evals = TimedEvaluations()
     with tempfile.TemporaryDirectory(prefix="lcfed-scale-") as ckpt:
         cfg = config(m, args, ckpt)
         t0 = time.perf_counter()
-        engine = RayEngine(cfg)
+        engine = RayEngine(cfg, dataset=load(cfg) if args.driver_data else None)
         startup = time.perf_counter() - t0
+        startup_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
         try:
-            clock = StopAfter(args.rounds)
-            try:
-                engine.run([clock])
-            except Stopped:
-                pass
-            assert engine.hosts is not None
+            clock = RoundClock()
+            engine.run([clock])
+            final_devices, final_s = evals.devices[-1], evals.seconds[-1]
             held = engine.holdings()
+            assert engine.hosts is not None
             rng = np.random.default_rng(0)
             sample = tuple(sorted(int(d) for d in rng.choice(m, size=min(args.eval_devices, m), replace=False)))
             t = time.perf_counter()
             RayPool(engine.hosts).evaluate(RayServer(engine.hosts).eval_payload(), sample)
-            eval_s = time.perf_counter() - t
+            sample_s = time.perf_counter() - t
         finally:
             engine.close()
         ckpt_mb = sum(f.stat().st_size for f in Path(ckpt).glob("latest*.pt")) / 2**20  # with its state parts
     actors = held["device_actors"]
+    rounds = clock.seconds[:-1]  # the last round's time holds the final evaluation
     return {
         "devices": m, "participants": args.participants, "samples": args.samples_per_device * m, "startup_s": startup,
-        "round_s": clock.seconds, "s_per_round": float(np.mean(clock.seconds[1:] or clock.seconds)),
-        "eval_devices": len(sample), "eval_s": eval_s, "final_eval_estimate_s": eval_s * m / len(sample),
+        "node_local": engine.node_local, "round_s": rounds, "s_per_round": float(np.mean(rounds[1:] or rounds)),
+        "eval_devices": final_devices, "eval_s": final_s, "timings": engine.timings,
+        "sample_devices": len(sample), "sample_eval_s": sample_s, "every_device_estimate_s": sample_s * m / len(sample),
         "checkpoint_mb": ckpt_mb, "driver_max_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
+        "driver_startup_rss_gb": startup_rss,
         "actors": [{"node_id": a["node_id"], "devices": len(a["devices"]), "states": len(a["state_devices"]),
                     "data_rows": a["data_rows"], "data_mb": a["data_bytes"] / 2**20,
                     "state_mb": a["state_memory_bytes"] / 2**20} for a in actors],
@@ -139,13 +162,14 @@ class NodeMemory(BackgroundSampler):
 
 
 
-def run_one(cluster: Any, m: int, args: argparse.Namespace) -> dict[str, Any]:
+def run_one(cluster: Any, m: int, args: argparse.Namespace, driver_data: bool = False) -> dict[str, Any]:
     assert cluster.head is not None
     nodes = {n.name: n.proc.pid for n in [cluster.head, *cluster.workers]}
     idle = {name: NodeMemory.tree_rss(pid) for name, pid in nodes.items()}
     cmd = [sys.executable, str(Path(__file__).resolve()), "--driver", str(m), "--participants", str(args.participants),
-           "--samples-per-device", str(args.samples_per_device), "--rounds", str(args.rounds),
-           "--eval-devices", str(args.eval_devices), "--data", args.data]
+           "--samples-per-device", str(args.samples_per_device), "--rounds", str(args.rounds), "--data", args.data,
+           "--eval-devices", str(args.eval_devices),
+           *(["--driver-data"] if driver_data else [])]
     env = cluster.client_env(cluster.head.home, RAY_ADDRESS=cluster.gcs)
     proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     with NodeMemory({**nodes, "driver": proc.pid}) as mem:
@@ -168,7 +192,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--participants", type=int, default=100)
     ap.add_argument("--samples-per-device", type=int, default=10)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--eval-devices", type=int, default=1000, help="devices of the one timed evaluation")
+    ap.add_argument("--eval-devices", type=int, default=10_000,
+                    help="devices drawn from all m for one more timed evaluation after the run, from which scoring every "
+                         "device (train.final_eval_devices: 0) is extrapolated")
+    ap.add_argument("--driver-data", action="store_true",
+                    help="also run each m as before node-local data (the driver generates and ships the shards), paired")
     ap.add_argument("--workers", type=int, default=3, help="worker nodes of 1 CPU, one device actor each")
     ap.add_argument("--data", choices=["images", "leaf"], default="images",
                     help="synthetic images and LeNet-5, or leaf_synthetic and the MLP (240 bytes a sample: 10^6 devices)")
@@ -187,14 +215,21 @@ def main(argv: list[str] | None = None) -> None:
     cluster = LocalCluster.start(0, [(1, 0)] * args.workers, dashboard=False, object_store_mb=args.object_store_mb)
     try:
         for m in args.devices:
-            rows.append(run_one(cluster, m, args))
-            r = rows[-1]
-            peaks = ", ".join(f"{k} {v:.2f}" for k, v in r["peak_rss_gb"].items())
-            held = ", ".join(f"{a['node']}: {a['devices']} devices, {a['states']} states, {a['data_mb']:.0f} MB data"
-                             for a in r["actors"])
-            print(f"m={m:>8,}: start-up {r['startup_s']:.1f} s, {r['s_per_round']:.2f} s/round, evaluation of "
-                  f"{r['eval_devices']} devices {r['eval_s']:.1f} s (all m: ~{r['final_eval_estimate_s']:.0f} s), "
-                  f"checkpoint {r['checkpoint_mb']:.1f} MB; peak RSS GB {peaks}; {held}", flush=True)
+            for before in ([True, False] if args.driver_data else [False]):
+                if before and args.data != "leaf":
+                    continue  # only generated data is built on the nodes
+                rows.append(run_one(cluster, m, args, driver_data=before))
+                r = rows[-1]
+                peaks = ", ".join(f"{k} {v:.2f}" for k, v in r["peak_rss_gb"].items())
+                held = ", ".join(f"{a['node']}: {a['devices']} devices, {a['states']} states, {a['data_mb']:.0f} MB data"
+                                 for a in r["actors"])
+                how = "node-local data" if r["node_local"] else "driver's data"
+                phases = ", ".join(f"{k} {v:.1f}" for k, v in r["timings"].items())
+                print(f"m={m:>9,} ({how}): start-up {r['startup_s']:.1f} s (driver peak RSS "
+                      f"{r['driver_startup_rss_gb']:.2f} GB by then), {r['s_per_round']:.2f} s/round, final evaluation "
+                      f"of {r['eval_devices']:,} devices {r['eval_s']:.1f} s (every device: ~{r['every_device_estimate_s']:.0f} s "
+                      f"from {r['sample_devices']:,} in {r['sample_eval_s']:.1f} s), checkpoint {r['checkpoint_mb']:.1f} MB; "
+                      f"peak RSS GB {peaks}; {held}; phases s: {phases}", flush=True)
     finally:
         left = cluster.stop()
         if left:

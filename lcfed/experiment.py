@@ -33,6 +33,7 @@ from lcfed.data import (
     split_validation,
 )
 from lcfed.data.generated import CLASSES, FEATURES, GENERATED, GeneratedSpec, generate_devices, leaf_synthetic
+from lcfed.data.schemes import pieces
 from lcfed.data.sources import synthetic_dataset
 from lcfed.data.testbeds import apply_testbed
 from lcfed.errors import ConfigError, require
@@ -338,31 +339,43 @@ def labels_dataset(spec: GeneratedSpec, labels: np.ndarray) -> Dataset:
 @dataclass(frozen=True)
 class NodeShard:
     """A host's devices ``first``..``stop - 1`` to generate on its own node (``spec``), with their part of the
-    partition (indices from the first of their rows; None until the driver partitioned the labels)."""
+    partition once the driver made it (:func:`node_shard`): ``sizes`` (splits, devices) and the indices
+    ``flat`` from the first of their rows, train of each device, then test, then validation; flat arrays,
+    which cross Ray at once (a tuple of 10^6 arrays takes seconds to pickle)."""
 
     spec: GeneratedSpec
     first: int
     stop: int
-    part: Partition | None = None
+    sizes: np.ndarray | None = None
+    flat: np.ndarray | None = None
+    groups: np.ndarray | None = None
+    group_kind: str = ""
 
     def generate(self) -> Dataset:
         return generate_devices(self.spec, self.first, self.stop)
 
+    def partition(self) -> Partition:
+        """The partition as the host uses it: its devices' indices, the other devices' empty."""
+        assert self.sizes is not None and self.flat is not None and self.groups is not None
+        empty = np.zeros(0, dtype=np.int64)
+        n, rest = self.stop - self.first, self.spec.num_devices - self.stop
+        arrays = pieces(self.flat, self.sizes.ravel())
+        split = [tuple([empty] * self.first + arrays[k * n:(k + 1) * n] + [empty] * rest) for k in range(len(self.sizes))]
+        return Partition(split[0], split[1], self.groups, split[2] if len(split) > 2 else (), self.group_kind)
+
     def build(self, ds: Dataset | None = None) -> tuple[Dataset, Partition]:
         """The host's (samples, partition) as :func:`shard` cuts them from the whole dataset, bit for bit."""
-        assert self.part is not None
-        return shard(ds if ds is not None else self.generate(), self.part, range(self.first, self.stop))
+        return shard(ds if ds is not None else self.generate(), self.partition(), range(self.first, self.stop))
 
 
-def node_partition(part: Partition, devices: Sequence[int], offset: int) -> Partition:
-    """``part`` for a host of ``devices`` whose rows start at ``offset``; the other devices' indices empty."""
-    empty = np.zeros(0, dtype=np.int64)
-    hosted = set(devices)
-
-    def cut(idx: tuple[np.ndarray, ...]) -> tuple[np.ndarray, ...]:
-        return tuple(a - offset if d in hosted else empty for d, a in enumerate(idx))
-
-    return Partition(cut(part.train), cut(part.test), part.groups, cut(part.val) if part.val else (), part.group_kind)
+def node_shard(spec: GeneratedSpec, first: int, stop: int, part: Partition) -> NodeShard:
+    """The :class:`NodeShard` of devices ``first``..``stop - 1`` with their part of ``part``."""
+    splits = [part.train, part.test, *([part.val] if part.val else [])]
+    devices = range(first, stop)
+    sizes = np.array([[len(s[d]) for d in devices] for s in splits], dtype=np.int64).reshape(len(splits), len(devices))
+    offset = int(spec.starts()[first])
+    flat = np.concatenate([np.zeros(0, np.int64), *(s[d] for s in splits for d in devices)]) - offset
+    return NodeShard(spec, first, stop, sizes, flat, part.groups, part.group_kind)
 
 
 def shard(ds: Dataset, part: Partition, devices: Iterable[int]) -> tuple[Dataset, Partition]:

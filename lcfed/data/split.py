@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from lcfed.data.schemes import PartitionError, _check_labels
+from lcfed.data.schemes import PartitionError, _check_labels, pieces
 
 
 def split_train_test(
@@ -125,5 +125,4 @@ def _raise_to_floor(
 def _by_device(flat: np.ndarray, dev: np.ndarray, m: int, rng: np.random.Generator) -> list[np.ndarray]:
     """Split ``flat`` into one array per device, each in random order."""
     order = np.lexsort((rng.random(len(flat)), dev))
-    parts = np.split(flat[order], np.cumsum(np.bincount(dev, minlength=m))[:-1])
-    return [p.copy() for p in parts]
+    return pieces(flat[order], np.bincount(dev, minlength=m))
