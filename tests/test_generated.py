@@ -5,10 +5,18 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from lcfed.data.generated import BLOCK, DEFAULT_PER_DEVICE, FEATURES, device_sizes, leaf_synthetic
+from lcfed.data.generated import (
+    BLOCK,
+    DEFAULT_PER_DEVICE,
+    FEATURES,
+    GeneratedSpec,
+    device_sizes,
+    generate_devices,
+    leaf_synthetic,
+)
 from lcfed.engines.local import run_local
 from lcfed.errors import ConfigError
-from lcfed.experiment import prepare
+from lcfed.experiment import load, node_generated, node_shard, prepare, shard
 from tests.conftest import tiny_config
 
 
@@ -71,3 +79,29 @@ def test_bad_generator_fields_name_the_field(override, field, says):
 def test_generator_fields_are_refused_for_other_datasets():
     with pytest.raises(ConfigError, match=r"data\.synthetic_alpha.*read only by data\.dataset=leaf_synthetic"):
         tiny_config("data.synthetic_alpha=2")
+
+
+def test_any_devices_generate_alone_as_in_the_whole_federation():
+    spec = GeneratedSpec(BLOCK + 300, clusters=3, samples=4 * (BLOCK + 300), min_samples=2)
+    whole, starts = generate_devices(spec, 0, spec.num_devices), spec.starts()
+    for first, stop in [(0, 1), (BLOCK - 2, BLOCK + 2), (17, BLOCK + 300), (5, 5)]:  # across a block's edge too
+        part = generate_devices(spec, first, stop)
+        rows = slice(int(starts[first]), int(starts[stop]))
+        for name in ("x", "y", "device_ids", "groups"):
+            assert np.array_equal(getattr(part, name), getattr(whole, name)[rows])
+
+
+def test_a_node_shard_is_the_drivers_cut_bit_for_bit():
+    cfg = tiny_config("data.dataset=leaf_synthetic", "data.partition=natural", "model.name=mlp", "data.num_devices=90",
+                      "data.val_fraction=0.2", "data.synthetic_clusters=3")
+    spec = node_generated(cfg)
+    assert spec is not None and node_generated(cfg.replace(**{"data.subset": 100})) is None
+    ds = load(cfg)
+    setup = prepare(cfg, ds)
+    for first, stop in [(0, 30), (30, 61), (61, 90)]:
+        (x1, p1), (x0, p0) = node_shard(spec, first, stop, setup.partition).build(), shard(ds, setup.partition,
+                                                                                         range(first, stop))
+        assert np.array_equal(x1.x, x0.x) and np.array_equal(x1.y, x0.y)
+        for split in ("train", "test", "val"):
+            a, b = getattr(p1, split), getattr(p0, split)
+            assert len(a) == len(b) == 90 and all(np.array_equal(u, v) for u, v in zip(a, b, strict=True))
