@@ -7,8 +7,11 @@ of 4,096 and in the smaller batches a device's test set makes, under the portabl
 MLP (``leaf_synthetic``) and LeNet-5. It prints how many of the small batches give other bits for any row, and
 the time of both ways.
 
-On this project's machines they differ (the matrix kernels block and sum by the batch size), so the final
-evaluation does not batch devices: above 10,000 devices it scores a seeded sample (``train.final_eval_devices``).
+Here (Intel Xeon, AVX2 kernels) every batch below 32 rows gives other bits than the same rows inside a larger
+batch (the kernels take another path and sum in another order for small batches), and a device's test set is
+that small (3-14 samples in ``scale_devices.py``'s workload). So batching devices would change the numbers; the
+final evaluation scores each device on its own, and above 10,000 devices a seeded sample of them
+(``train.final_eval_devices``).
 
     python benchmarks/eval_batching.py
 """

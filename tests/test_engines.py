@@ -299,10 +299,12 @@ def test_generated_data_is_built_on_the_actors_nodes_with_the_same_numbers(ray_c
     engine = RayEngine(cfg.replace(**{"engine.kind": "ray"}))
     try:
         assert engine.node_local  # the driver generated nothing: it partitioned the actors' labels
+        assert list(engine.timings) == ["ray_attach", "placement", "data_on_nodes", "actors"]  # where the start went
         held = engine.holdings()["device_actors"]
         remote = engine.run([KillAt(engine, 1, "device")])  # and a lost actor generates its devices again
     finally:
         engine.close()
+    assert "close" in engine.timings and "ray_shutdown" not in engine.timings  # the test's Ray is not the engine's
     assert engine.setup.scaling == prepare(cfg).scaling  # the chunk sums of three actors add up to the same bits
     same_history(local.history, remote.history)
     assert np.array_equal(local.assignment, remote.assignment)
