@@ -21,7 +21,7 @@ import torch
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
 from actors.liveness import alive, check_cluster, get
-from actors.nodes import head_node_id
+from actors.nodes import head_node_id, workers_start_with
 from actors.placement import PoolLayout
 from lcfed import fingerprint, numerics
 from lcfed.config import ExperimentConfig
@@ -210,12 +210,12 @@ class Hosts:
 
     def __init__(
         self, cfg: ExperimentConfig, setup_ref: Any, layout: PoolLayout, shard_refs: Sequence[Any],
-        placement: Any = None, attached: bool = False, generating: Sequence[Any] = (),
+        placement: Any = None, common: dict[str, Any] | None = None, generating: Sequence[Any] = (),
     ) -> None:
         """``generating``: device actors already started without a setup (:meth:`generate`), which start
         hosting their devices here; a restarted one generates its shard again from its :class:`NodeShard`."""
         self.cfg = cfg
-        self.common = self.actor_options(cfg, attached)
+        self.common = dict(common or {})
         self.setup_ref = setup_ref
         self.layout = layout
         self.shard_refs = list(shard_refs)
@@ -229,17 +229,19 @@ class Hosts:
 
     @staticmethod
     def actor_options(cfg: ExperimentConfig, attached: bool) -> dict[str, Any]:
-        """Every actor's options: on a cluster lcfed attached to, the workers were started by `ray start`
-        without the profile's variables, and import numpy before lcfed: they get them from their start
-        through the runtime env."""
+        """Every actor's options (``common`` of :class:`Hosts`): on a cluster lcfed attached to, the workers
+        may have been started by `ray start` without the profile's variables, and import numpy before lcfed:
+        then they get them from their start through a runtime env, for which Ray starts fresh workers
+        through its agent (~4 s more for W1's three actors on 2 cores). Clusters whose nodes already start
+        their workers with them (`lcfed head`'s) need none."""
         env = numerics.worker_env(cfg.engine.numerics) if attached else {}
-        return {"runtime_env": {"env_vars": env}} if env else {}
+        return {"runtime_env": {"env_vars": env}} if env and not workers_start_with(env) else {}
 
     @classmethod
-    def generate(cls, cfg: ExperimentConfig, layout: PoolLayout, shards: Sequence[NodeShard], placement: Any = None,
-                 attached: bool = False) -> list[Any]:
+    def generate(cls, layout: PoolLayout, shards: Sequence[NodeShard], placement: Any = None,
+                 common: dict[str, Any] | None = None) -> list[Any]:
         """Device actors that generate their devices' samples on their nodes and wait for a setup."""
-        common = cls.actor_options(cfg, attached)
+        common = common or {}
         return [RemoteDevice.options(**device_options(layout, placement, i), **common).remote(
                     None, layout.blocks[i], shard, layout.cpus_per_actor)
                 for i, shard in enumerate(shards)]

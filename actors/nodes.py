@@ -3,10 +3,12 @@ arithmetic of what fits where is :mod:`actors.placement`, which does not import 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import ray
 from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from actors.connect import ClusterError
 from actors.placement import NodeResources, PoolLayout, fits
@@ -23,6 +25,34 @@ def head_node_id() -> str | None:
         if "node:__internal_head__" in n.get("Resources", {}):
             return str(n["NodeID"])
     return None
+
+
+@ray.remote(num_cpus=0)
+def _start_env(keys: list[str]) -> dict[str, str] | None:
+    """``keys`` of this worker's environment as it started (importing lcfed changes ``os.environ`` afterwards);
+    None where the start's environment cannot be read."""
+    try:
+        with open("/proc/self/environ", "rb") as f:
+            pairs = (item.split(b"=", 1) for item in f.read().split(b"\0") if b"=" in item)
+            start = {k.decode(errors="replace"): v.decode(errors="replace") for k, v in pairs}
+    except OSError:
+        return None
+    return {k: start[k] for k in keys if k in start}
+
+
+def workers_start_with(env: Mapping[str, str], timeout: float = 30.0) -> bool:
+    """Whether the workers of every alive node start with ``env`` (nodes started from lcfed's environment, as
+    ``lcfed head`` starts its head, carry its numerics profile): one worker per node is asked."""
+    if not env:
+        return True
+    keys = sorted(env)
+    refs = [_start_env.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote(keys)
+            for n in alive_nodes_info()]
+    try:
+        got = ray.get(refs, timeout=timeout)
+    except (ray.exceptions.RayError, ray.exceptions.GetTimeoutError):
+        return False
+    return bool(got) and all(g == dict(env) for g in got)
 
 
 class PlacementError(ClusterError):

@@ -208,6 +208,7 @@ class RayEngine:
         try:
             watch()  # a lost cluster is ClusterLost within seconds (actors.liveness)
             fast_tensor_transfer()
+            self.common = Hosts.actor_options(cfg, attached=not self.started_ray)
             n = cfg.data.num_devices if self.node_local else None
             ds = None
             if n is None:
@@ -232,7 +233,7 @@ class RayEngine:
             shared = replace(self.setup, partition=Partition((), (), np.zeros(0, dtype=np.int64)))
             # the driver's fingerprint first: actors on this machine then read it from the disk cache
             fingerprint.for_process(cfg.engine.torch_threads)
-            self.hosts = Hosts(cfg, ray.put(shared), self.layout, shards, self.group, attached=not self.started_ray,
+            self.hosts = Hosts(cfg, ray.put(shared), self.layout, shards, self.group, common=self.common,
                                generating=generating)
             self.actor_info = get([a.info.remote() for a in self.hosts.devices])
             lap("actors")
@@ -250,8 +251,7 @@ class RayEngine:
         assert spec is not None
         starts = spec.starts()
         ranges = [(block[0], block[-1] + 1) for block in self.layout.blocks]
-        actors = Hosts.generate(cfg, self.layout, [NodeShard(spec, a, b) for a, b in ranges], self.group,
-                                attached=not self.started_ray)
+        actors = Hosts.generate(self.layout, [NodeShard(spec, a, b) for a, b in ranges], self.group, self.common)
         self._generating = actors  # closed with the engine if setting up fails
         labels = np.concatenate(get([a.labels.remote() for a in actors]))
         first_rows = np.array([starts[a] for a, _ in ranges])

@@ -183,3 +183,22 @@ def test_a_stale_address_file_is_ignored_by_the_suite_and_the_product():
         assert info["started"] is True and info["product"][0] != dead and info["product"][1] == 1, info
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+def test_actors_skip_the_runtime_env_on_a_cluster_whose_workers_start_with_the_profile(head):
+    """The head here was started from this suite's environment, which ``import lcfed`` pinned to the portable
+    profile (as ``lcfed head`` starts its head): its workers start with the profile's variables (read from
+    /proc, not ``os.environ``, which importing lcfed changes), so actors need no runtime env (Ray would start
+    fresh workers for one). A cluster whose workers start otherwise keeps it."""
+    info, _ = run_py(f"""
+        from actors.hosts import Hosts
+        from actors.nodes import workers_start_with
+        from lcfed import numerics
+        from lcfed.config import from_dict
+        ensure_ray(EngineConfig(kind="ray", address={head.gcs!r}))
+        env = numerics.worker_env("portable")
+        cfg = from_dict({{"engine": {{"kind": "ray"}}}})
+        result(same=workers_start_with(env), other=workers_start_with({{**env, "OPENBLAS_CORETYPE": "Sandybridge"}}),
+               options=Hosts.actor_options(cfg, attached=True), private=Hosts.actor_options(cfg, attached=False))
+    """, head)
+    assert info == {"same": True, "other": False, "options": {}, "private": {}}
