@@ -193,12 +193,15 @@ def ours_on_head(args: argparse.Namespace) -> dict[str, Any]:
     the driver's and the head's process trees together (the actors are the head's raylet's children)."""
     from tests.raycluster import LocalCluster
 
-    cluster = LocalCluster.start(args.actors, [], dashboard=False, object_store_mb=256)
+    # the user's HOME for the head and the driver, as `lcfed head` and `lcfed run` have it: both find this machine's
+    # kernel fingerprint in ~/.cache/lcfed (the test cluster gives each node a HOME of its own, where the first run
+    # would compute it again, ~4 s)
+    cluster = LocalCluster.start(args.actors, [], dashboard=False, object_store_mb=256, env={"HOME": str(Path.home())})
     try:
         assert cluster.head is not None
         cmd = [sys.executable, str(Path(__file__).resolve()), "--on-head", "--data-dir", args.data_dir, "--dataset",
                args.dataset, "--subset", str(args.subset), "--rounds", str(args.rounds), "--actors", str(args.actors)]
-        proc = subprocess.Popen(cmd, env=cluster.client_env(RAY_ADDRESS=cluster.gcs), cwd=str(ROOT), text=True,
+        proc = subprocess.Popen(cmd, env=cluster.client_env(Path.home(), RAY_ADDRESS=cluster.gcs), cwd=str(ROOT), text=True,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         with Trees([cluster.head.proc.pid, proc.pid], 0.2) as mem:
             out, err = proc.communicate()
