@@ -26,10 +26,9 @@ from actors.placement import PoolLayout
 from lcfed import fingerprint, numerics
 from lcfed.config import ExperimentConfig
 from lcfed.data import Dataset, Partition
-from lcfed.data.sources import feature_spreads, feature_sums
 from lcfed.devices.schedule import SimClock
 from lcfed.engines.local import DeviceHost, HostedDevices, LocalServer, auto_workers
-from lcfed.experiment import NodeShard, Setup
+from lcfed.experiment import NodeShard, Setup, feature_pieces, node_facts, shard_scaling_rows
 from lcfed.loop import HostFailure
 from lcfed.methods.base import Message, RoundPlan, RoundStats
 from lcfed.methods.traffic import tensor_bytes
@@ -68,51 +67,49 @@ class DeviceActor(DeviceHost):
     def __init__(self, setup: Setup | None, devices: Sequence[int], shard: tuple[Dataset, Partition] | NodeShard,
                  cpus: float = 1.0) -> None:
         """``shard``: the devices' samples and partition, cut by the process that loaded the dataset; or a
-        :class:`NodeShard` to generate them here. Without ``setup`` (a generated shard before the driver
-        partitioned the labels) the actor generates its samples and waits for :meth:`start`."""
+        :class:`NodeShard` to generate and partition them here. Without ``setup`` (generated data, before the
+        driver knows the federation) the actor generates its samples and answers the driver's
+        :class:`lcfed.experiment.GeneratingHosts` calls until :meth:`start`."""
         self.devices = tuple(devices)
         self.cpus = cpus
-        self._generated: Any = None  # (samples, first row) until start, when generating here
-        self._beyond: Any = None  # the next hosts' rows a chunk of the scaling reaches into
+        # until start, when generating here: the samples, their split and lists, the scaling's rows
+        self._generated: Any = None
+        self._split: Any = None
+        self._lists: Any = None
+        self._rows: Any = None
         if setup is None:
             assert isinstance(shard, NodeShard)
-            self._generated = shard.generate()
-            self._rows = int(shard.spec.starts()[shard.first])
-            self._node = shard
+            self._node, self._generated = shard, shard.generate()
         else:
             self.start(setup, shard)
 
     def start(self, setup: Setup, shard: tuple[Dataset, Partition] | NodeShard) -> None:
-        """Host the devices: their data from ``shard`` (generated here if a :class:`NodeShard`)."""
+        """Host the devices: their data from ``shard`` (generated and partitioned here if a :class:`NodeShard`)."""
         numerics.activate(setup.cfg.engine.numerics)
         fast_tensor_transfer()
         workers = auto_workers(setup.cfg, self.cpus, setup.torch_device())
-        if isinstance(shard, NodeShard):
-            ds, part = shard.build(self._generated)  # the samples generated before the partition, if any
+        if isinstance(shard, NodeShard):  # the samples and lists made before the setup, if any
+            ds, part = shard.build(self._generated, self._lists)
         else:
             ds, part = shard  # this actor's devices' samples, from the process that loaded the dataset
-        self._generated = self._beyond = None
+        self._generated = self._split = self._lists = self._rows = None
         self.hosted = HostedDevices(replace(setup, partition=part), self.devices, ds, workers=workers)
 
-    def labels(self) -> np.ndarray:
-        """The generated samples' labels, in row order (for the driver's partition)."""
-        return self._generated.y
+    def test_split(self) -> tuple[np.ndarray, np.ndarray]:
+        """Its devices' train and test counts (:meth:`NodeShard.test_split`)."""
+        self._split = self._node.test_split(self._generated)
+        return self._split.counts(len(self.devices))
 
-    def feature_sums(self, chunks: Sequence[np.ndarray], mean: np.ndarray | None = None) -> list[np.ndarray]:
-        """Each chunk's sum (or, given ``mean``, its squared deviations: the scaling's second pass) over the
-        rows the chunks name, which start among this actor's and may reach into the next hosts'."""
-        last = max((int(c[-1]) for c in chunks if len(c)), default=-1)
-        x = self._generated.x
-        if last >= self._rows + len(x):  # generate the next devices up to that row (their own streams)
-            spec, starts = self._node.spec, self._node.spec.starts()
-            stop = int(np.searchsorted(starts, last, side="right"))
-            if self._beyond is None or len(self._beyond) < int(starts[stop]) - self._rows:
-                more = NodeShard(spec, self._node.stop, stop).generate().x
-                self._beyond = np.concatenate([x, more])
-            x = self._beyond
-        if mean is None:
-            return feature_sums(x, chunks, self._rows)
-        return feature_spreads(x, chunks, mean, self._rows)
+    def partition(self, shard: NodeShard, held_out: Sequence[int]) -> dict[str, Any]:
+        """Partition its devices as ``shard`` says; their :func:`lcfed.experiment.node_facts` and scaling rows."""
+        self._node, ds = shard, self._generated
+        self._lists = shard.lists(ds, self._split)
+        self._rows = shard_scaling_rows(shard, self._lists[0], held_out)
+        return {**node_facts(shard, ds, self._lists), "scaling_rows": len(self._rows)}
+
+    def feature_pieces(self, before: int, total: int, mean: np.ndarray | None) -> Any:
+        """Its part of the input scaling's chunks (:func:`lcfed.experiment.feature_pieces`)."""
+        return feature_pieces(self._generated.x, self._rows, before, total, mean)
 
     def info(self) -> dict[str, Any]:
         return {

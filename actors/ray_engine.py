@@ -28,17 +28,17 @@ from lcfed import fingerprint, numerics, provenance
 from lcfed.checkpoint import Snapshot, state_chunks
 from lcfed.config import ExperimentConfig
 from lcfed.contracts import Observer
-from lcfed.data import Dataset, Partition, Scaling
+from lcfed.data import Dataset, Partition
 from lcfed.devices.schedule import RoundTiming, SimClock
 from lcfed.engines import run_closed
 from lcfed.experiment import (
     NodeShard,
-    labels_dataset,
+    NodeSplit,
+    check_generated,
     load,
     node_generated,
-    node_shard,
     prepare,
-    scaling_rows,
+    setup_on_hosts,
     shard,
 )
 from lcfed.local_update import EvalResult
@@ -170,6 +170,22 @@ class RayPool:
             self._send(states)
 
 
+class ActorHosts:
+    """The device actors as :class:`lcfed.experiment.GeneratingHosts`: each call asks all of them at once."""
+
+    def __init__(self, actors: Sequence[Any]) -> None:
+        self.actors = list(actors)
+
+    def test_split(self) -> list[tuple[np.ndarray, np.ndarray]]:
+        return list(get([a.test_split.remote() for a in self.actors]))
+
+    def partition(self, shards: Sequence[NodeShard], held_out: Sequence[Sequence[int]]) -> list[dict[str, Any]]:
+        return list(get([a.partition.remote(sh, list(h)) for a, sh, h in zip(self.actors, shards, held_out, strict=True)]))
+
+    def feature_pieces(self, before: Sequence[int], total: int, mean: np.ndarray | None) -> list[Any]:
+        return list(get([a.feature_pieces.remote(b, total, mean) for a, b in zip(self.actors, before, strict=True)]))
+
+
 class RayEngine:
     """The Ray engine: a federation deployed on Ray's actors, which exist until :meth:`close`.
 
@@ -242,42 +258,20 @@ class RayEngine:
             raise
 
     def _generate_on_nodes(self, cfg: ExperimentConfig) -> tuple[list[Any], list[Any]]:
-        """Generated data, built where it is used: each device actor generates its devices' samples on its node
-        and sends the driver their labels, which the driver partitions (as in-process, from the same labels);
-        the input scaling's chunk sums come from the actors holding the chunks' rows, added here in the
-        chunks' order (the same bits as :meth:`Scaling.fit`). Returns the actors and each one's
-        :class:`NodeShard` (its partition's part; a restarted actor generates its samples again from it)."""
+        """Generated data, built and partitioned where it is used: each device actor generates its devices'
+        samples on its node and partitions them as the driver would the whole dataset
+        (:func:`lcfed.experiment.setup_on_hosts`); the driver holds no sample and no partition, only the
+        federation's facts. Returns the actors and each one's :class:`NodeShard` (from which a restarted
+        actor generates and partitions its devices again)."""
         spec = node_generated(cfg)
         assert spec is not None
-        starts = spec.starts()
-        ranges = [(block[0], block[-1] + 1) for block in self.layout.blocks]
-        actors = Hosts.generate(self.layout, [NodeShard(spec, a, b) for a, b in ranges], self.group, self.common)
+        check_generated(cfg, spec)  # before any actor starts
+        shards = [NodeShard(spec, block[0], block[-1] + 1, NodeSplit.of(cfg)) for block in self.layout.blocks]
+        actors = Hosts.generate(self.layout, shards, self.group, self.common)
         self._generating = actors  # closed with the engine if setting up fails
-        labels = np.concatenate(get([a.labels.remote() for a in actors]))
-        first_rows = np.array([starts[a] for a, _ in ranges])
-
-        def fit(part: Partition, held_out: Sequence[int]) -> Scaling:
-            rows = scaling_rows(part, held_out)
-            chunks = Scaling.feature_chunks(rows)
-            if not chunks:
-                return Scaling.unit(labels_ds.input_shape[0])
-            owner = np.searchsorted(first_rows, [int(c[0]) for c in chunks], side="right") - 1  # the chunk's first row's
-            mine = [[c for c, o in zip(chunks, owner, strict=True) if o == i] for i in range(len(actors))]
-
-            def gather(mean: np.ndarray | None) -> list[np.ndarray]:
-                parts = get([a.feature_sums.remote(ch, mean) for a, ch in zip(actors, mine, strict=True)])
-                return [s for part in parts for s in part]  # actors hold consecutive chunks: the chunks' order
-
-            mean = Scaling.mean_of(gather(None), len(rows))
-            return Scaling.from_spreads(mean, gather(mean), len(rows))
-
-        labels_ds = labels_dataset(spec, labels)
-        del labels
-        self.setup = prepare(cfg, labels_ds, fit_scaling=fit)
-        part = self.setup.partition
-        shards = [ray.put(node_shard(spec, a, b, part)) for a, b in ranges]
+        self.setup, done = setup_on_hosts(cfg, spec, shards, ActorHosts(actors))
         self._generating = []
-        return actors, shards
+        return actors, [ray.put(sh) for sh in done]
 
     def placement(self) -> dict[str, Any]:
         """Where the federation runs: each device actor's node (with that node's resources), GPU ids,

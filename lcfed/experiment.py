@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -33,8 +33,11 @@ from lcfed.data import (
     split_validation,
 )
 from lcfed.data.generated import CLASSES, FEATURES, GENERATED, GeneratedSpec, generate_devices, leaf_synthetic
+from lcfed.data.partition import hold_out_validation, split_seed, validation_sizes
+from lcfed.data.partition_stats import stats_of
 from lcfed.data.schemes import pieces
-from lcfed.data.sources import synthetic_dataset
+from lcfed.data.sources import SCALING_CHUNK, feature_spreads, feature_sums, synthetic_dataset
+from lcfed.data.split import SplitPart, floor_error, split_part
 from lcfed.data.testbeds import apply_testbed
 from lcfed.errors import ConfigError, require
 from lcfed.local_update import DeviceData, LocalWork
@@ -168,18 +171,23 @@ def check_against_data(cfg: ExperimentConfig, ds: Dataset) -> Partition:
             d.classes_per_device,
             f"must be <= the {ds.num_classes} classes of {ds.name}",
         )
-    try:
-        net, _ = network(cfg, ds.input_shape, ds.num_classes)
-        with torch.no_grad():
-            out = net.module(torch.zeros(1, *ds.input_shape))
-        if not isinstance(out, torch.Tensor) or tuple(out.shape) != (1, ds.num_classes):
-            got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
-            raise ValueError(f"one sample gives {got}, not logits of shape (1, {ds.num_classes})")
-    except Exception as exc:  # a plugin model can fail in any way: one line, before any work
-        raise ConfigError("model.name", cfg.model.name, f"does not fit {ds.name} "
-                          f"({'x'.join(map(str, ds.input_shape))}, {ds.num_classes} classes): "
-                          f"{registry.one_line(exc)}") from None
+    check_model(cfg, ds.name, ds.input_shape, ds.num_classes)
     return partition(cfg, ds)
+
+
+def check_model(cfg: ExperimentConfig, data_name: str, input_shape: tuple[int, ...], num_classes: int) -> None:
+    """``model.name`` takes one sample of ``input_shape`` to ``num_classes`` logits, else a config error."""
+    try:
+        net, _ = network(cfg, input_shape, num_classes)
+        with torch.no_grad():
+            out = net.module(torch.zeros(1, *input_shape))
+        if not isinstance(out, torch.Tensor) or tuple(out.shape) != (1, num_classes):
+            got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+            raise ValueError(f"one sample gives {got}, not logits of shape (1, {num_classes})")
+    except Exception as exc:  # a plugin model can fail in any way: one line, before any work
+        raise ConfigError("model.name", cfg.model.name, f"does not fit {data_name} "
+                          f"({'x'.join(map(str, input_shape))}, {num_classes} classes): "
+                          f"{registry.one_line(exc)}") from None
 
 
 def partition(cfg: ExperimentConfig, ds: Dataset) -> Partition:
@@ -212,7 +220,12 @@ def partition(cfg: ExperimentConfig, ds: Dataset) -> Partition:
         # carved after the partition, from its own stream: devices and test sets stay as without it
         return split_validation(part, d.val_fraction, cfg.seed) if d.val_fraction > 0 else part
     except PartitionError as exc:
-        raise ConfigError(f"data.{exc.param}", getattr(d, exc.param), f"does not fit {ds.name}: {exc}") from None
+        raise data_error(cfg, ds.name, exc) from None
+
+
+def data_error(cfg: ExperimentConfig, data_name: str, exc: PartitionError) -> ConfigError:
+    """A partition's refusal as the config error naming its ``data.`` field."""
+    return ConfigError(f"data.{exc.param}", getattr(cfg.data, exc.param), f"does not fit {data_name}: {exc}")
 
 
 #: the held-out devices' stream (with the seed): no other draw uses it
@@ -231,47 +244,55 @@ def held_out_devices(cfg: ExperimentConfig) -> tuple[int, ...]:
     return tuple(sorted(int(d) for d in rng.choice(m, size=n, replace=False)))
 
 
-#: fits the input scaling from the partition and the held-out devices, where the samples are (hosts')
-ScalingFit = Callable[[Partition, Sequence[int]], Scaling]
-
-
-def prepare(cfg: ExperimentConfig, dataset: Dataset | None = None, fit_scaling: ScalingFit | None = None) -> Setup:
+def prepare(cfg: ExperimentConfig, dataset: Dataset | None = None) -> Setup:
     """The experiment's :class:`Setup`: the dataset partitioned and the federation described (sizes,
-    groups, model layout, init, partition statistics). ``fit_scaling`` fits ``data.normalize``'s scaling
-    where ``dataset`` holds labels only (:func:`labels_dataset`: the samples are on the hosts)."""
+    groups, model layout, init, partition statistics)."""
     ds = dataset if dataset is not None else load(cfg)
     part = check_against_data(cfg, ds)
-    net, init = network(cfg, ds.input_shape, ds.num_classes)
-    fed = Federation(
-        num_devices=part.num_devices,
-        train_sizes=part.sizes(),
-        groups=part.groups,
-        group_kind=part.group_kind,
+    fed = federation(cfg, ds.input_shape, ds.num_classes, part.sizes(), part.groups, part.group_kind,
+                     partition_stats(part, ds.y), label_distributions(part, ds.y, ds.num_classes))
+    return finish_setup(cfg, fed, part, input_scaling(cfg, ds, part, fed.held_out))
+
+
+def federation(cfg: ExperimentConfig, input_shape: tuple[int, ...], num_classes: int, train_sizes: np.ndarray,
+               groups: np.ndarray, group_kind: str, stats: dict[str, float], label_dist: np.ndarray) -> Federation:
+    """The server-visible facts of a partitioned federation (without its input scaling and fleet)."""
+    net, init = network(cfg, input_shape, num_classes)
+    return Federation(
+        num_devices=len(train_sizes),
+        train_sizes=train_sizes,
+        groups=groups,
+        group_kind=group_kind,
         spec=net.spec,
         init=init,
-        num_classes=ds.num_classes,
+        num_classes=num_classes,
         seed=cfg.seed,
-        flops_per_sample=forward_flops(net, init, ds.input_shape),
-        partition_stats=partition_stats(part, ds.y),
-        label_dist=label_distributions(part, ds.y, ds.num_classes),
-        input_shape=ds.input_shape,
+        flops_per_sample=forward_flops(net, init, input_shape),
+        partition_stats=stats,
+        label_dist=label_dist,
+        input_shape=input_shape,
         held_out=held_out_devices(cfg),
     )
-    if fit_scaling is not None and cfg.data.normalize != "unit":
-        scaling = fit_scaling(part, fed.held_out)
-    else:
-        scaling = input_scaling(cfg, ds, part, fed.held_out)
+
+
+def finish_setup(cfg: ExperimentConfig, fed: Federation, part: Partition, scaling: Scaling) -> Setup:
+    """The :class:`Setup` of ``fed`` with its input scaling and, with ``devices.simulate``, its fleet."""
     fed = replace(fed, scaling=scaling)
     if cfg.devices.simulate:  # here: traces are read on the driver, before any work
         from lcfed.devices.schedule import make_fleet
 
         fed = replace(fed, fleet=make_fleet(cfg, fed))
-    return Setup(cfg, part, fed, ds.input_shape, scaling)
+    return Setup(cfg, part, fed, fed.input_shape, scaling)
 
 
 def label_distributions(part: Partition, labels: np.ndarray, num_classes: int) -> np.ndarray:
     """(devices, classes): the share of each class in each device's training samples."""
-    counts = np.stack([np.bincount(labels[idx], minlength=num_classes) for idx in part.train]).astype(np.float64)
+    return label_shares(np.stack([np.bincount(labels[idx], minlength=num_classes) for idx in part.train]))
+
+
+def label_shares(counts: np.ndarray) -> np.ndarray:
+    """Each row of class counts as shares (an empty row: zeros)."""
+    counts = counts.astype(np.float64)
     return counts / np.maximum(counts.sum(axis=1, keepdims=True), 1.0)
 
 
@@ -325,61 +346,223 @@ def node_generated(cfg: ExperimentConfig) -> GeneratedSpec | None:
     return spec if d.subset <= 0 or d.subset >= int(spec.starts()[-1]) else None
 
 
-def labels_dataset(spec: GeneratedSpec, labels: np.ndarray) -> Dataset:
-    """The generated federation as the driver holds it: its labels, device ids and groups, and no sample (``x``
-    is a read-only view of one zero row)."""
-    starts = spec.starts()
-    owner = np.repeat(np.arange(spec.num_devices, dtype=np.int64), np.diff(starts))
-    groups = spec.device_groups()
-    x = np.broadcast_to(np.zeros((1, FEATURES), dtype=np.float32), (len(labels), FEATURES))
-    return Dataset(GENERATED, x, np.asarray(labels, dtype=np.int64), CLASSES, owner,
-                   None if groups is None else np.ascontiguousarray(groups[owner]).astype(np.int64))
+@dataclass(frozen=True)
+class NodeSplit:
+    """How a host partitions its generated devices as the driver would the whole federation (``natural``: each
+    device holds its own samples, in order): the train/test split's seed and settings, the split's draws before
+    this host's train and test samples (:meth:`lcfed.data.split.SplitPart.order`), the validation split's."""
+
+    seed: int
+    test_fraction: float
+    min_test: int
+    val_fraction: float
+    val_seed: int
+    train_draws: int = 0
+    test_draws: int = 0
+
+    @classmethod
+    def of(cls, cfg: ExperimentConfig) -> NodeSplit:
+        d = cfg.data
+        return cls(split_seed(cfg.seed), d.test_fraction, d.min_test_samples, d.val_fraction, cfg.seed)
 
 
 @dataclass(frozen=True)
 class NodeShard:
-    """A host's devices ``first``..``stop - 1`` to generate on its own node (``spec``), with their part of the
-    partition once the driver made it (:func:`node_shard`): ``sizes`` (splits, devices) and the indices
-    ``flat`` from the first of their rows, train of each device, then test, then validation; flat arrays,
-    which cross Ray at once (a tuple of 10^6 arrays takes seconds to pickle)."""
+    """A host's devices ``first``..``stop - 1``, whose samples it generates on its own node (``spec``) and
+    partitions itself (``split``), as the driver would have from the whole dataset, bit for bit."""
 
     spec: GeneratedSpec
     first: int
     stop: int
-    sizes: np.ndarray | None = None
-    flat: np.ndarray | None = None
-    groups: np.ndarray | None = None
-    group_kind: str = ""
+    split: NodeSplit
 
     def generate(self) -> Dataset:
         return generate_devices(self.spec, self.first, self.stop)
 
-    def partition(self) -> Partition:
-        """The partition as the host uses it: its devices' indices, the other devices' empty."""
-        assert self.sizes is not None and self.flat is not None and self.groups is not None
-        empty = np.zeros(0, dtype=np.int64)
-        n, rest = self.stop - self.first, self.spec.num_devices - self.stop
-        arrays = pieces(self.flat, self.sizes.ravel())
-        split = [tuple([empty] * self.first + arrays[k * n:(k + 1) * n] + [empty] * rest) for k in range(len(self.sizes))]
-        return Partition(split[0], split[1], self.groups, split[2] if len(split) > 2 else (), self.group_kind)
+    def devices(self) -> list[np.ndarray]:
+        """Each device's rows among this host's (the natural partition of the generated samples)."""
+        starts = self.spec.starts()[self.first:self.stop + 1]
+        return pieces(np.arange(int(starts[-1] - starts[0]), dtype=np.int64), np.diff(starts))
 
-    def build(self, ds: Dataset | None = None) -> tuple[Dataset, Partition]:
-        """The host's (samples, partition) as :func:`shard` cuts them from the whole dataset, bit for bit."""
+    def test_split(self, ds: Dataset) -> SplitPart:
+        """The train/test split's per-device part, with the draws of every sample before this host's."""
+        sp = self.split
+        return split_part(self.devices(), ds.y, sp.test_fraction, sp.seed, sp.min_test,
+                          int(self.spec.starts()[self.first]))
+
+    def lists(self, ds: Dataset, part: SplitPart | None = None) -> tuple[list[np.ndarray], ...]:
+        """The devices' train, test and validation rows (validation empty without the split)."""
+        sp, n = self.split, self.stop - self.first
+        train, test = (part or self.test_split(ds)).order(n, sp.seed, sp.train_draws, sp.test_draws)
+        if sp.val_fraction <= 0:
+            return train, test, []
+        sizes = np.fromiter((len(t) for t in train), dtype=np.int64, count=n)
+        n_val = np.floor(sizes * sp.val_fraction + 0.5).astype(np.int64)  # as validation_sizes, checked by the driver
+        train, val = hold_out_validation(train, n_val, sp.val_seed, range(self.first, self.stop))
+        return train, test, val
+
+    def build(self, ds: Dataset | None = None, lists: tuple[list[np.ndarray], ...] | None = None
+              ) -> tuple[Dataset, Partition]:
+        """The host's (samples, partition): every device of the federation, the others' indices empty."""
         ds = ds if ds is not None else self.generate()
-        assert self.sizes is not None
-        if int(self.sizes.sum()) == len(ds.y):  # every row is some device's (natural): shard's cut is the identity
-            return Dataset(ds.name, ds.x, ds.y, ds.num_classes), self.partition()
-        return shard(ds, self.partition(), range(self.first, self.stop))
+        train, test, val = lists if lists is not None else self.lists(ds)
+        empty = np.zeros(0, dtype=np.int64)
+        before, after = [empty] * self.first, [empty] * (self.spec.num_devices - self.stop)
+
+        def whole(local: list[np.ndarray]) -> tuple[np.ndarray, ...]:
+            return tuple(before + local + after)
+
+        groups = np.zeros(self.spec.num_devices, dtype=np.int64)  # hosts do not read the groups: the server's facts
+        part = Partition(whole(train), whole(test), groups, whole(val) if val else ())
+        return Dataset(ds.name, ds.x, ds.y, ds.num_classes), part
 
 
-def node_shard(spec: GeneratedSpec, first: int, stop: int, part: Partition) -> NodeShard:
-    """The :class:`NodeShard` of devices ``first``..``stop - 1`` with their part of ``part``."""
-    splits = [part.train, part.test, *([part.val] if part.val else [])]
-    devices = range(first, stop)
-    sizes = np.array([[len(s[d]) for d in devices] for s in splits], dtype=np.int64).reshape(len(splits), len(devices))
-    offset = int(spec.starts()[first])
-    flat = np.concatenate([np.zeros(0, np.int64), *(s[d] for s in splits for d in devices)]) - offset
-    return NodeShard(spec, first, stop, sizes, flat, part.groups, part.group_kind)
+def check_generated(cfg: ExperimentConfig, spec: GeneratedSpec) -> None:
+    """What :func:`prepare` would refuse in generated data, checked before any host starts: the model fits, and
+    every device can keep ``data.min_test_samples`` test samples and one to train on."""
+    check_model(cfg, GENERATED, (FEATURES,), CLASSES)
+    sizes, floor = np.diff(spec.starts()), cfg.data.min_test_samples
+    if floor > 0 and len(sizes) and sizes.min() <= floor:
+        raise data_error(cfg, GENERATED, floor_error(sizes, floor))
+
+
+def check_validation(cfg: ExperimentConfig, train_sizes: np.ndarray) -> None:
+    """``data.val_fraction`` leaves every device a training and a validation sample (hosts' train sizes)."""
+    if cfg.data.val_fraction > 0:
+        try:
+            validation_sizes(train_sizes, cfg.data.val_fraction)
+        except PartitionError as exc:
+            raise data_error(cfg, GENERATED, exc) from None
+
+
+def node_facts(shard: NodeShard, ds: Dataset, lists: tuple[list[np.ndarray], ...]) -> dict[str, Any]:
+    """What the driver needs of a host's devices for the federation's facts: their train / test / validation
+    sizes, the classes each holds, its dominant label and its training samples' label counts."""
+    train, test, val = lists
+    n, classes = shard.stop - shard.first, ds.num_classes
+    starts = shard.spec.starts()[shard.first:shard.stop + 1] - shard.spec.starts()[shard.first]
+    owner = np.repeat(np.arange(n), np.diff(starts))
+    held = np.bincount(owner * classes + ds.y, minlength=n * classes).reshape(n, classes)
+    sizes = [np.fromiter((len(a) for a in split), dtype=np.int64, count=len(split)) for split in (train, test, val)]
+    dev = np.repeat(np.arange(n), sizes[0])
+    y_train = ds.y[np.concatenate([np.zeros(0, np.int64), *train])]
+    counts = np.bincount(dev * classes + y_train, minlength=n * classes).reshape(n, classes)
+    return {"train": sizes[0], "test": sizes[1], "val": sizes[2], "classes": (held > 0).sum(axis=1),
+            "dominant": held.argmax(axis=1), "label_counts": counts}
+
+
+def generated_setup(cfg: ExperimentConfig, spec: GeneratedSpec, facts: Sequence[dict[str, Any]], scaling: Scaling
+                    ) -> Setup:
+    """The :class:`Setup` of generated data partitioned by its hosts (:func:`node_facts`, in device order): the
+    facts :func:`prepare` would find for the whole dataset. Its partition is empty: the hosts hold theirs."""
+    def cat(key: str) -> np.ndarray:
+        return np.concatenate([f[key] for f in facts])
+
+    train, test, val = cat("train"), cat("test"), cat("val")
+    groups = spec.device_groups()
+    kind = GENERATED if groups is not None else ""  # known clusters, else each device's dominant label
+    groups = np.asarray(groups if groups is not None else cat("dominant"), dtype=np.int64)
+    stats = stats_of(train, test, val, cat("classes"), groups if kind else None)
+    fed = federation(cfg, (FEATURES,), CLASSES, train, groups, kind, stats, label_shares(cat("label_counts")))
+    return finish_setup(cfg, fed, Partition((), (), np.zeros(0, dtype=np.int64)), scaling)
+
+
+class GeneratingHosts(Protocol):
+    """Hosts that generated their devices' samples (each a :class:`NodeShard` of consecutive devices, in device
+    order) and answer for all of them at once: the Ray engine's device actors, or a test's in-process hosts."""
+
+    def test_split(self) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Each host's per-device train and test counts (:meth:`NodeShard.test_split`)."""
+        ...
+
+    def partition(self, shards: Sequence[NodeShard], held_out: Sequence[Sequence[int]]) -> list[dict[str, Any]]:
+        """Each host partitions its devices as ``shards`` say (the draws before them now known): its
+        :func:`node_facts`, with ``scaling_rows``, how many of its rows the input scaling fits on."""
+        ...
+
+    def feature_pieces(self, before: Sequence[int], total: int, mean: np.ndarray | None
+                       ) -> list[tuple[dict[int, np.ndarray], dict[int, np.ndarray]]]:
+        """Each host's :func:`feature_pieces` (``before``: the scaling's rows of the hosts before each)."""
+        ...
+
+
+def setup_on_hosts(cfg: ExperimentConfig, spec: GeneratedSpec, shards: Sequence[NodeShard], hosts: GeneratingHosts
+                   ) -> tuple[Setup, list[NodeShard]]:
+    """The :class:`Setup` :func:`prepare` would make of the whole generated dataset, from hosts holding it in
+    parts (``shards``, with ``split`` but no draws yet), and each host's shard with its draws: the split takes one
+    draw per sample, then per train sample, then per test sample, each in device order, so a host's draws follow
+    from the counts of the hosts before it. The driver holds no sample and no partition."""
+    counts = hosts.test_split()
+    n_train = np.concatenate([tr for tr, _ in counts])
+    check_validation(cfg, n_train)
+    total, trains = int(spec.starts()[-1]), [int(tr.sum()) for tr, _ in counts]
+    tests = [int(te.sum()) for _, te in counts]
+    before_train, before_test = np.cumsum([0, *trains]), np.cumsum([0, *tests])
+    done = [replace(sh, split=replace(sh.split, train_draws=total + int(before_train[i]),
+                                      test_draws=total + sum(trains) + int(before_test[i])))
+            for i, sh in enumerate(shards)]
+    held = held_out_devices(cfg)
+    facts = hosts.partition(done, [[d for d in held if sh.first <= d < sh.stop] for sh in done])
+    if cfg.data.normalize == "unit":
+        scaling = Scaling.unit(FEATURES)
+    else:
+        rows = [int(f["scaling_rows"]) for f in facts]
+        before = [int(b) for b in np.cumsum([0, *rows])[:-1]]
+        first = hosts.feature_pieces(before, sum(rows), None)
+        scaling = scaling_of_pieces(first, lambda mean: [w for w, _ in hosts.feature_pieces(before, sum(rows), mean)],
+                                    sum(rows))
+    return generated_setup(cfg, spec, facts, scaling), done
+
+
+def scaling_of_pieces(first: Sequence[tuple[dict[int, np.ndarray], dict[int, np.ndarray]]],
+                      second: Callable[[np.ndarray], Sequence[dict[int, np.ndarray]]], total: int,
+                      chunk: int = SCALING_CHUNK) -> Scaling:
+    """:meth:`Scaling.fit` from the hosts' :func:`feature_pieces` (``first``: their first pass, in row order;
+    ``second``: their second, given the mean): the chunks they share are summed here from their rows, and the
+    sums added in the chunks' order, so the bits are the whole dataset's."""
+    if total == 0:
+        return Scaling.unit(FEATURES)
+    sums: dict[int, np.ndarray] = {}
+    shared: dict[int, list[np.ndarray]] = {}
+    for whole, part in first:
+        sums.update(whole)
+        for k, rows in part.items():
+            shared.setdefault(k, []).append(rows)
+    rows_of = {k: np.concatenate(v) for k, v in shared.items()}
+    chunks = range(-(-total // chunk))
+
+    def own(k: int) -> list[np.ndarray]:
+        return [np.arange(len(rows_of[k]))]
+
+    mean = Scaling.mean_of([sums[k] if k in sums else feature_sums(rows_of[k], own(k))[0] for k in chunks], total)
+    spreads: dict[int, np.ndarray] = {}
+    for whole in second(mean):
+        spreads.update(whole)
+    return Scaling.from_spreads(
+        mean, [spreads[k] if k in spreads else feature_spreads(rows_of[k], own(k), mean)[0] for k in chunks], total)
+
+
+def shard_scaling_rows(shard: NodeShard, train: list[np.ndarray], held_out: Iterable[int]) -> np.ndarray:
+    """The host's rows the input scaling fits on (its devices' training rows, held-out devices' excepted), sorted."""
+    skip = {d - shard.first for d in held_out}
+    return np.sort(np.concatenate([np.zeros(0, np.int64), *(t for i, t in enumerate(train) if i not in skip)]))
+
+
+def feature_pieces(x: np.ndarray, rows: np.ndarray, before: int, total: int, mean: np.ndarray | None = None,
+                   chunk: int = SCALING_CHUNK) -> tuple[dict[int, np.ndarray], dict[int, np.ndarray]]:
+    """A host's part of :meth:`Scaling.fit`'s chunks over every host's ``total`` rows, of which ``before`` are
+    the hosts' before it: the chunks wholly here summed (or, given ``mean``, their squared deviations), and
+    the rows of the chunks it shares with other hosts (for the driver to sum, the first pass only)."""
+    whole: dict[int, np.ndarray] = {}
+    shared: dict[int, np.ndarray] = {}
+    for k in range(before // chunk, -(-(before + len(rows)) // chunk)):
+        lo, hi = k * chunk, min(k * chunk + chunk, total)
+        mine = rows[max(lo - before, 0):hi - before]
+        if lo >= before and hi <= before + len(rows):
+            whole[k] = (feature_sums(x, [mine]) if mean is None else feature_spreads(x, [mine], mean))[0]
+        elif mean is None:
+            shared[k] = np.asarray(x[mine])
+    return whole, shared
 
 
 def shard(ds: Dataset, part: Partition, devices: Iterable[int]) -> tuple[Dataset, Partition]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 
@@ -16,7 +18,19 @@ from lcfed.data.generated import (
 )
 from lcfed.engines.local import run_local
 from lcfed.errors import ConfigError
-from lcfed.experiment import load, node_generated, node_shard, prepare, shard
+from lcfed.experiment import (
+    NodeShard,
+    NodeSplit,
+    check_generated,
+    feature_pieces,
+    load,
+    node_facts,
+    node_generated,
+    prepare,
+    setup_on_hosts,
+    shard,
+    shard_scaling_rows,
+)
 from tests.conftest import tiny_config
 
 
@@ -91,17 +105,65 @@ def test_any_devices_generate_alone_as_in_the_whole_federation():
             assert np.array_equal(getattr(part, name), getattr(whole, name)[rows])
 
 
-def test_a_node_shard_is_the_drivers_cut_bit_for_bit():
-    cfg = tiny_config("data.dataset=leaf_synthetic", "data.partition=natural", "model.name=mlp", "data.num_devices=90",
-                      "data.val_fraction=0.2", "data.synthetic_clusters=3")
+class LocalHosts:
+    """:class:`lcfed.experiment.GeneratingHosts` in this process: what the Ray engine's device actors do."""
+
+    def __init__(self, shards: list[NodeShard]) -> None:
+        self.shards, self.ds = shards, [sh.generate() for sh in shards]
+
+    def test_split(self):
+        self.splits = [sh.test_split(ds) for sh, ds in zip(self.shards, self.ds, strict=True)]
+        return [p.counts(sh.stop - sh.first) for p, sh in zip(self.splits, self.shards, strict=True)]
+
+    def partition(self, shards, held_out):
+        self.lists = [sh.lists(ds, p) for sh, ds, p in zip(shards, self.ds, self.splits, strict=True)]
+        self.rows = [shard_scaling_rows(sh, lists[0], held) for sh, lists, held in zip(shards, self.lists, held_out,
+                                                                                      strict=True)]
+        return [{**node_facts(sh, ds, lists), "scaling_rows": len(rows)}
+                for sh, ds, lists, rows in zip(shards, self.ds, self.lists, self.rows, strict=True)]
+
+    def feature_pieces(self, before, total, mean):
+        return [feature_pieces(ds.x, rows, b, total, mean) for ds, rows, b in zip(self.ds, self.rows, before, strict=True)]
+
+
+@pytest.mark.parametrize("extra,cuts", [
+    # known groups, a validation split and newcomers; 3 hosts, so the scaling's chunks of 8,192 rows straddle them
+    (["data.num_devices=1000", "data.synthetic_clusters=3", "data.val_fraction=0.2", "data.holdout_fraction=0.01"],
+     [0, 333, 700, 1000]),
+    # hosts of one device (a chunk across three hosts), a floor of test samples, the dominant labels as groups
+    (["data.num_devices=600", "data.min_test_samples=3", "data.test_fraction=0.1", "data.synthetic_samples=30000",
+      "data.min_samples=5"], [0, 1, 2, 599, 600]),
+    (["data.num_devices=300", "data.normalize=unit"], [0, 150, 300]),
+])
+def test_hosts_partition_their_generated_devices_as_the_driver_would_the_whole(extra, cuts):
+    cfg = tiny_config("data.dataset=leaf_synthetic", "data.partition=natural", "model.name=mlp", *extra)
     spec = node_generated(cfg)
     assert spec is not None and node_generated(cfg.replace(**{"data.subset": 100})) is None
-    ds = load(cfg)
-    setup = prepare(cfg, ds)
-    for first, stop in [(0, 30), (30, 61), (61, 90)]:
-        (x1, p1), (x0, p0) = node_shard(spec, first, stop, setup.partition).build(), shard(ds, setup.partition,
-                                                                                         range(first, stop))
-        assert np.array_equal(x1.x, x0.x) and np.array_equal(x1.y, x0.y)
-        for split in ("train", "test", "val"):
-            a, b = getattr(p1, split), getattr(p0, split)
-            assert len(a) == len(b) == 90 and all(np.array_equal(u, v) for u, v in zip(a, b, strict=True))
+    shards = [NodeShard(spec, a, b, NodeSplit.of(cfg)) for a, b in itertools.pairwise(cuts)]
+    hosts = LocalHosts(shards)
+    setup, done = setup_on_hosts(cfg, spec, shards, hosts)
+    whole, ds = prepare(cfg), load(cfg)
+    assert setup.scaling == whole.scaling
+    for name in ("train_sizes", "groups", "label_dist", "held_out"):
+        assert np.array_equal(getattr(setup.federation, name), getattr(whole.federation, name)), name
+    assert setup.federation.partition_stats == whole.federation.partition_stats
+    assert setup.federation.group_kind == whole.federation.group_kind
+    for sh, lists in zip(done, hosts.lists, strict=True):
+        (x0, p0) = shard(ds, whole.partition, range(sh.first, sh.stop))
+        for x1, p1 in (sh.build(sh.generate(), lists), sh.build()):  # the host's own lists, and a restarted host's
+            assert np.array_equal(x1.x, x0.x) and np.array_equal(x1.y, x0.y)
+            for split in ("train", "test", "val"):
+                a, b = getattr(p1, split), getattr(p0, split)
+                assert len(a) == len(b) and all(np.array_equal(u, v) for u, v in zip(a, b, strict=True))
+
+
+def test_generated_data_too_small_for_its_test_floor_is_refused_before_any_host_starts():
+    cfg = tiny_config("data.dataset=leaf_synthetic", "data.partition=natural", "model.name=mlp", "data.num_devices=50",
+                      "data.min_samples=3", "data.min_test_samples=3", "data.synthetic_samples=150")
+    spec = node_generated(cfg)
+    assert spec is not None
+    with pytest.raises(ConfigError, match=r"data\.min_test_samples") as on_hosts:
+        check_generated(cfg, spec)
+    with pytest.raises(ConfigError) as whole:
+        prepare(cfg)
+    assert str(on_hosts.value) == str(whole.value)  # the words the driver's own partition would have said

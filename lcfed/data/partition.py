@@ -148,7 +148,7 @@ def partition_schemes() -> list[str]:
     return sorted([*PARTITIONERS, NATURAL])
 
 
-def _split_seed(seed: int) -> int:
+def split_seed(seed: int) -> int:
     """A seed for the train/test split that is independent of the partitioner's stream."""
     return int(np.random.SeedSequence((seed, 1)).generate_state(1)[0])
 
@@ -215,7 +215,7 @@ def make_partition(
         devices = quantity_skew(devices, int(quantity[0]), int(quantity[1]), seed)
     if scheme in _FLOORED:
         _check_floor(devices, scheme, min_samples, testbed != "none")
-    train, test = split_train_test(devices, labels, test_fraction, _split_seed(seed), min_test_samples)
+    train, test = split_train_test(devices, labels, test_fraction, split_seed(seed), min_test_samples)
     if sample_groups is not None and testbed == "none" and partitioner is not _natural_scheme:
         groups = _majority_groups(train, sample_groups)
     return Partition(tuple(train), tuple(test), np.asarray(groups, dtype=np.int64), group_kind=kind)
@@ -296,7 +296,14 @@ def split_validation(part: Partition, fraction: float, seed: int) -> Partition:
     """
     if not 0 < fraction < 1:
         raise ValueError(f"fraction must be in (0, 1), got {fraction}")
-    sizes = part.sizes()
+    n_val = validation_sizes(part.sizes(), fraction)
+    train, val = hold_out_validation(part.train, n_val, seed, range(len(part.train)))
+    return Partition(tuple(train), part.test, part.groups, tuple(val), part.group_kind)
+
+
+def validation_sizes(sizes: np.ndarray, fraction: float) -> np.ndarray:
+    """Each device's validation count for ``fraction`` of its ``sizes`` training samples, or
+    :class:`PartitionError` (``val_fraction``) naming the first device that cannot keep one of each."""
     n_val = np.floor(sizes * fraction + 0.5).astype(np.int64)
     bad = np.flatnonzero((n_val < 1) | (n_val >= sizes))
     if len(bad):
@@ -309,10 +316,17 @@ def split_validation(part: Partition, fraction: float, seed: int) -> Partition:
             f"training samples ({len(bad)} of {len(sizes)} devices cannot keep one of each); {fits}, or give every "
             "device more samples (data.min_samples, fewer data.num_devices)",
         )
-    train, val = [], []
-    for d, idx in enumerate(part.train):
+    return n_val
+
+
+def hold_out_validation(train: Sequence[np.ndarray], n_val: np.ndarray, seed: int, devices: Sequence[int]
+                        ) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """``n_val`` of each device's ``train`` samples held out, drawn by a generator of (``seed``, its id in
+    ``devices``) alone: (train, validation), both in the training order."""
+    out_train, out_val = [], []
+    for idx, n, d in zip(train, n_val, devices, strict=True):
         held = np.zeros(len(idx), dtype=bool)
-        held[np.random.default_rng([seed, d, _VAL_STREAM]).permutation(len(idx))[: n_val[d]]] = True
-        train.append(idx[~held])  # both keep the training order, as drawn by the train/test split
-        val.append(idx[held])
-    return Partition(tuple(train), part.test, part.groups, tuple(val), part.group_kind)
+        held[np.random.default_rng([seed, int(d), _VAL_STREAM]).permutation(len(idx))[:n]] = True
+        out_train.append(idx[~held])  # both keep the training order, as drawn by the train/test split
+        out_val.append(idx[held])
+    return out_train, out_val

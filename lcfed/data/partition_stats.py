@@ -23,16 +23,23 @@ def partition_stats(part: Partition, labels: np.ndarray) -> dict[str, float]:
                           + [np.empty(0, np.int64)])
     dev = np.concatenate([np.repeat(np.arange(m), n) for n in (train, test, val) if len(n) == m])
     held = np.bincount(dev * len(classes) + class_of[flat], minlength=m * len(classes)).reshape(m, len(classes)) > 0
-    per_device = held.sum(axis=1)
+    return stats_of(train, test, val, held.sum(axis=1), part.groups if part.group_kind else None)
+
+
+def stats_of(train: np.ndarray, test: np.ndarray, val: np.ndarray, classes: np.ndarray,
+             groups: np.ndarray | None) -> dict[str, float]:
+    """:func:`partition_stats` from each device's train, test and validation sizes (``val`` empty without a
+    split), the number of classes it holds, and its known group (None without known clusters)."""
+    m = len(train)
     out: dict[str, float] = {"devices": float(m), "samples": float(train.sum() + test.sum() + val.sum())}
     for name, values in (("train", train), ("test", test), ("val", val)):
         if len(values) == m:  # no val_* without a validation split
             out.update({f"{name}_min": float(values.min()), f"{name}_median": float(np.median(values)),
                         f"{name}_max": float(values.max())})
-    out.update({"classes_mean": float(per_device.mean()), "classes_min": float(per_device.min()),
-                "classes_max": float(per_device.max())})
-    if part.group_kind:  # a testbed's known clusters: how many, and their sizes in devices
-        members = np.bincount(part.groups)
+    out.update({"classes_mean": float(classes.mean()), "classes_min": float(classes.min()),
+                "classes_max": float(classes.max())})
+    if groups is not None:  # a testbed's known clusters: how many, and their sizes in devices
+        members = np.bincount(groups)
         out.update({"groups": float(len(members)), "group_devices_min": float(members.min()),
                     "group_devices_max": float(members.max())})
     return out

@@ -46,6 +46,10 @@ def to_float(x: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(x.astype(np.float32)).div_(255.0)
 
 
+#: rows :meth:`Scaling.fit` sums at a time (its chunks decide the sums' bits)
+SCALING_CHUNK = 8192
+
+
 @dataclass(frozen=True)
 class Scaling:
     """How uint8 pixels become model inputs: ``(x / 255 - mean[c]) / std[c]`` per channel ``c``; for
@@ -64,7 +68,7 @@ class Scaling:
         return cls((0.0,) * channels, (1.0,) * channels)
 
     @classmethod
-    def fit(cls, x: np.ndarray, rows: np.ndarray, chunk: int = 8192) -> Scaling:
+    def fit(cls, x: np.ndarray, rows: np.ndarray, chunk: int = SCALING_CHUNK) -> Scaling:
         """Per-channel mean and std (population) of ``x[rows]`` in [0, 1] units, exact: from
         histograms of the uint8 values, in chunks so a memory-mapped dataset is never copied whole.
         A constant channel gets std 1 (nothing to scale). Feature vectors (float32 (N, F)): the
@@ -98,7 +102,7 @@ class Scaling:
         return cls.from_spreads(mean, feature_spreads(x, chunks, mean), len(rows))
 
     @staticmethod
-    def feature_chunks(rows: np.ndarray, chunk: int = 8192) -> list[np.ndarray]:
+    def feature_chunks(rows: np.ndarray, chunk: int = SCALING_CHUNK) -> list[np.ndarray]:
         """``rows`` sorted and cut into the chunks :meth:`fit` sums one at a time (a host holding some of
         the rows sums its chunks with :func:`feature_sums`, and the sums add up to the same bits)."""
         rows = np.sort(np.asarray(rows, dtype=np.int64))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -35,7 +36,19 @@ def split_train_test(
     rng = np.random.default_rng(seed)
     sizes = np.fromiter((len(d) for d in device_indices), dtype=np.int64, count=m)
     if min_test > 0 and m and sizes.min() <= min_test:
-        raise _floor_error(sizes, min_test)
+        raise floor_error(sizes, min_test)
+    flat, dev, is_test = _test_choice(device_indices, sizes, labels, test_fraction, min_test, rng)
+    train = _by_device(flat[~is_test], dev[~is_test], m, rng)
+    test = _by_device(flat[is_test], dev[is_test], m, rng)
+    return train, test
+
+
+def _test_choice(
+    device_indices: Sequence[np.ndarray], sizes: np.ndarray, labels: np.ndarray, test_fraction: float, min_test: int,
+    rng: np.random.Generator,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The samples grouped by (device, label) in random order (one draw each), their devices, and which go to
+    test: every per-device rule of :func:`split_train_test`."""
     flat, dev, lab, starts, group_of, rank = _class_groups(device_indices, sizes, labels, rng)
     group_size = np.diff(np.append(starts, len(flat)))
     group_dev = dev[starts]
@@ -47,13 +60,51 @@ def split_train_test(
     if min_test > 0 and len(starts):
         _raise_to_floor(n_test, group_size, group_dev, lab[starts], sizes, min_test)
 
-    is_test = rank < n_test[group_of]
-    train = _by_device(flat[~is_test], dev[~is_test], m, rng)
-    test = _by_device(flat[is_test], dev[is_test], m, rng)
-    return train, test
+    return flat, dev, rank < n_test[group_of]
 
 
-def _floor_error(sizes: np.ndarray, min_test: int) -> PartitionError:
+def _at(seed: int, draws: int) -> np.random.Generator:
+    """The split's generator after ``draws`` draws (each of its draws takes one step of PCG64)."""
+    bits = np.random.PCG64(seed)  # default_rng's generator
+    bits.advance(draws)
+    return np.random.Generator(bits)
+
+
+@dataclass(frozen=True)
+class SplitPart:
+    """The train/test split of some consecutive devices (a host's), before their samples' order in each: the
+    samples grouped, their devices (0 = the first of them) and which go to test."""
+
+    flat: np.ndarray
+    dev: np.ndarray
+    is_test: np.ndarray
+
+    def counts(self, devices: int) -> tuple[np.ndarray, np.ndarray]:
+        """Each device's train and test counts."""
+        return (np.bincount(self.dev[~self.is_test], minlength=devices),
+                np.bincount(self.dev[self.is_test], minlength=devices))
+
+    def order(self, devices: int, seed: int, train_draws: int, test_draws: int
+              ) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """Each device's train and test samples in the order :func:`split_train_test` gives them for the whole
+        federation: ``train_draws`` / ``test_draws`` = the split's draws before these devices' train / test
+        samples (all samples', then the train samples of the devices before, and so on)."""
+        return (_by_device(self.flat[~self.is_test], self.dev[~self.is_test], devices, _at(seed, train_draws)),
+                _by_device(self.flat[self.is_test], self.dev[self.is_test], devices, _at(seed, test_draws)))
+
+
+def split_part(device_indices: Sequence[np.ndarray], labels: np.ndarray, test_fraction: float, seed: int,
+               min_test: int, draws: int) -> SplitPart:
+    """:func:`split_train_test` for some consecutive devices of a federation, whose devices hold their samples
+    in order (a natural partition: the split's one draw per sample then runs in device order): ``draws`` =
+    the samples of the devices before them. The same train and test sets, bit for bit, with
+    :meth:`SplitPart.order`. Every device must hold more than ``min_test`` samples (no error is raised here)."""
+    labels = _check_labels(labels)
+    sizes = np.fromiter((len(d) for d in device_indices), dtype=np.int64, count=len(device_indices))
+    return SplitPart(*_test_choice(device_indices, sizes, labels, test_fraction, min_test, _at(seed, draws)))
+
+
+def floor_error(sizes: np.ndarray, min_test: int) -> PartitionError:
     """The error for devices too small to keep ``min_test`` test samples and one for training."""
     small = int(np.argmin(sizes))
     return PartitionError(
