@@ -106,6 +106,7 @@ def driver(m: int, args: argparse.Namespace) -> dict[str, Any]:
         try:
             clock = RoundClock()
             engine.run([clock])
+            run_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # before this script's own calls
             final_devices, final_s = evals.devices[-1], evals.seconds[-1]
             held = engine.holdings()
             assert engine.hosts is not None
@@ -125,7 +126,7 @@ def driver(m: int, args: argparse.Namespace) -> dict[str, Any]:
         "eval_devices": final_devices, "eval_s": final_s, "timings": engine.timings,
         "sample_devices": len(sample), "sample_eval_s": sample_s, "every_device_estimate_s": sample_s * m / len(sample),
         "checkpoint_mb": ckpt_mb, "driver_max_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
-        "driver_startup_rss_gb": startup_rss,
+        "driver_startup_rss_gb": startup_rss, "driver_run_rss_gb": run_rss,
         "actors": [{"node_id": a["node_id"], "devices": len(a["devices"]), "states": len(a["state_devices"]),
                     "data_rows": a["data_rows"], "data_mb": a["data_bytes"] / 2**20,
                     "state_mb": a["state_memory_bytes"] / 2**20} for a in actors],
@@ -226,7 +227,8 @@ def main(argv: list[str] | None = None) -> None:
                 how = "node-local data" if r["node_local"] else "driver's data"
                 phases = ", ".join(f"{k} {v:.1f}" for k, v in r["timings"].items())
                 print(f"m={m:>9,} ({how}): start-up {r['startup_s']:.1f} s (driver peak RSS "
-                      f"{r['driver_startup_rss_gb']:.2f} GB by then), {r['s_per_round']:.2f} s/round, final evaluation "
+                      f"{r['driver_startup_rss_gb']:.2f} GB by then, {r['driver_run_rss_gb']:.2f} GB by the run's end), "
+                      f"{r['s_per_round']:.2f} s/round, final evaluation "
                       f"of {r['eval_devices']:,} devices {r['eval_s']:.1f} s (every device: ~{r['every_device_estimate_s']:.0f} s "
                       f"from {r['sample_devices']:,} in {r['sample_eval_s']:.1f} s), checkpoint {r['checkpoint_mb']:.1f} MB; "
                       f"peak RSS GB {peaks}; {held}; phases s: {phases}", flush=True)

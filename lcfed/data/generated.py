@@ -36,7 +36,7 @@ BLOCK = 4096
 #: samples per device when ``data.synthetic_samples`` is 0
 DEFAULT_PER_DEVICE = 40
 _STREAM = 0x1EAF
-_ROWS = 8192  # rows whose models are gathered at once for their logits (8192 x 600 float64 = 39 MB)
+_ROWS = 1024  # rows whose models are gathered at once for their logits (1024 x 600 float64 = 4.9 MB: in cache)
 
 
 def device_sizes(num_devices: int, samples: int, min_samples: int) -> np.ndarray:
@@ -110,7 +110,9 @@ def generate_devices(spec: GeneratedSpec, first: int, stop: int) -> Dataset:
             centre = _centres(rng, hi - lo, spec.beta)
         r0, r1 = int(starts[lo]), int(starts[hi])
         owner = np.repeat(np.arange(lo, hi, dtype=np.int64), np.diff(starts[lo:hi + 1]))
-        xb = centre[owner - lo] + rng.standard_normal((r1 - r0, FEATURES)) * std_x
+        xb = rng.standard_normal((r1 - r0, FEATURES))
+        xb *= std_x
+        xb += centre[owner - lo]  # centre + z * std, in place
         yb = np.empty(r1 - r0, dtype=np.int64)
         for s in range(0, r1 - r0, _ROWS):
             rows = slice(s, s + _ROWS)
@@ -134,4 +136,7 @@ def _centres(rng: np.random.Generator, n: int, beta: float) -> np.ndarray:
 def _models(rng: np.random.Generator, n: int, alpha: float) -> tuple[np.ndarray, np.ndarray]:
     """``n`` softmax models (W (n, 60, 10), b (n, 10)) around means u ~ N(0, α²)."""
     u = rng.normal(0.0, alpha, n)
-    return rng.normal(u[:, None, None], 1.0, (n, FEATURES, CLASSES)), rng.normal(u[:, None], 1.0, (n, CLASSES))
+    # normal(u, 1) draws u + 1.0 * z, z standard normal in the output's order: the same bits, a third faster
+    w = rng.standard_normal((n, FEATURES, CLASSES))
+    w += u[:, None, None]
+    return w, rng.normal(u[:, None], 1.0, (n, CLASSES))
