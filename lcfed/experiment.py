@@ -292,8 +292,9 @@ def label_distributions(part: Partition, labels: np.ndarray, num_classes: int) -
 
 def label_shares(counts: np.ndarray) -> np.ndarray:
     """Each row of class counts as shares (an empty row: zeros)."""
-    counts = counts.astype(np.float64)
-    return counts / np.maximum(counts.sum(axis=1, keepdims=True), 1.0)
+    shares = counts.astype(np.float64)
+    shares /= np.maximum(shares.sum(axis=1, keepdims=True), 1.0)  # in place: m x classes floats once, not twice
+    return shares
 
 
 def input_scaling(cfg: ExperimentConfig, ds: Dataset, part: Partition, held_out: Sequence[int] = ()) -> Scaling:
@@ -448,7 +449,7 @@ def node_facts(shard: NodeShard, ds: Dataset, lists: tuple[list[np.ndarray], ...
     y_train = ds.y[np.concatenate([np.zeros(0, np.int64), *train])]
     counts = np.bincount(dev * classes + y_train, minlength=n * classes).reshape(n, classes)
     return {"train": sizes[0], "test": sizes[1], "val": sizes[2], "classes": (held > 0).sum(axis=1),
-            "dominant": held.argmax(axis=1), "label_counts": counts}
+            "dominant": held.argmax(axis=1), "label_counts": counts.astype(np.int32)}  # half the bytes to the driver
 
 
 def generated_setup(cfg: ExperimentConfig, spec: GeneratedSpec, facts: Sequence[dict[str, Any]], scaling: Scaling
