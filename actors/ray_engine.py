@@ -104,7 +104,7 @@ class RayPool:
 
     def __init__(self, hosts: Hosts) -> None:
         self.hosts = hosts
-        self.blocks = [frozenset(b) for b in hosts.layout.blocks]
+        self.blocks = hosts.layout.blocks  # ranges: membership in O(1), no set of every device
 
     def train(self, plan: RayPlan) -> list[Any]:
         p = plan.plan
@@ -131,7 +131,8 @@ class RayPool:
         wanted = set(devices)
 
         def run() -> dict[int, EvalResult]:  # only the actors hosting a sampled device
-            parts = [(a, tuple(sorted(b & wanted))) for a, b in zip(self.hosts.devices, self.blocks, strict=True)]
+            parts = [(a, tuple(sorted(d for d in wanted if d in b))) for a, b in zip(self.hosts.devices, self.blocks,
+                                                                                     strict=True)]
             out: dict[int, EvalResult] = {}
             for part in get([a.evaluate.remote(payload_ref, mine) for a, mine in parts if mine]):
                 out.update(part)
