@@ -448,8 +448,10 @@ def node_facts(shard: NodeShard, ds: Dataset, lists: tuple[list[np.ndarray], ...
     dev = np.repeat(np.arange(n), sizes[0])
     y_train = ds.y[np.concatenate([np.zeros(0, np.int64), *train])]
     counts = np.bincount(dev * classes + y_train, minlength=n * classes).reshape(n, classes)
-    return {"train": sizes[0], "test": sizes[1], "val": sizes[2], "classes": (held > 0).sum(axis=1),
-            "dominant": held.argmax(axis=1), "label_counts": counts.astype(np.int32)}  # half the bytes to the driver
+    # int32: half the bytes to the driver, whose reads of Ray's shared memory count in its RSS (int64 there)
+    return {"train": sizes[0].astype(np.int32), "test": sizes[1].astype(np.int32), "val": sizes[2].astype(np.int32),
+            "classes": (held > 0).sum(axis=1).astype(np.int32), "dominant": held.argmax(axis=1).astype(np.int32),
+            "label_counts": counts.astype(np.int32)}
 
 
 def generated_setup(cfg: ExperimentConfig, spec: GeneratedSpec, facts: Sequence[dict[str, Any]], scaling: Scaling
@@ -457,14 +459,15 @@ def generated_setup(cfg: ExperimentConfig, spec: GeneratedSpec, facts: Sequence[
     """The :class:`Setup` of generated data partitioned by its hosts (:func:`node_facts`, in device order): the
     facts :func:`prepare` would find for the whole dataset. Its partition is empty: the hosts hold theirs."""
     def cat(key: str) -> np.ndarray:
-        return np.concatenate([f[key] for f in facts])
+        return np.concatenate([f[key] for f in facts]).astype(np.int64)
 
     train, test, val = cat("train"), cat("test"), cat("val")
     groups = spec.device_groups()
     kind = GENERATED if groups is not None else ""  # known clusters, else each device's dominant label
     groups = np.asarray(groups if groups is not None else cat("dominant"), dtype=np.int64)
     stats = stats_of(train, test, val, cat("classes"), groups if kind else None)
-    fed = federation(cfg, (FEATURES,), CLASSES, train, groups, kind, stats, label_shares(cat("label_counts")))
+    shares = label_shares(np.concatenate([f["label_counts"] for f in facts]))  # int32 to float64 at once
+    fed = federation(cfg, (FEATURES,), CLASSES, train, groups, kind, stats, shares)
     return finish_setup(cfg, fed, Partition((), (), np.zeros(0, dtype=np.int64)), scaling)
 
 
