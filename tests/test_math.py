@@ -127,3 +127,19 @@ def test_projection_by_hand_2d():
     assert torch.allclose(codes[:, 0], torch.tensor([1.4, -0.8, 5.0]))
     centers = torch.tensor([[1.0], [-1.0]])
     assert list(assign_by_cosine(codes, centers)) == [0, 1, 0]
+
+
+def test_adjusted_rand_index_is_scikit_learns_to_the_bit():
+    """lcfed computes ARI itself (scikit-learn's metrics module costs its driver ~130 MB); the same numbers."""
+    from sklearn.metrics import adjusted_rand_score
+
+    from lcfed.recovery import adjusted_rand_index
+
+    rng = np.random.default_rng(0)
+    for trial in range(300):
+        n = int(rng.integers(1, 200))
+        a, t = rng.integers(0, int(rng.integers(1, 9)), n), rng.integers(0, int(rng.integers(1, 9)), n)
+        if trial % 3 == 0:
+            t = a * 5 + 2  # the same partition under other names: 1.0
+        assert adjusted_rand_index(a, t) == float(adjusted_rand_score(t, a))
+    assert adjusted_rand_index(np.array([0, 0, 1, 1]), np.array([0, 1, 0, 1])) == -0.5
