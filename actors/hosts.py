@@ -188,12 +188,13 @@ RemoteDevice = ray.remote(DeviceActor)
 RemoteServer = ray.remote(ServerActor)
 
 
-def device_options(layout: PoolLayout, placement: Any, i: int) -> dict[str, Any]:
-    """Device actor ``i``'s resources and, in a placement group of ours, its bundle."""
-    opts: dict[str, Any] = {"num_cpus": layout.cpus_per_actor, "num_gpus": layout.gpus_per_actor}
+def new_device(layout: PoolLayout, placement: Any, common: dict[str, Any], i: int, setup: Any, shard: Any) -> Any:
+    """Device actor ``i`` started with its resources, ``common`` options and, in a placement group of ours, its
+    bundle: hosting ``shard`` under ``setup`` (a ref), or, with ``setup`` None, generating its samples."""
+    opts: dict[str, Any] = {"num_cpus": layout.cpus_per_actor, "num_gpus": layout.gpus_per_actor, **common}
     if placement is not None:
         opts["scheduling_strategy"] = PlacementGroupSchedulingStrategy(placement, placement_group_bundle_index=i)
-    return opts
+    return RemoteDevice.options(**opts).remote(setup, layout.blocks[i], shard, layout.cpus_per_actor)
 
 
 class Hosts:
@@ -229,8 +230,8 @@ class Hosts:
         """Every actor's options (``common`` of :class:`Hosts`): on a cluster lcfed attached to, the workers
         may have been started by `ray start` without the profile's variables, and import numpy before lcfed:
         then they get them from their start through a runtime env, for which Ray starts fresh workers
-        through its agent (~4 s more for W1's three actors on 2 cores). Clusters whose nodes already start
-        their workers with them (`lcfed head`'s) need none."""
+        through its agent (~0.4 s more for two actors on 2 cores). Clusters whose nodes already start their
+        workers with them (`lcfed head`'s) need none."""
         env = numerics.worker_env(cfg.engine.numerics) if attached else {}
         return {"runtime_env": {"env_vars": env}} if env and not workers_start_with(env) else {}
 
@@ -238,10 +239,7 @@ class Hosts:
     def generate(cls, layout: PoolLayout, shards: Sequence[NodeShard], placement: Any = None,
                  common: dict[str, Any] | None = None) -> list[Any]:
         """Device actors that generate their devices' samples on their nodes and wait for a setup."""
-        common = common or {}
-        return [RemoteDevice.options(**device_options(layout, placement, i), **common).remote(
-                    None, layout.blocks[i], shard, layout.cpus_per_actor)
-                for i, shard in enumerate(shards)]
+        return [new_device(layout, placement, common or {}, i, None, shard) for i, shard in enumerate(shards)]
 
     def _new_server(self) -> Any:
         opts: dict[str, Any] = {"num_cpus": 0, **self.common}
@@ -254,9 +252,7 @@ class Hosts:
         return RemoteServer.options(**opts).remote(self.setup_ref)
 
     def _new_device(self, i: int) -> Any:
-        block = self.layout.blocks[i]
-        return RemoteDevice.options(**device_options(self.layout, self.placement, i), **self.common).remote(
-            self.setup_ref, block, self.shard_refs[i], self.layout.cpus_per_actor)
+        return new_device(self.layout, self.placement, self.common, i, self.setup_ref, self.shard_refs[i])
 
     @staticmethod
     def _alive(actor: Any) -> bool:

@@ -303,7 +303,7 @@ def input_scaling(cfg: ExperimentConfig, ds: Dataset, part: Partition, held_out:
     find the scaling as it is), or plain [0, 1]."""
     if cfg.data.normalize == "unit":
         return Scaling.unit(ds.input_shape[0])
-    return Scaling.fit(ds.x, scaling_rows(part, held_out))
+    return Scaling.fit(ds.x, scaling_rows(part.train, held_out))
 
 
 def forward_flops(net: Network, weights: torch.Tensor, input_shape: tuple[int, ...]) -> float:
@@ -330,10 +330,11 @@ def forward_flops(net: Network, weights: torch.Tensor, input_shape: tuple[int, .
     return total
 
 
-def scaling_rows(part: Partition, held_out: Sequence[int]) -> np.ndarray:
-    """The samples ``data.normalize`` fits on: the devices' training samples, held-out devices' excepted."""
+def scaling_rows(train: Sequence[np.ndarray], held_out: Iterable[int]) -> np.ndarray:
+    """The samples ``data.normalize`` fits on: the devices' training samples (``train``, one array per device),
+    held-out devices' (their positions in ``train``) excepted."""
     skip = set(held_out)
-    return np.concatenate([np.zeros(0, np.int64), *(t for d, t in enumerate(part.train) if d not in skip)])
+    return np.concatenate([np.zeros(0, np.int64), *(t for d, t in enumerate(train) if d not in skip)])
 
 
 def node_generated(cfg: ExperimentConfig) -> GeneratedSpec | None:
@@ -397,8 +398,7 @@ class NodeShard:
         train, test = (part or self.test_split(ds)).order(n, sp.seed, sp.train_draws, sp.test_draws)
         if sp.val_fraction <= 0:
             return train, test, []
-        sizes = np.fromiter((len(t) for t in train), dtype=np.int64, count=n)
-        n_val = np.floor(sizes * sp.val_fraction + 0.5).astype(np.int64)  # as validation_sizes, checked by the driver
+        n_val = validation_sizes(np.fromiter((len(t) for t in train), dtype=np.int64, count=n), sp.val_fraction)
         train, val = hold_out_validation(train, n_val, sp.val_seed, range(self.first, self.stop))
         return train, test, val
 
@@ -548,8 +548,7 @@ def scaling_of_pieces(first: Sequence[tuple[dict[int, np.ndarray], dict[int, np.
 
 def shard_scaling_rows(shard: NodeShard, train: list[np.ndarray], held_out: Iterable[int]) -> np.ndarray:
     """The host's rows the input scaling fits on (its devices' training rows, held-out devices' excepted), sorted."""
-    skip = {d - shard.first for d in held_out}
-    return np.sort(np.concatenate([np.zeros(0, np.int64), *(t for i, t in enumerate(train) if i not in skip)]))
+    return np.sort(scaling_rows(train, (d - shard.first for d in held_out)))
 
 
 def feature_pieces(x: np.ndarray, rows: np.ndarray, before: int, total: int, mean: np.ndarray | None = None,

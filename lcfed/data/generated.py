@@ -23,6 +23,7 @@ every seed of a comparison sees the same federation.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
@@ -60,9 +61,8 @@ class GeneratedSpec:
     min_samples: int = 2
 
     def starts(self) -> np.ndarray:
-        """Row offsets (m + 1,): device d's samples are rows ``starts[d]:starts[d + 1]``."""
-        sizes = device_sizes(self.num_devices, self.samples or DEFAULT_PER_DEVICE * self.num_devices, self.min_samples)
-        return np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        """Row offsets (m + 1,), read-only: device d's samples are rows ``starts[d]:starts[d + 1]``."""
+        return _starts(self)
 
     def device_groups(self, rng: np.random.Generator | None = None) -> np.ndarray | None:
         """Each device's true group (m,), or None without ``clusters``; ``rng`` is the clusters' stream, which
@@ -71,6 +71,15 @@ class GeneratedSpec:
             return None
         rng = rng if rng is not None else np.random.default_rng([_STREAM, self.num_devices, self.clusters, 1])
         return rng.permutation(self.num_devices) % self.clusters
+
+
+@lru_cache(maxsize=4)
+def _starts(spec: GeneratedSpec) -> np.ndarray:
+    """:meth:`GeneratedSpec.starts`, computed once per process (a host asks for it at every step; 0.1 s at 10^6)."""
+    sizes = device_sizes(spec.num_devices, spec.samples or DEFAULT_PER_DEVICE * spec.num_devices, spec.min_samples)
+    starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    starts.flags.writeable = False
+    return starts
 
 
 def leaf_synthetic(

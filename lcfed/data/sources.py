@@ -29,14 +29,14 @@ from lcfed.data.generated import GENERATED, leaf_synthetic
 
 __all__ = ["SOURCES", "Scaling", "load_dataset", "to_float"]
 
-def feature_sums(x: np.ndarray, chunks: Iterable[np.ndarray], offset: int = 0) -> list[np.ndarray]:
-    """Each chunk's per-feature sum in float64, of rows ``chunk - offset`` of ``x`` (a host's rows from ``offset``)."""
-    return [np.asarray(x[c - offset], dtype=np.float64).sum(axis=0) for c in chunks]
+def feature_sums(x: np.ndarray, chunks: Iterable[np.ndarray]) -> list[np.ndarray]:
+    """Each chunk's per-feature sum in float64, of rows ``chunk`` of ``x``."""
+    return [np.asarray(x[c], dtype=np.float64).sum(axis=0) for c in chunks]
 
 
-def feature_spreads(x: np.ndarray, chunks: Iterable[np.ndarray], mean: np.ndarray, offset: int = 0) -> list[np.ndarray]:
+def feature_spreads(x: np.ndarray, chunks: Iterable[np.ndarray], mean: np.ndarray) -> list[np.ndarray]:
     """Each chunk's per-feature sum of squared deviations from ``mean``, in float64 (as :func:`feature_sums`)."""
-    return [((np.asarray(x[c - offset], dtype=np.float64) - mean) ** 2).sum(axis=0) for c in chunks]
+    return [((np.asarray(x[c], dtype=np.float64) - mean) ** 2).sum(axis=0) for c in chunks]
 
 
 def to_float(x: np.ndarray) -> torch.Tensor:
