@@ -37,7 +37,7 @@ from lcfed.data.partition import hold_out_validation, split_seed, validation_siz
 from lcfed.data.partition_stats import stats_of
 from lcfed.data.schemes import pieces
 from lcfed.data.sources import SCALING_CHUNK, feature_spreads, feature_sums, synthetic_dataset
-from lcfed.data.split import SplitPart, floor_error, split_part
+from lcfed.data.split import SplitPart, check_test_floor, split_part
 from lcfed.data.testbeds import apply_testbed
 from lcfed.errors import ConfigError, require
 from lcfed.local_update import DeviceData, LocalWork
@@ -422,9 +422,10 @@ def check_generated(cfg: ExperimentConfig, spec: GeneratedSpec) -> None:
     """What :func:`prepare` would refuse in generated data, checked before any host starts: the model fits, and
     every device can keep ``data.min_test_samples`` test samples and one to train on."""
     check_model(cfg, GENERATED, (FEATURES,), CLASSES)
-    sizes, floor = np.diff(spec.starts()), cfg.data.min_test_samples
-    if floor > 0 and len(sizes) and sizes.min() <= floor:
-        raise data_error(cfg, GENERATED, floor_error(sizes, floor))
+    try:
+        check_test_floor(np.diff(spec.starts()), cfg.data.min_test_samples)
+    except PartitionError as exc:
+        raise data_error(cfg, GENERATED, exc) from None
 
 
 def check_validation(cfg: ExperimentConfig, train_sizes: np.ndarray) -> None:

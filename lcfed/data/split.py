@@ -35,8 +35,7 @@ def split_train_test(
     m = len(device_indices)
     rng = np.random.default_rng(seed)
     sizes = np.fromiter((len(d) for d in device_indices), dtype=np.int64, count=m)
-    if min_test > 0 and m and sizes.min() <= min_test:
-        raise floor_error(sizes, min_test)
+    check_test_floor(sizes, min_test)
     flat, dev, is_test = _test_choice(device_indices, sizes, labels, test_fraction, min_test, rng)
     train = _by_device(flat[~is_test], dev[~is_test], m, rng)
     test = _by_device(flat[is_test], dev[is_test], m, rng)
@@ -104,7 +103,14 @@ def split_part(device_indices: Sequence[np.ndarray], labels: np.ndarray, test_fr
     return SplitPart(*_test_choice(device_indices, sizes, labels, test_fraction, min_test, _at(seed, draws)))
 
 
-def floor_error(sizes: np.ndarray, min_test: int) -> PartitionError:
+def check_test_floor(sizes: np.ndarray, min_test: int) -> None:
+    """Every device of ``sizes`` samples can keep ``min_test`` test samples and one to train on, else
+    :class:`PartitionError` (``min_test_samples``)."""
+    if min_test > 0 and len(sizes) and sizes.min() <= min_test:
+        raise _floor_error(sizes, min_test)
+
+
+def _floor_error(sizes: np.ndarray, min_test: int) -> PartitionError:
     """The error for devices too small to keep ``min_test`` test samples and one for training."""
     small = int(np.argmin(sizes))
     return PartitionError(
