@@ -25,10 +25,18 @@ from actors.nodes import head_node_id, workers_start_with
 from actors.placement import PoolLayout
 from lcfed import fingerprint, numerics
 from lcfed.config import ExperimentConfig
-from lcfed.data import Dataset, Partition
+from lcfed.data import Dataset, Partition, Scaling
 from lcfed.devices.schedule import SimClock
 from lcfed.engines.local import DeviceHost, HostedDevices, LocalServer, auto_workers
-from lcfed.experiment import NodeShard, Setup, feature_pieces, node_facts, shard_scaling_rows
+from lcfed.experiment import (
+    FileShard,
+    NodeShard,
+    Setup,
+    feature_pieces,
+    node_facts,
+    scaling_rows,
+    shard_scaling_rows,
+)
 from lcfed.loop import HostFailure
 from lcfed.methods.base import Message, RoundPlan, RoundStats
 from lcfed.methods.traffic import tensor_bytes
@@ -64,10 +72,10 @@ class DeviceActor(DeviceHost):
     dataset, placed on the GPU if one is assigned) and their personal states, which never leave the actor.
     Answers the pool's calls as :class:`lcfed.engines.local.DeviceHost` does in-process."""
 
-    def __init__(self, setup: Setup | None, devices: Sequence[int], shard: tuple[Dataset, Partition] | NodeShard,
-                 cpus: float = 1.0) -> None:
-        """``shard``: the devices' samples and partition, cut by the process that loaded the dataset; or a
-        :class:`NodeShard` to generate and partition them here. Without ``setup`` (generated data, before the
+    def __init__(self, setup: Setup | None, devices: Sequence[int],
+                 shard: tuple[Dataset, Partition] | NodeShard | FileShard, cpus: float = 1.0) -> None:
+        """``shard``: the devices' samples and partition, cut by the process that loaded the dataset; a
+        :class:`FileShard` to read those samples here; or a :class:`NodeShard` to generate and partition them here. Without ``setup`` (generated data, before the
         driver knows the federation) the actor generates its samples and answers the driver's
         :class:`lcfed.experiment.GeneratingHosts` calls until :meth:`start`."""
         self.devices = tuple(devices)
@@ -77,19 +85,25 @@ class DeviceActor(DeviceHost):
         self._split: Any = None
         self._lists: Any = None
         self._rows: Any = None
-        if setup is None:
+        self._file: tuple[Dataset, Partition] | None = None  # read before the setup, to count its pixels
+        if isinstance(shard, FileShard) and setup is None:
+            self._file = shard.build()
+        elif setup is None:
             assert isinstance(shard, NodeShard)
             self._node, self._generated = shard, shard.generate()
         else:
             self.start(setup, shard)
 
-    def start(self, setup: Setup, shard: tuple[Dataset, Partition] | NodeShard) -> None:
+    def start(self, setup: Setup, shard: tuple[Dataset, Partition] | NodeShard | FileShard) -> None:
         """Host the devices: their data from ``shard`` (generated and partitioned here if a :class:`NodeShard`)."""
         numerics.activate(setup.cfg.engine.numerics)
         fast_tensor_transfer()
         workers = auto_workers(setup.cfg, self.cpus, setup.torch_device())
         if isinstance(shard, NodeShard):  # the samples and lists made before the setup, if any
             ds, part = shard.build(self._generated, self._lists)
+        elif isinstance(shard, FileShard):  # its rows, read here from the dataset's cache file
+            ds, part = self._file or shard.build()
+            self._file = None
         else:
             ds, part = shard  # this actor's devices' samples, from the process that loaded the dataset
         self._generated = self._split = self._lists = self._rows = None
@@ -106,6 +120,12 @@ class DeviceActor(DeviceHost):
         self._lists = shard.lists(ds, self._split)
         self._rows = shard_scaling_rows(shard, self._lists[0], held_out)
         return {**node_facts(shard, ds, self._lists), "scaling_rows": len(self._rows)}
+
+    def pixel_counts(self, held_out: Sequence[int]) -> np.ndarray:
+        """Its devices' training pixels counted (:meth:`Scaling.pixel_counts`), held-out devices' excepted."""
+        assert self._file is not None
+        ds, part = self._file
+        return Scaling.pixel_counts(ds.x, scaling_rows(part.train, held_out))
 
     def feature_pieces(self, before: int, total: int, mean: np.ndarray | None) -> Any:
         """Its part of the input scaling's chunks (:func:`lcfed.experiment.feature_pieces`)."""
@@ -236,9 +256,9 @@ class Hosts:
         return {"runtime_env": {"env_vars": env}} if env and not workers_start_with(env) else {}
 
     @classmethod
-    def generate(cls, layout: PoolLayout, shards: Sequence[NodeShard], placement: Any = None,
+    def generate(cls, layout: PoolLayout, shards: Sequence[NodeShard] | Sequence[FileShard], placement: Any = None,
                  common: dict[str, Any] | None = None) -> list[Any]:
-        """Device actors that generate their devices' samples on their nodes and wait for a setup."""
+        """Device actors that generate (or read) their devices' samples on their nodes and wait for a setup."""
         return [new_device(layout, placement, common or {}, i, None, shard) for i, shard in enumerate(shards)]
 
     def _new_server(self) -> Any:

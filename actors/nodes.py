@@ -3,7 +3,7 @@ arithmetic of what fits where is :mod:`actors.placement`, which does not import 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import ray
@@ -12,6 +12,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from actors.connect import ClusterError
 from actors.placement import NodeResources, PoolLayout, fits
+from lcfed.data.cache import size_and_mtime
 
 
 def alive_nodes_info() -> list[dict[str, Any]]:
@@ -53,6 +54,31 @@ def workers_start_with(env: Mapping[str, str], timeout: float = 30.0) -> bool:
     except (ray.exceptions.RayError, ray.exceptions.GetTimeoutError):
         return False
     return bool(got) and all(g == dict(env) for g in got)
+
+
+@ray.remote(num_cpus=0)
+def _file_version(path: str) -> tuple[int, int] | None:
+    try:
+        return size_and_mtime(path)
+    except OSError:
+        return None
+
+
+def nodes_missing(path: str, stamp: tuple[int, int], nodes: Sequence[Mapping[str, Any]] | None = None,
+                  timeout: float = 30.0) -> list[str]:
+    """The ``nodes`` (default: the alive ones at another address than this driver's, which shares its files) that
+    do not see ``path`` as the version ``stamp`` (size, mtime), by address. Each is asked by a 0-CPU task (a
+    worker's start: ~1 s); one that does not answer within ``timeout`` counts as not seeing it."""
+    if nodes is None:
+        here = ray.util.get_node_ip_address()
+        nodes = [n for n in alive_nodes_info() if n["NodeManagerAddress"] != here]
+    refs = [_file_version.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote(path)
+            for n in nodes]
+    try:
+        got = ray.get(refs, timeout=timeout)
+    except (ray.exceptions.RayError, ray.exceptions.GetTimeoutError):
+        got = [None] * len(nodes)
+    return [str(n["NodeManagerAddress"]) for n, v in zip(nodes, got, strict=True) if v is None or tuple(v) != tuple(stamp)]
 
 
 class PlacementError(ClusterError):

@@ -22,28 +22,32 @@ from ray.util.placement_group import remove_placement_group
 from actors.connect import ensure_ray
 from actors.hosts import Hosts, fast_tensor_transfer
 from actors.liveness import cluster_lost, get, watch
-from actors.nodes import alive_nodes, alive_nodes_info, place_pool
+from actors.nodes import alive_nodes, alive_nodes_info, nodes_missing, place_pool
 from actors.placement import cluster_layout, pool_layout
 from lcfed import fingerprint, numerics, provenance
 from lcfed.checkpoint import Snapshot, state_chunks
 from lcfed.config import ExperimentConfig
 from lcfed.contracts import Observer
-from lcfed.data import Dataset, Partition
+from lcfed.data import DataError, Dataset, Partition, Scaling
+from lcfed.data.cache import size_and_mtime
 from lcfed.devices.schedule import RoundTiming, SimClock
 from lcfed.engines import run_closed
 from lcfed.experiment import (
+    FileShard,
     NodeShard,
     NodeSplit,
     check_generated,
+    finish_setup,
+    input_scaling,
     load,
     node_generated,
-    prepare,
+    partitioned,
     setup_on_hosts,
     shard,
 )
 from lcfed.local_update import EvalResult
 from lcfed.loop import run_rounds
-from lcfed.methods.base import RoundPlan, RoundStats
+from lcfed.methods.base import Federation, RoundPlan, RoundStats
 from lcfed.run_result import Newcomer, RunResult
 
 #: the engine's own names (the cluster's nodes are :mod:`actors.nodes`'s, the placement :mod:`actors.placement`'s)
@@ -190,8 +194,10 @@ class ActorHosts:
 class RayEngine:
     """The Ray engine: a federation deployed on Ray's actors, which exist until :meth:`close`.
 
-    This process loads the dataset (``dataset``, or from ``data.data_dir`` here) and ships each
-    device actor its devices' samples; no other node reads data files.
+    This process loads the dataset (``dataset``, or from ``data.data_dir`` here) and partitions it. A
+    dataset read from its cache file is read again by each device actor, its own rows only, where its
+    node sees that file (``engine.data_reads``); otherwise this process sends each actor its devices'
+    samples. Generated data is generated on the nodes.
     """
 
     def __init__(
@@ -209,6 +215,8 @@ class RayEngine:
         self.group = None
         self.hosts: Hosts | None = None
         self._generating: list[Any] = []
+        #: who read the devices' samples: the driver (which sent them), or each device actor on its node
+        self.data_reads = "driver"
         #: seconds of each start-up phase and, after :meth:`close`, of the shutdown (where a start goes)
         self.timings: dict[str, float] = {}
         clock = time.perf_counter()
@@ -227,11 +235,16 @@ class RayEngine:
             fast_tensor_transfer()
             self.common = Hosts.actor_options(cfg, attached=not self.started_ray)
             n = cfg.data.num_devices if self.node_local else None
-            ds = None
+            ds = stamp = None
+            counting = False  # whether the actors count their pixels for the input scaling
             if n is None:
                 ds = dataset if dataset is not None else load(cfg)
-                self.setup = prepare(cfg, ds)
-                n = self.setup.federation.num_devices
+                part, fed = partitioned(cfg, ds)
+                stamp = self._file_reads(cfg, ds)
+                counting = stamp is not None and ds.is_image and cfg.data.normalize == "standardize"
+                if not counting:
+                    self.setup = finish_setup(cfg, fed, part, input_scaling(cfg, ds, part, fed.held_out))
+                n = fed.num_devices
                 lap("data")
             if resources is not None:
                 self.layout = pool_layout(cfg.engine, n, *resources)
@@ -239,12 +252,19 @@ class RayEngine:
                 self.layout = cluster_layout(cfg.engine, n, alive_nodes())
                 self.group = place_pool(self.layout, cfg.engine.placement_timeout_s, can_grow=not self.started_ray)
             lap("placement")
+            generating: list[Any] = []
             if ds is None:
                 generating, shards = self._generate_on_nodes(cfg)
-            else:
-                generating, shards = [], [ray.put(shard(ds, self.setup.partition, block)) for block in self.layout.blocks]
+            elif stamp is not None:
+                files = [FileShard.cut(ds, part, block, stamp) for block in self.layout.blocks]
                 del ds
-            lap("data_on_nodes" if generating else "shards")
+                if counting:
+                    generating = self._scale_on_hosts(cfg, part, fed, files)
+                shards = [ray.put(sh) for sh in files]
+            else:
+                shards = [ray.put(shard(ds, part, block)) for block in self.layout.blocks]
+                del ds
+            lap("data_on_nodes" if self.data_reads == "nodes" else "shards")
             # each device actor's partition comes with its shard: the setup every actor gets holds none (at
             # m = 10^6 the whole partition is 2 x 10^6 index arrays, which each actor would unpickle)
             shared = replace(self.setup, partition=Partition((), (), np.zeros(0, dtype=np.int64)))
@@ -257,6 +277,37 @@ class RayEngine:
         except BaseException:
             self.close()
             raise
+
+    def _file_reads(self, cfg: ExperimentConfig, ds: Dataset) -> tuple[int, int] | None:
+        """The size and mtime of the dataset's cache file when each device actor is to read its rows there
+        (``engine.data_reads``), or None when this process sends them their samples."""
+        path = ds.x_file if cfg.engine.data_reads != "driver" else None
+        if path is None:
+            return None
+        stamp = size_and_mtime(path)
+        # a private Ray's one node is this machine; a cluster's nodes elsewhere are asked whether they see the file
+        missing = [] if self.started_ray else nodes_missing(path, stamp)
+        if missing and cfg.engine.data_reads == "nodes":
+            raise DataError(f"engine.data_reads=nodes: node(s) {', '.join(missing)} do not see {path} as the "
+                            "driver does (the same size and mtime): put data.data_dir on storage every node "
+                            "reaches, at the same path, or set engine.data_reads=auto (the driver sends the "
+                            "samples of such a cluster) or driver")
+        if missing:
+            return None
+        self.data_reads = "nodes"
+        return stamp
+
+    def _scale_on_hosts(self, cfg: ExperimentConfig, part: Partition, fed: Federation, files: list[FileShard]
+                        ) -> list[Any]:
+        """Device actors that read their rows of the file and count their training pixels, from which the
+        input scaling is fitted (the same counts as :meth:`Scaling.fit`'s here, so the same bits): this process
+        reads no sample. Returns the actors, which wait for the setup."""
+        actors = Hosts.generate(self.layout, files, self.group, self.common)
+        self._generating = actors  # closed with the engine if setting up fails
+        counts = get([a.pixel_counts.remote(list(fed.held_out)) for a in actors])
+        self.setup = finish_setup(cfg, fed, part, Scaling.from_counts(np.sum(counts, axis=0)))
+        self._generating = []
+        return actors
 
     def _generate_on_nodes(self, cfg: ExperimentConfig) -> tuple[list[Any], list[Any]]:
         """Generated data, built and partitioned where it is used: each device actor generates its devices'
@@ -272,6 +323,7 @@ class RayEngine:
         self._generating = actors  # closed with the engine if setting up fails
         self.setup, done = setup_on_hosts(cfg, spec, shards, ActorHosts(actors))
         self._generating = []
+        self.data_reads = "nodes"
         return actors, [ray.put(sh) for sh in done]
 
     def placement(self) -> dict[str, Any]:
@@ -289,7 +341,7 @@ class RayEngine:
                    "cpus": self.layout.cpus_per_actor, "gpus": self.layout.gpus_per_actor,
                    "torch_device": info["torch_device"]}
                   for i, info in enumerate(self.actor_info)]
-        return {"device_actors": actors, "server": node(server_node)}
+        return {"device_actors": actors, "server": node(server_node), "data_reads": self.data_reads}
 
     def run(self, observers: Sequence[Observer] = (), resume: Snapshot | None = None) -> RunResult:
         assert self.hosts is not None

@@ -13,7 +13,10 @@ with one device actor per worker.
 then one more evaluation of ``--eval-devices`` devices drawn from all m is timed, from which scoring every
 device (``train.final_eval_devices: 0``, the behaviour before the sample) is extrapolated.
 With ``--data leaf`` the device actors generate their own devices' samples on their nodes; ``--driver-data``
-runs each m first as before that (the driver generates every sample and ships the shards), paired.
+runs each m first as before that (the driver generates every sample and ships the shards), paired. ``--data file``:
+the synthetic images saved once as an .npz file dataset (in ``--file-dir``, its cache filled before any timing),
+which each device actor reads its rows of on its node (``engine.data_reads: auto``); with ``--driver-data``
+each m first runs with ``engine.data_reads=driver`` (the driver reads them and ships the shards), paired.
 
 Reports per m: start-up (data, partition, shards, actors) and the driver's peak RSS by then, s/round over the
 rounds after the first (the last excepted),
@@ -21,6 +24,7 @@ peak RSS of each node's process tree (sampled with psutil; the node's Ray proces
 and of the driver, the checkpoint's size, and the states each device actor holds.
 
     python benchmarks/scale.py --cluster [--devices 10000 100000] [--rounds 3] [--workers 3] [--data leaf --driver-data]
+    python benchmarks/scale.py --cluster --devices 100000 --data file --driver-data
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -50,7 +55,22 @@ GB = 2**30
 def config(m: int, args: argparse.Namespace, ckpt: str) -> Any:
     """scale_devices.py's workload on the Ray engine: ``--rounds`` rounds, the last ending in the final evaluation
     (``train.final_eval_devices`` as by default: a sample of 10,000 devices above 10,000)."""
-    return scale_devices.config(m, args, ckpt, ["engine.kind=ray", "engine.cpus_per_actor=1"])
+    reads = ["engine.data_reads=driver"] if args.data == "file" and args.driver_data else []
+    return scale_devices.config(m, args, ckpt, ["engine.kind=ray", "engine.cpus_per_actor=1", *reads])
+
+
+def write_file_dataset(m: int, args: argparse.Namespace) -> None:
+    """The synthetic images of ``m`` devices as an .npz under ``--file-dir``, decoded once into the cache (as a
+    first ``lcfed run`` would), so that no timed run decodes it."""
+    from lcfed.data.sources import synthetic_dataset
+    from lcfed.experiment import load
+
+    path = Path(args.file_dir) / f"images-{args.samples_per_device * m}.npz"
+    if not path.exists():
+        ds = synthetic_dataset(args.samples_per_device * m)
+        np.savez(path, x=ds.x, y=ds.y)
+        del ds
+    assert load(config(m, args, "")).x_file is not None  # cached: the actors can read it
 
 
 class RoundClock:
@@ -100,7 +120,7 @@ def driver(m: int, args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="lcfed-scale-") as ckpt:
         cfg = config(m, args, ckpt)
         t0 = time.perf_counter()
-        engine = RayEngine(cfg, dataset=load(cfg) if args.driver_data else None)
+        engine = RayEngine(cfg, dataset=load(cfg) if args.driver_data and args.data == "leaf" else None)
         startup = time.perf_counter() - t0
         startup_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
         try:
@@ -122,7 +142,7 @@ def driver(m: int, args: argparse.Namespace) -> dict[str, Any]:
     rounds = clock.seconds[:-1]  # the last round's time holds the final evaluation
     return {
         "devices": m, "participants": args.participants, "samples": args.samples_per_device * m, "startup_s": startup,
-        "node_local": engine.node_local, "round_s": rounds, "s_per_round": float(np.mean(rounds[1:] or rounds)),
+        "node_local": engine.node_local, "data_reads": engine.data_reads, "round_s": rounds, "s_per_round": float(np.mean(rounds[1:] or rounds)),
         "eval_devices": final_devices, "eval_s": final_s, "timings": engine.timings,
         "sample_devices": len(sample), "sample_eval_s": sample_s, "every_device_estimate_s": sample_s * m / len(sample),
         "checkpoint_mb": ckpt_mb, "driver_max_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
@@ -169,7 +189,7 @@ def run_one(cluster: Any, m: int, args: argparse.Namespace, driver_data: bool = 
     idle = {name: NodeMemory.tree_rss(pid) for name, pid in nodes.items()}
     cmd = [sys.executable, str(Path(__file__).resolve()), "--driver", str(m), "--participants", str(args.participants),
            "--samples-per-device", str(args.samples_per_device), "--rounds", str(args.rounds), "--data", args.data,
-           "--eval-devices", str(args.eval_devices),
+           "--eval-devices", str(args.eval_devices), "--file-dir", args.file_dir,
            *(["--driver-data"] if driver_data else [])]
     env = cluster.client_env(cluster.head.home, RAY_ADDRESS=cluster.gcs)
     proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -199,8 +219,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--driver-data", action="store_true",
                     help="also run each m as before node-local data (the driver generates and ships the shards), paired")
     ap.add_argument("--workers", type=int, default=3, help="worker nodes of 1 CPU, one device actor each")
-    ap.add_argument("--data", choices=["images", "leaf"], default="images",
-                    help="synthetic images and LeNet-5, or leaf_synthetic and the MLP (240 bytes a sample: 10^6 devices)")
+    ap.add_argument("--data", choices=["images", "leaf", "file"], default="images",
+                    help="synthetic images and LeNet-5, or leaf_synthetic and the MLP (240 bytes a sample: 10^6 devices), "
+                         "or the synthetic images as a file dataset")
+    ap.add_argument("--file-dir", default="", help="where --data file writes its .npz (default: a temporary folder)")
     ap.add_argument("--object-store-mb", type=int, default=512, help="each node's object store")
     ap.add_argument("--driver", type=int, default=0, help=argparse.SUPPRESS)  # the driver process's m
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
@@ -211,20 +233,26 @@ def main(argv: list[str] | None = None) -> None:
     from tests.raycluster import LocalCluster
 
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a stopped benchmark still stops its cluster
+    made = args.data == "file" and not args.file_dir
+    if made:
+        args.file_dir = tempfile.mkdtemp(prefix="lcfed-scale-file-")
+    if args.data == "file":
+        for m in args.devices:
+            write_file_dataset(m, args)
     load0 = os.getloadavg()
     rows = []
     cluster = LocalCluster.start(0, [(1, 0)] * args.workers, dashboard=False, object_store_mb=args.object_store_mb)
     try:
         for m in args.devices:
             for before in ([True, False] if args.driver_data else [False]):
-                if before and args.data != "leaf":
-                    continue  # only generated data is built on the nodes
+                if before and args.data == "images":
+                    continue  # images generated in memory are always the driver's
                 rows.append(run_one(cluster, m, args, driver_data=before))
                 r = rows[-1]
                 peaks = ", ".join(f"{k} {v:.2f}" for k, v in r["peak_rss_gb"].items())
                 held = ", ".join(f"{a['node']}: {a['devices']} devices, {a['states']} states, {a['data_mb']:.0f} MB data"
                                  for a in r["actors"])
-                how = "node-local data" if r["node_local"] else "driver's data"
+                how = "node-local data" if r["data_reads"] == "nodes" else "driver's data"
                 phases = ", ".join(f"{k} {v:.1f}" for k, v in r["timings"].items())
                 print(f"m={m:>9,} ({how}): start-up {r['startup_s']:.1f} s (driver peak RSS "
                       f"{r['driver_startup_rss_gb']:.2f} GB by then, {r['driver_run_rss_gb']:.2f} GB by the run's end), "
@@ -236,6 +264,8 @@ def main(argv: list[str] | None = None) -> None:
         left = cluster.stop()
         if left:
             print(f"SIGKILLed {len(left)} straggler(s) of the cluster")
+        if made:
+            shutil.rmtree(args.file_dir, ignore_errors=True)
     print(f"load average at start {load0[0]:.1f}, at end {os.getloadavg()[0]:.1f} ({os.cpu_count()} CPUs)")
     Path(args.out).mkdir(parents=True, exist_ok=True)
     path = Path(args.out) / "scale_cluster.json"

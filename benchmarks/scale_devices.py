@@ -40,11 +40,16 @@ def config(m: int, args: argparse.Namespace, ckpt: str, extra: list[str] | None 
     """The workload for m devices; ``extra`` overrides come last and win."""
     from lcfed.config import load_config
 
-    data = (["data.dataset=synthetic", "data.partition=pathological", "data.classes_per_device=2", "model.name=lenet5"]
-            if getattr(args, "data", "images") == "images" else
-            ["data.dataset=leaf_synthetic", "data.partition=natural", "model.name=mlp"])
+    kind = getattr(args, "data", "images")
+    images = ["data.partition=pathological", "data.classes_per_device=2", "model.name=lenet5"]
+    data = {"images": ["data.dataset=synthetic", f"data.synthetic_samples={args.samples_per_device * m}", *images],
+            "leaf": ["data.dataset=leaf_synthetic", f"data.synthetic_samples={args.samples_per_device * m}",
+                     "data.partition=natural", "model.name=mlp"],
+            # the synthetic images, saved as a file dataset (scale_cluster.py writes it)
+            "file": ["data.dataset=file", f"data.path=images-{args.samples_per_device * m}.npz",
+                     f"data.data_dir={getattr(args, 'file_dir', '')}", *images]}[kind]
     return load_config(None, [
-        *data, f"data.synthetic_samples={args.samples_per_device * m}", f"data.num_devices={m}",
+        *data, f"data.num_devices={m}",
         "data.min_samples=4", "data.test_fraction=0.34", "data.min_test_samples=1",
         "method.name=lcfed", "method.num_clusters=10", "method.rank=10", "method.mu=1.0", "method.lam=0.1",
         f"train.rounds={args.rounds}", f"train.participation={args.participants / m}", "train.local_steps=5",

@@ -159,6 +159,7 @@ class EngineConfig:
     numerics: str = "portable"
     state_memory_mb: float = 0.0
     spill_dir: str = ""
+    data_reads: str = "auto"
 
     def validate(self, prefix: str = "engine") -> None:
         check_engine(self, prefix)

@@ -436,6 +436,14 @@ def _check_host(engine: EngineConfig, prefix: str) -> None:
     require(engine.numerics in PROFILES, f"{prefix}.numerics", engine.numerics,
             f"one of {list(PROFILES)} (portable: CPU kernels pinned, the same numbers on any x86-64, Intel or AMD; "
             "native: the CPU's own kernels, numbers tied to the CPU)")
+    require(engine.data_reads in DATA_READS, f"{prefix}.data_reads", engine.data_reads,
+            f"one of {list(DATA_READS)} (who reads a cached dataset's samples on Ray: auto = each device actor "
+            "where every node sees the driver's cache file, else the driver; nodes = each device actor, from "
+            "storage every node reaches; driver = the driver, which sends them)")
+
+
+#: engine.data_reads: who reads a dataset's samples from its cache file on Ray
+DATA_READS = ("auto", "nodes", "driver")
 
 
 def check_tracking(tracking: TrackingConfig, prefix: str = "tracking") -> None:

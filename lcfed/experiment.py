@@ -32,6 +32,7 @@ from lcfed.data import (
     partition_stats,
     split_validation,
 )
+from lcfed.data.cache import read_rows
 from lcfed.data.generated import CLASSES, FEATURES, GENERATED, GeneratedSpec, generate_devices, leaf_synthetic
 from lcfed.data.partition import hold_out_validation, split_seed, validation_sizes
 from lcfed.data.partition_stats import stats_of
@@ -248,10 +249,17 @@ def prepare(cfg: ExperimentConfig, dataset: Dataset | None = None) -> Setup:
     """The experiment's :class:`Setup`: the dataset partitioned and the federation described (sizes,
     groups, model layout, init, partition statistics)."""
     ds = dataset if dataset is not None else load(cfg)
+    part, fed = partitioned(cfg, ds)
+    return finish_setup(cfg, fed, part, input_scaling(cfg, ds, part, fed.held_out))
+
+
+def partitioned(cfg: ExperimentConfig, ds: Dataset) -> tuple[Partition, Federation]:
+    """The dataset partitioned and the federation described, all but its input scaling (which reads the
+    samples; the partition reads only the labels, device ids and groups)."""
     part = check_against_data(cfg, ds)
     fed = federation(cfg, ds.input_shape, ds.num_classes, part.sizes(), part.groups, part.group_kind,
                      partition_stats(part, ds.y), label_distributions(part, ds.y, ds.num_classes))
-    return finish_setup(cfg, fed, part, input_scaling(cfg, ds, part, fed.held_out))
+    return part, fed
 
 
 def federation(cfg: ExperimentConfig, input_shape: tuple[int, ...], num_classes: int, train_sizes: np.ndarray,
@@ -569,13 +577,9 @@ def feature_pieces(x: np.ndarray, rows: np.ndarray, before: int, total: int, mea
     return whole, shared
 
 
-def shard(ds: Dataset, part: Partition, devices: Iterable[int]) -> tuple[Dataset, Partition]:
-    """The samples of ``devices`` only, with the partition's indices remapped into them.
-
-    What a host needs, cut out by the process that loaded the dataset and shipped to the host (on
-    Ray through the object store), so hosts read no files: a worker node needs the code only.
-    Other devices keep empty index arrays.
-    """
+def shard_rows(part: Partition, devices: Iterable[int]) -> tuple[np.ndarray, Partition]:
+    """The dataset rows ``devices`` use (sorted) and the partition with their indices remapped into those rows;
+    other devices keep empty index arrays."""
     devs = sorted(set(devices))
     val = part.val or tuple(np.zeros(0, np.int64) for _ in part.train)
     rows = np.unique(np.concatenate([a[d] for a in (part.train, part.test, val) for d in devs] + [np.zeros(0, np.int64)]))
@@ -585,9 +589,44 @@ def shard(ds: Dataset, part: Partition, devices: Iterable[int]) -> tuple[Dataset
     def remap(idx: tuple[np.ndarray, ...]) -> tuple[np.ndarray, ...]:
         return tuple(np.searchsorted(rows, a).astype(np.int64) if d in hosted else empty for d, a in enumerate(idx))
 
-    sub = Dataset(ds.name, np.ascontiguousarray(ds.x[rows]), np.ascontiguousarray(ds.y[rows]), ds.num_classes)
-    return sub, Partition(remap(part.train), remap(part.test), part.groups, remap(part.val) if part.val else (),
-                          part.group_kind)
+    return rows, Partition(remap(part.train), remap(part.test), part.groups, remap(part.val) if part.val else (),
+                           part.group_kind)
+
+
+def shard(ds: Dataset, part: Partition, devices: Iterable[int]) -> tuple[Dataset, Partition]:
+    """The samples of ``devices`` only, with the partition's indices remapped into them.
+
+    What a host needs, cut out by the process that loaded the dataset and shipped to the host (on
+    Ray through the object store), so hosts read no files: a worker node needs the code only.
+    """
+    rows, sub = shard_rows(part, devices)
+    return Dataset(ds.name, np.ascontiguousarray(ds.x[rows]), np.ascontiguousarray(ds.y[rows]), ds.num_classes), sub
+
+
+@dataclass(frozen=True, eq=False)
+class FileShard:
+    """What :func:`shard` would send a host, less the inputs: the host reads its rows of the dataset's cached
+    ``.npy`` file (``path``, at the same path on its node) itself. The labels come along (a testbed may have
+    permuted them), as does the file's size and mtime, so a host never reads another version of it."""
+
+    path: str
+    stamp: tuple[int, int]
+    name: str
+    num_classes: int
+    rows: np.ndarray
+    y: np.ndarray
+    partition: Partition
+
+    @classmethod
+    def cut(cls, ds: Dataset, part: Partition, devices: Iterable[int], stamp: tuple[int, int]) -> FileShard:
+        """``devices``' part of ``ds``, which must have an ``x_file`` (of size and mtime ``stamp``)."""
+        assert ds.x_file is not None
+        rows, sub = shard_rows(part, devices)
+        return cls(ds.x_file, stamp, ds.name, ds.num_classes, rows, np.ascontiguousarray(ds.y[rows]), sub)
+
+    def build(self) -> tuple[Dataset, Partition]:
+        """The host's (samples, partition), exactly as :func:`shard` would have sent them."""
+        return Dataset(self.name, read_rows(self.path, self.stamp, self.rows), self.y, self.num_classes), self.partition
 
 
 class LazyDeviceData(Mapping[int, DeviceData]):

@@ -422,6 +422,8 @@ ROWS += [
      ("data.synthetic_samples", "must fit this machine's memory")),
     ("spill-dir-without-spilling", f"{R} --set engine.spill_dir=/tmp", {},
      ("engine.spill_dir", "engine.state_memory_mb, which is 0")),
+    ("data-reads-unknown", f"{R} --engine ray --set engine.data_reads=workers", {},
+     ("engine.data_reads", "auto", "nodes", "driver")),
     ("image-size-on-a-built-in", f"{R} --set data.image_size=[8,8]", {},
      ("data.image_size", "resizes the images of data.dataset=file only")),
     ("devices-capacity-nan", f"{R} --set devices.simulate=true --set devices.capacity_trace=cap.csv",

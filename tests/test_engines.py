@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import pickle
 import threading
 
 import numpy as np
@@ -10,13 +12,16 @@ import ray
 import torch
 
 from actors.hosts import _tensor_to_wire, fast_tensor_transfer
+from actors.nodes import alive_nodes_info, nodes_missing
 from actors.placement import NodeResources, cluster_layout, fits, pool_layout
 from actors.ray_engine import RayEngine, run_ray
 from lcfed import checkpoint
 from lcfed.config import EngineConfig
+from lcfed.data import DataError
+from lcfed.data.cache import read_rows, size_and_mtime
 from lcfed.engines.local import HostedDevices, run_local
 from lcfed.errors import ConfigError
-from lcfed.experiment import prepare
+from lcfed.experiment import FileShard, load, prepare
 from tests.conftest import same_history, same_metrics, start_test_ray, tiny_config
 
 
@@ -271,7 +276,7 @@ def test_lost_actor_is_restarted_and_results_equal(ray_cluster, tmp_path, which,
 
 
 def test_ray_engine_matches_in_process_on_a_testbed_of_a_table(ray_cluster, tmp_path):
-    """The driver reads the file and relabels the groups once, and ships each actor its devices' samples."""
+    """The driver reads the file and relabels the groups once; each actor reads its rows of the cache file."""
     from tests.test_data_formats import write_blobs
 
     write_blobs(tmp_path / "blobs.csv")
@@ -283,6 +288,51 @@ def test_ray_engine_matches_in_process_on_a_testbed_of_a_table(ray_cluster, tmp_
     assert len(local.history) == len(remote.history) == 2
     for a, b in zip(local.history, remote.history, strict=True):
         assert {k: v for k, v in a.items() if k != "round_seconds"} == {k: v for k, v in b.items() if k != "round_seconds"}
+
+
+def test_each_actor_reads_its_rows_of_a_cached_file_with_the_same_numbers(ray_cluster, tmp_path):
+    """With the dataset's cache file in reach of every node, the driver sends each device actor row numbers,
+    not samples, and the actor reads its rows there: the same numbers as in-process and as the driver sending
+    the samples (engine.data_reads=driver); a restarted actor reads them again."""
+    digits = load(tiny_config())
+    np.savez(tmp_path / "digits.npz", x=digits.x, y=digits.y)
+    cfg = tiny_config("data.dataset=file", "data.path=digits.npz", f"data.data_dir={tmp_path}", "engine.num_actors=2",
+                      "data.holdout_fraction=0.25", "data.val_fraction=0.2")
+    local = run_local(cfg)
+    for reads in ("auto", "driver"):
+        engine = RayEngine(cfg.replace(**{"engine.kind": "ray", "engine.data_reads": reads}))
+        try:
+            # the actors' pixel counts add up to the scaling the driver would fit (it reads no sample)
+            assert engine.setup.scaling == prepare(cfg).scaling
+            shards = ray.get(engine.hosts.shard_refs)
+            with pytest.warns(UserWarning, match="restarting lost hosts"):
+                remote = engine.run([KillAt(engine, 1, "device")])
+        finally:
+            engine.close()
+        same_history(local.history, remote.history)
+        assert remote.placement["data_reads"] == ("nodes" if reads == "auto" else "driver")
+        if reads == "auto":  # no sample went through the object store: rows, labels and the partition (~10 %)
+            assert all(isinstance(s, FileShard) for s in shards)
+            rows = sum(len(s.rows) for s in shards)
+            assert rows == len(digits.y) and sum(len(pickle.dumps(s)) for s in shards) < rows * digits.x[0].nbytes / 10
+
+
+def test_a_node_reads_only_the_version_of_the_file_the_driver_partitioned(ray_cluster, tmp_path):
+    path = tmp_path / "x.npy"
+    np.save(path, np.arange(12, dtype=np.uint8).reshape(6, 2))
+    stamp = size_and_mtime(str(path))
+    assert read_rows(str(path), stamp, np.array([1, 4])).tolist() == [[2, 3], [8, 9]]
+    assert nodes_missing(str(path), stamp) == []  # this machine's nodes are not asked: they share its files
+    node = alive_nodes_info()  # asked all the same, they see it; another version or path they do not
+    assert nodes_missing(str(path), stamp, node) == []
+    assert len(nodes_missing(str(path), (stamp[0], stamp[1] + 1), node)) == len(node) == 1
+    assert len(nodes_missing(str(tmp_path / "elsewhere.npy"), stamp, node)) == 1
+    os.utime(path, ns=(stamp[1] + 10**9, stamp[1] + 10**9))
+    with pytest.raises(DataError, match="changed since the run read it"):
+        read_rows(str(path), stamp, np.array([1]))
+    path.unlink()
+    with pytest.raises(DataError, match="engine.data_reads=driver"):
+        read_rows(str(path), stamp, np.array([1]))
 
 
 #: generated data, built on the actors' nodes: 1,000 devices (40,000 samples) over 3 actors, so the input

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from lcfed.data.dataset import _stamp
+from lcfed.data.dataset import DataError, _stamp
 
 
 def digest(text: str) -> str:
@@ -49,3 +49,24 @@ def write_arrays(cache: Path, arrays: Mapping[str, np.ndarray], stamp: Any) -> N
         os.replace(tmp, cache / "stamp.json")
     except OSError:
         pass
+
+
+def size_and_mtime(path: str) -> tuple[int, int]:
+    """The file's size and modification time (ns): which version of it a reader is about to read."""
+    st = os.stat(path)
+    return st.st_size, st.st_mtime_ns
+
+
+def read_rows(path: str, stamp: tuple[int, int], rows: np.ndarray) -> np.ndarray:
+    """Rows ``rows`` (sorted) of the ``.npy`` array at ``path``, which must still be the version ``stamp``
+    (:func:`size_and_mtime`) that its reader was given: only those rows' pages are read."""
+    try:
+        now = size_and_mtime(path)
+    except OSError as exc:
+        raise DataError(f"{path}: cannot be read here ({exc.strerror}): a node reading its devices' samples "
+                        "needs the data dir at the same path as the driver (shared storage), or set "
+                        "engine.data_reads=driver") from None
+    if now != tuple(stamp):
+        raise DataError(f"{path}: changed since the run read it (size and mtime {now}, not {tuple(stamp)}): "
+                        "another process rewrote the cache, or this node sees another copy; run again")
+    return np.ascontiguousarray(np.load(path, mmap_mode="r")[rows])

@@ -25,6 +25,8 @@ class Dataset:
     device (user, writer, client) each sample came from: what ``data.partition: natural`` splits by.
     ``groups`` (N,) int64, when the source knows them (a generator, or a file's ``data.group_column``), is
     each sample's true cluster: the partition's ground truth (a device's group is its samples' most common).
+    ``x_file``, when ``x`` is the whole of an ``.npy`` file memory-mapped (the decoded-array cache), is that
+    file: a Ray host whose node reaches it reads its own devices' rows there instead of being sent them.
     """
 
     name: str
@@ -33,6 +35,7 @@ class Dataset:
     num_classes: int
     device_ids: np.ndarray | None = None
     groups: np.ndarray | None = None
+    x_file: str | None = None
 
     def __post_init__(self) -> None:
         if not ((self.x.ndim == 4 and self.x.dtype == np.uint8) or (self.x.ndim == 2 and self.x.dtype == np.float32)):

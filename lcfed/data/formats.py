@@ -109,8 +109,9 @@ def load_file(source: FileSource, data_dir: Path) -> Dataset:
     if hit is not None:
         return hit
     ds = _DECODERS[fmt](path, source)
-    _write_cache(cache, {**key, "files": file_stamp(path)}, ds)
-    return ds
+    key = {**key, "files": file_stamp(path)}
+    _write_cache(cache, key, ds)
+    return _read_cache(cache, key, path.name) or ds  # the cache's file, which Ray hosts can read themselves
 
 
 # ---------------------------------------------------------------- the formats
@@ -425,7 +426,7 @@ def _read_cache(cache: Path, key: dict[str, Any], name: str) -> Dataset | None:
         groups = np.load(cache / "groups.npy") if meta.get("groups") else None
         if bool(key["options"].get("group_column")) != (groups is not None):
             return None
-        return Dataset(name, x, y, int(meta["num_classes"]), ids, groups)
+        return Dataset(name, x, y, int(meta["num_classes"]), ids, groups, str(cache / "x.npy"))
     except (OSError, ValueError, KeyError, TypeError, AttributeError, DataError):
         return None
 

@@ -75,6 +75,12 @@ class Scaling:
         per-feature mean and std, in float64 (see :meth:`_fit_features`)."""
         if x.dtype != np.uint8:
             return cls._fit_features(x, rows, chunk)
+        return cls.from_counts(cls.pixel_counts(x, rows, chunk))
+
+    @staticmethod
+    def pixel_counts(x: np.ndarray, rows: np.ndarray, chunk: int = SCALING_CHUNK) -> np.ndarray:
+        """(channels, 256) int64: how often each uint8 value occurs in each channel of ``x[rows]``. Exact, so
+        hosts holding parts of the rows add theirs up to the same counts, in any order."""
         channels = x.shape[1]
         counts = np.zeros((channels, 256), dtype=np.int64)
         rows = np.sort(np.asarray(rows, dtype=np.int64))
@@ -82,6 +88,12 @@ class Scaling:
             block = np.asarray(x[rows[start:start + chunk]])
             for c in range(channels):
                 counts[c] += np.bincount(block[:, c].ravel(), minlength=256)
+        return counts
+
+    @classmethod
+    def from_counts(cls, counts: np.ndarray) -> Scaling:
+        """The scaling of images from their :meth:`pixel_counts`."""
+        channels = len(counts)
         if counts.sum() == 0:
             return cls.unit(channels)
         values = np.arange(256, dtype=np.float64) / 255.0
@@ -285,11 +297,14 @@ def _cached(name: str, folder: str, num_classes: int, data_dir: Path, decode: Ca
     if stamp:
         hit = _read_cache(cache, stamp)
         if hit is not None:
-            return Dataset(name, hit[0], hit[1], num_classes)
+            return Dataset(name, hit[0], hit[1], num_classes, x_file=str(cache / "x.npy"))
     ds = decode()
     after = _stamp(src)  # a download has just created the files
     if after:
         _write_cache(cache, after, ds)
+        hit = _read_cache(cache, after)  # the cache's file, which Ray hosts can read themselves
+        if hit is not None:
+            return Dataset(name, hit[0], hit[1], num_classes, x_file=str(cache / "x.npy"))
     return ds
 
 
