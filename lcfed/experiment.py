@@ -606,7 +606,7 @@ def shard(ds: Dataset, part: Partition, devices: Iterable[int]) -> tuple[Dataset
 @dataclass(frozen=True, eq=False)
 class FileShard:
     """What :func:`shard` would send a host, less the inputs: the host reads its rows of the dataset's cached
-    ``.npy`` file (``path``, at the same path on its node) itself. The labels come along (a testbed may have
+    ``.npy`` file (``path``, at the same path on its node; ``rows`` are the file's) itself. The labels come along (a testbed may have
     permuted them), as does the file's size and mtime, so a host never reads another version of it."""
 
     path: str
@@ -622,7 +622,8 @@ class FileShard:
         """``devices``' part of ``ds``, which must have an ``x_file`` (of size and mtime ``stamp``)."""
         assert ds.x_file is not None
         rows, sub = shard_rows(part, devices)
-        return cls(ds.x_file, stamp, ds.name, ds.num_classes, rows, np.ascontiguousarray(ds.y[rows]), sub)
+        file_rows = rows if ds.x_rows is None else ds.x_rows[rows]  # a subset's rows are a map into the file's
+        return cls(ds.x_file, stamp, ds.name, ds.num_classes, file_rows, np.ascontiguousarray(ds.y[rows]), sub)
 
     def build(self) -> tuple[Dataset, Partition]:
         """The host's (samples, partition), exactly as :func:`shard` would have sent them."""

@@ -25,8 +25,9 @@ class Dataset:
     device (user, writer, client) each sample came from: what ``data.partition: natural`` splits by.
     ``groups`` (N,) int64, when the source knows them (a generator, or a file's ``data.group_column``), is
     each sample's true cluster: the partition's ground truth (a device's group is its samples' most common).
-    ``x_file``, when ``x`` is the whole of an ``.npy`` file memory-mapped (the decoded-array cache), is that
-    file: a Ray host whose node reaches it reads its own devices' rows there instead of being sent them.
+    ``x_file``, when ``x`` was read from an ``.npy`` file (the decoded-array cache), is that file, and ``x_rows``
+    the file's rows ``x`` holds (None: all of them): a Ray host whose node reaches the file reads its own
+    devices' rows there instead of being sent them.
     """
 
     name: str
@@ -36,6 +37,7 @@ class Dataset:
     device_ids: np.ndarray | None = None
     groups: np.ndarray | None = None
     x_file: str | None = None
+    x_rows: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         if not ((self.x.ndim == 4 and self.x.dtype == np.uint8) or (self.x.ndim == 2 and self.x.dtype == np.float32)):
@@ -49,6 +51,9 @@ class Dataset:
         if self.groups is not None and (self.groups.shape != (len(self.x),) or self.groups.dtype != np.int64):
             raise ValueError(f"{self.name}: groups must be int64 ({len(self.x)},), "
                              f"got {self.groups.dtype} {self.groups.shape}")
+        if self.x_rows is not None and (self.x_rows.shape != (len(self.x),) or self.x_rows.dtype != np.int64):
+            raise ValueError(f"{self.name}: x_rows must be int64 ({len(self.x)},), "
+                             f"got {self.x_rows.dtype} {self.x_rows.shape}")
         if len(self.y) and (int(self.y.min()) < 0 or int(self.y.max()) >= self.num_classes):
             bad = int(self.y.min()) if int(self.y.min()) < 0 else int(self.y.max())
             raise DataError(f"{self.name}: label {bad} in the files; labels must be 0-{self.num_classes - 1} "
@@ -68,7 +73,8 @@ class Dataset:
         """The samples ``rows`` (their device ids and groups too), as a new dataset of the same name and classes."""
         ids = None if self.device_ids is None else np.ascontiguousarray(self.device_ids[rows])
         groups = None if self.groups is None else np.ascontiguousarray(self.groups[rows])
-        return Dataset(self.name, self.x[rows], self.y[rows], self.num_classes, ids, groups)
+        file_rows = None if self.x_file is None else np.asarray(rows if self.x_rows is None else self.x_rows[rows])
+        return Dataset(self.name, self.x[rows], self.y[rows], self.num_classes, ids, groups, self.x_file, file_rows)
 
 
 def _stamp(folder: Path) -> list[list[object]] | None:
