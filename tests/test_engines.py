@@ -23,6 +23,7 @@ from lcfed.engines.local import HostedDevices, run_local
 from lcfed.errors import ConfigError
 from lcfed.experiment import FileShard, load, prepare
 from tests.conftest import same_history, same_metrics, start_test_ray, tiny_config
+from tune_jobs.run_command import placement_line
 
 
 @pytest.fixture(scope="module")
@@ -315,6 +316,7 @@ def test_each_actor_reads_its_rows_of_a_cached_file_with_the_same_numbers(ray_cl
             engine.close()
         same_history(local.history, remote.history)
         assert remote.placement["data_reads"] == ("nodes" if reads == "auto" else "driver")
+        assert placement_line(remote.placement).endswith("read on the nodes" if reads == "auto" else "sent by the driver")
         if reads == "auto":  # no sample went through the object store: rows, labels and the partition (~10 %)
             assert all(isinstance(s, FileShard) for s in shards)
             rows = sum(len(s.rows) for s in shards)
