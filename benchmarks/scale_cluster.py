@@ -243,10 +243,11 @@ def main(argv: list[str] | None = None) -> None:
     rows = []
     cluster = LocalCluster.start(0, [(1, 0)] * args.workers, dashboard=False, object_store_mb=args.object_store_mb)
     try:
-        # the kernel fingerprint cached in the head's HOME, as on any machine lcfed ran on before: else the first
-        # driver computes it (~4 s, ~0.5 GB more of its peak RSS)
-        subprocess.run([sys.executable, "-c", "from lcfed import fingerprint; fingerprint.for_process(1)"], check=True,
-                       env=cluster.client_env(cluster.head.home), cwd=ROOT)
+        # the kernel fingerprint cached in each node's HOME, as on any machine lcfed ran on before: else the first
+        # driver and actors compute it (~4 s each, and ~0.5 GB more of the driver's peak RSS)
+        for node in [cluster.head, *cluster.workers]:
+            subprocess.run([sys.executable, "-c", "from lcfed import fingerprint; fingerprint.for_process(1)"],
+                           check=True, env=cluster.client_env(node.home), cwd=ROOT)
         for m in args.devices:
             for before in ([True, False] if args.driver_data else [False]):
                 if before and args.data == "images":
