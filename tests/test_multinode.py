@@ -113,8 +113,10 @@ def test_run_places_device_actors_on_gpu_workers_and_matches_in_process(env: Env
     assert sum(a["devices"] for a in actors) == CONFIG["data"]["num_devices"]
     assert summary["placement"]["server"]["node_gpus"] == 0  # the server stays on the head, by the driver
     assert "placement" in proc.stdout and "device actors" in proc.stdout
-    # the workers' ~/data is empty: the samples came from the head's driver, and the numbers are the same;
-    # the workers' environment asks for baseline kernels, and their actors run the portable ones all the same
+    # the workers' ~/data is empty: their actors read their rows of the head's cache file (this machine's, so every
+    # node sees it), and the numbers are the same; the workers' environment asks for baseline kernels, and their
+    # actors run the portable ones all the same
+    assert summary["placement"]["data_reads"] == "nodes" and "samples read on the nodes" in proc.stdout
     assert summary["provenance"]["kernels"] == numerics.kernel_level() and "numerics_note" not in summary["provenance"]
     local = _in_process(env)
     for key in ("acc_mean", "acc_weighted", "train_loss", "test_loss"):
@@ -147,7 +149,7 @@ def test_each_actor_holds_only_its_own_devices_and_the_server_none(env: Env):
     proc = subprocess.run(
         [sys.executable, "-m", "tests.holdings_driver", str(env.config), f"data.data_dir={env.home / 'data'}",
          f"data.num_devices={m}", "data.min_samples=4", "train.participation=0.25", "train.rounds=2",
-         "engine.actors_per_gpu=1"],
+         "engine.actors_per_gpu=1", "engine.data_reads=driver"],  # the samples sent by the driver, across nodes
         env=env.cluster.client_env(env.home, RAY_ADDRESS=env.cluster.gcs), cwd=ROOT, capture_output=True,
         text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
