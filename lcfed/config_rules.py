@@ -393,10 +393,11 @@ def check_engine(engine: EngineConfig, prefix: str = "engine") -> None:
     require(engine.actors_per_gpu >= 1, f"{prefix}.actors_per_gpu", engine.actors_per_gpu,
             "must be >= 1 (device actors sharing one GPU)")
     require(
-        0 < engine.placement_timeout_s < math.inf,
+        0 < engine.placement_timeout_s <= PLACEMENT_TIMEOUT_MAX_S,
         f"{prefix}.placement_timeout_s",
         engine.placement_timeout_s,
-        "must be > 0 seconds (how long to wait for the cluster to place the federation's actors)",
+        f"must be > 0 and <= {PLACEMENT_TIMEOUT_MAX_S:,} seconds (a day: how long to wait for the cluster to place "
+        "the federation's actors, e.g. while an autoscaler starts nodes)",
     )
     _check_host(engine, prefix)
 
@@ -441,6 +442,9 @@ def _check_host(engine: EngineConfig, prefix: str) -> None:
             "where every node sees the driver's cache file, else the driver; nodes = each device actor, from "
             "storage every node reaches; driver = the driver, which sends them)")
 
+
+#: the longest engine.placement_timeout_s (Ray's waits take a C long of milliseconds)
+PLACEMENT_TIMEOUT_MAX_S = 86_400
 
 #: engine.data_reads: who reads a dataset's samples from its cache file on Ray
 DATA_READS = ("auto", "nodes", "driver")

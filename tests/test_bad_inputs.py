@@ -424,6 +424,8 @@ ROWS += [
      ("engine.spill_dir", "engine.state_memory_mb, which is 0")),
     ("data-reads-unknown", f"{R} --engine ray --set engine.data_reads=workers", {},
      ("engine.data_reads", "auto", "nodes", "driver")),
+    ("placement-timeout-beyond-a-day", f"{R} --engine ray --set engine.placement_timeout_s=1e300", {},
+     ("engine.placement_timeout_s", "86,400")),
     ("image-size-on-a-built-in", f"{R} --set data.image_size=[8,8]", {},
      ("data.image_size", "resizes the images of data.dataset=file only")),
     ("devices-capacity-nan", f"{R} --set devices.simulate=true --set devices.capacity_trace=cap.csv",
