@@ -26,6 +26,7 @@ from actors.placement import PoolLayout
 from lcfed import fingerprint, numerics
 from lcfed.config import ExperimentConfig
 from lcfed.data import Dataset, Partition, Scaling
+from lcfed.data.cache import check_version
 from lcfed.devices.schedule import SimClock
 from lcfed.engines.local import DeviceHost, HostedDevices, LocalServer, auto_workers
 from lcfed.experiment import (
@@ -229,10 +230,14 @@ class Hosts:
     def __init__(
         self, cfg: ExperimentConfig, setup_ref: Any, layout: PoolLayout, shard_refs: Sequence[Any],
         placement: Any = None, common: dict[str, Any] | None = None, generating: Sequence[Any] = (),
+        file: tuple[str, tuple[int, int]] | None = None,
     ) -> None:
         """``generating``: device actors already started without a setup (:meth:`generate`), which start
-        hosting their devices here; a restarted one generates its shard again from its :class:`NodeShard`."""
+        hosting their devices here; a restarted one generates its shard again from its :class:`NodeShard`.
+        ``file``: the path and version (size, mtime) of the file the actors read their rows of
+        (:class:`FileShard`), which a lost actor is restarted to read only if it is still that version."""
         self.cfg = cfg
+        self.file = file
         self.common = dict(common or {})
         self.setup_ref = setup_ref
         self.layout = layout
@@ -298,4 +303,6 @@ class Hosts:
             self.server = self._new_server()
         for i, actor in enumerate(self.devices):
             if not self._alive(actor):
+                if self.file is not None:  # its rows are read again: from the file the run partitioned
+                    check_version(*self.file)
                 self.devices[i] = self._new_device(i)

@@ -235,12 +235,12 @@ class RayEngine:
             fast_tensor_transfer()
             self.common = Hosts.actor_options(cfg, attached=not self.started_ray)
             n = cfg.data.num_devices if self.node_local else None
-            ds = stamp = None
+            ds = stamp = ds_file = None
             counting = False  # whether the actors count their pixels for the input scaling
             if n is None:
                 ds = dataset if dataset is not None else load(cfg)
                 part, fed = partitioned(cfg, ds)
-                stamp = self._file_reads(cfg, ds)
+                stamp, ds_file = self._file_reads(cfg, ds), ds.x_file
                 counting = stamp is not None and ds.is_image and cfg.data.normalize == "standardize"
                 if not counting:
                     self.setup = finish_setup(cfg, fed, part, input_scaling(cfg, ds, part, fed.held_out))
@@ -271,7 +271,7 @@ class RayEngine:
             # the driver's fingerprint first: actors on this machine then read it from the disk cache
             fingerprint.for_process(cfg.engine.torch_threads)
             self.hosts = Hosts(cfg, ray.put(shared), self.layout, shards, self.group, common=self.common,
-                               generating=generating)
+                               generating=generating, file=None if stamp is None or ds_file is None else (ds_file, stamp))
             self.actor_info = get([a.info.remote() for a in self.hosts.devices])
             lap("actors")
         except BaseException:

@@ -323,6 +323,32 @@ def test_each_actor_reads_its_rows_of_a_cached_file_with_the_same_numbers(ray_cl
             assert rows == 1500 and sum(len(pickle.dumps(s)) for s in shards) < rows * digits.x[0].nbytes / 10
 
 
+class ChangeFileAndKill(KillAt):
+    """Rewrites the file the actors read their rows of (a newer mtime), then kills an actor."""
+
+    def on_round(self, rnd, metrics, stats) -> None:
+        if rnd == self.rnd:
+            path = self.engine.hosts.file[0]
+            st = os.stat(path)
+            os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+        super().on_round(rnd, metrics, stats)
+
+
+def test_a_lost_actor_is_not_restarted_on_a_file_that_changed(ray_cluster, tmp_path):
+    """Its rows would be another version's: the run stops with the data error instead."""
+    digits = load(tiny_config())
+    np.savez(tmp_path / "digits.npz", x=digits.x, y=digits.y)
+    cfg = tiny_config("data.dataset=file", "data.path=digits.npz", f"data.data_dir={tmp_path}", "engine.num_actors=2",
+                      "engine.kind=ray")
+    engine = RayEngine(cfg)
+    try:
+        with pytest.warns(UserWarning, match="restarting lost hosts"), \
+                pytest.raises(DataError, match="changed since the run read it"):
+            engine.run([ChangeFileAndKill(engine, 1, "device")])
+    finally:
+        engine.close()
+
+
 def test_a_node_reads_only_the_version_of_the_file_the_driver_partitioned(ray_cluster, tmp_path):
     path = tmp_path / "x.npy"
     np.save(path, np.arange(12, dtype=np.uint8).reshape(6, 2))

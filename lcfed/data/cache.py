@@ -60,6 +60,12 @@ def size_and_mtime(path: str) -> tuple[int, int]:
 def read_rows(path: str, stamp: tuple[int, int], rows: np.ndarray) -> np.ndarray:
     """Rows ``rows`` (sorted) of the ``.npy`` array at ``path``, which must still be the version ``stamp``
     (:func:`size_and_mtime`) that its reader was given: only those rows' pages are read."""
+    check_version(path, stamp)
+    return np.ascontiguousarray(np.load(path, mmap_mode="r")[rows])
+
+
+def check_version(path: str, stamp: tuple[int, int]) -> None:
+    """:class:`DataError` unless ``path`` is here, as the version ``stamp``."""
     try:
         now = size_and_mtime(path)
     except OSError as exc:
@@ -69,4 +75,3 @@ def read_rows(path: str, stamp: tuple[int, int], rows: np.ndarray) -> np.ndarray
     if now != tuple(stamp):
         raise DataError(f"{path}: changed since the run read it (size and mtime {now}, not {tuple(stamp)}): "
                         "another process rewrote the cache, or this node sees another copy; run again")
-    return np.ascontiguousarray(np.load(path, mmap_mode="r")[rows])
