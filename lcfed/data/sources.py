@@ -272,7 +272,8 @@ def _torchvision(
     return Dataset(name, x, y, num_classes)
 
 
-def _read_cache(cache: Path, stamp: list[list[object]]) -> tuple[np.ndarray, np.ndarray] | None:
+def _read_cache(cache: Path, stamp: list[list[object]], name: str, num_classes: int) -> Dataset | None:
+    """The cached dataset if ``stamp`` is what it was decoded from: ``x`` memory-mapped, so its file is ``x_file``."""
     try:
         if json.loads((cache / "stamp.json").read_text()) != stamp:
             return None
@@ -280,7 +281,7 @@ def _read_cache(cache: Path, stamp: list[list[object]]) -> tuple[np.ndarray, np.
         y = np.load(cache / "y.npy")
     except (OSError, ValueError):
         return None
-    return (x, y) if len(x) == len(y) else None
+    return Dataset(name, x, y, num_classes, x_file=str(cache / "x.npy")) if len(x) == len(y) else None
 
 
 def _write_cache(cache: Path, stamp: list[list[object]], ds: Dataset) -> None:
@@ -294,17 +295,14 @@ def _cached(name: str, folder: str, num_classes: int, data_dir: Path, decode: Ca
     """``decode()``'s dataset, from the cache when the files under ``data_dir/folder`` are unchanged."""
     src, cache = data_dir / folder, data_dir / CACHE_DIR / name
     stamp = _stamp(src)
-    if stamp:
-        hit = _read_cache(cache, stamp)
-        if hit is not None:
-            return Dataset(name, hit[0], hit[1], num_classes, x_file=str(cache / "x.npy"))
+    hit = _read_cache(cache, stamp, name, num_classes) if stamp else None
+    if hit is not None:
+        return hit
     ds = decode()
     after = _stamp(src)  # a download has just created the files
     if after:
         _write_cache(cache, after, ds)
-        hit = _read_cache(cache, after)  # the cache's file, which Ray hosts can read themselves
-        if hit is not None:
-            return Dataset(name, hit[0], hit[1], num_classes, x_file=str(cache / "x.npy"))
+        return _read_cache(cache, after, name, num_classes) or ds  # the cache's file, which Ray hosts can read
     return ds
 
 
