@@ -76,9 +76,10 @@ class DeviceActor(DeviceHost):
     def __init__(self, setup: Setup | None, devices: Sequence[int],
                  shard: tuple[Dataset, Partition] | NodeShard | FileShard, cpus: float = 1.0) -> None:
         """``shard``: the devices' samples and partition, cut by the process that loaded the dataset; a
-        :class:`FileShard` to read those samples here; or a :class:`NodeShard` to generate and partition them here. Without ``setup`` (generated data, before the
-        driver knows the federation) the actor generates its samples and answers the driver's
-        :class:`lcfed.experiment.GeneratingHosts` calls until :meth:`start`."""
+        :class:`FileShard` to read those samples here; or a :class:`NodeShard` to generate and partition them
+        here. Without ``setup``, the actor reads its rows (a :class:`FileShard`: to count their pixels) or
+        generates its samples (answering the driver's :class:`lcfed.experiment.GeneratingHosts` calls) until
+        :meth:`start`."""
         self.devices = tuple(devices)
         self.cpus = cpus
         # until start, when generating here: the samples, their split and lists, the scaling's rows

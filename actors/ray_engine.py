@@ -235,13 +235,13 @@ class RayEngine:
             fast_tensor_transfer()
             self.common = Hosts.actor_options(cfg, attached=not self.started_ray)
             n = cfg.data.num_devices if self.node_local else None
-            ds = stamp = ds_file = None
+            ds = file = None
             counting = False  # whether the actors count their pixels for the input scaling
             if n is None:
                 ds = dataset if dataset is not None else load(cfg)
                 part, fed = partitioned(cfg, ds)
-                stamp, ds_file = self._file_reads(cfg, ds), ds.x_file
-                counting = stamp is not None and ds.is_image and cfg.data.normalize == "standardize"
+                file = self._file_reads(cfg, ds)
+                counting = file is not None and ds.is_image and cfg.data.normalize == "standardize"
                 if not counting:
                     self.setup = finish_setup(cfg, fed, part, input_scaling(cfg, ds, part, fed.held_out))
                 n = fed.num_devices
@@ -255,12 +255,13 @@ class RayEngine:
             generating: list[Any] = []
             if ds is None:
                 generating, shards = self._generate_on_nodes(cfg)
-            elif stamp is not None:
-                files = [FileShard.cut(ds, part, block, stamp) for block in self.layout.blocks]
+            elif file is not None:
+                self.data_reads = "nodes"
+                cut = [FileShard.cut(ds, part, block, file[1]) for block in self.layout.blocks]
                 del ds
                 if counting:
-                    generating = self._scale_on_hosts(cfg, part, fed, files)
-                shards = [ray.put(sh) for sh in files]
+                    generating = self._scale_on_hosts(cfg, part, fed, cut)
+                shards = [ray.put(sh) for sh in cut]
             else:
                 shards = [ray.put(shard(ds, part, block)) for block in self.layout.blocks]
                 del ds
@@ -271,16 +272,16 @@ class RayEngine:
             # the driver's fingerprint first: actors on this machine then read it from the disk cache
             fingerprint.for_process(cfg.engine.torch_threads)
             self.hosts = Hosts(cfg, ray.put(shared), self.layout, shards, self.group, common=self.common,
-                               generating=generating, file=None if stamp is None or ds_file is None else (ds_file, stamp))
+                               generating=generating, file=file)
             self.actor_info = get([a.info.remote() for a in self.hosts.devices])
             lap("actors")
         except BaseException:
             self.close()
             raise
 
-    def _file_reads(self, cfg: ExperimentConfig, ds: Dataset) -> tuple[int, int] | None:
-        """The size and mtime of the dataset's cache file when each device actor is to read its rows there
-        (``engine.data_reads``), or None when this process sends them their samples."""
+    def _file_reads(self, cfg: ExperimentConfig, ds: Dataset) -> tuple[str, tuple[int, int]] | None:
+        """The dataset's cache file and its version (size, mtime) when each device actor is to read its rows
+        there (``engine.data_reads``), or None when this process sends them their samples."""
         path = ds.x_file if cfg.engine.data_reads != "driver" else None
         if path is None:
             return None
@@ -292,10 +293,7 @@ class RayEngine:
                             "driver does (the same size and mtime): put data.data_dir on storage every node "
                             "reaches, at the same path, or set engine.data_reads=auto (the driver sends the "
                             "samples of such a cluster) or driver")
-        if missing:
-            return None
-        self.data_reads = "nodes"
-        return stamp
+        return None if missing else (path, stamp)
 
     def _scale_on_hosts(self, cfg: ExperimentConfig, part: Partition, fed: Federation, files: list[FileShard]
                         ) -> list[Any]:

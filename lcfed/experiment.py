@@ -606,8 +606,9 @@ def shard(ds: Dataset, part: Partition, devices: Iterable[int]) -> tuple[Dataset
 @dataclass(frozen=True, eq=False)
 class FileShard:
     """What :func:`shard` would send a host, less the inputs: the host reads its rows of the dataset's cached
-    ``.npy`` file (``path``, at the same path on its node; ``rows`` are the file's) itself. The labels come along (a testbed may have
-    permuted them), as does the file's size and mtime, so a host never reads another version of it."""
+    ``.npy`` file (``path``, at the same path on its node; ``rows`` are the file's) itself. The labels come
+    along (a testbed may have permuted them), as does the file's size and mtime, so a host never reads another
+    version of it."""
 
     path: str
     stamp: tuple[int, int]

@@ -113,7 +113,8 @@ def apply_testbed(ds: Dataset, kind: str, groups: int, num_devices: int, seed: i
         y = ds.y.copy()
         for g, rows in enumerate(members):
             y[rows] = perms[g][ds.y[rows]]
-        return Dataset(ds.name, ds.x, y, ds.num_classes, ds.device_ids, x_file=ds.x_file, x_rows=ds.x_rows)  # same inputs
+        # the same inputs: still the file's rows, which Ray hosts may read themselves
+        return Dataset(ds.name, ds.x, y, ds.num_classes, ds.device_ids, x_file=ds.x_file, x_rows=ds.x_rows)
     x = np.array(ds.x, copy=True)
     transform: Callable[[np.ndarray, int], np.ndarray]
     if kind == "rotated":
