@@ -66,7 +66,8 @@ def test_run_logs_to_mlflow_and_lcfed_beats_fedavg(tmp_path, tracking_uri, capfd
     # the whole config is config.yaml
     params = run.data.params
     assert "data.classes_per_device" in params and "data.alpha" not in params and "data.primary" not in params
-    assert "engine.torch_threads" in params and not any(k in params for k in ("engine.num_actors", "engine.address"))
+    assert "engine.torch_threads" in params and not any(k in params for k in ("engine.num_actors", "engine.address",
+                                                                            "engine.data_reads"))
     assert not any(k.startswith("devices.") and k != "devices.simulate" for k in params)
     assert params["tracking.uri"] == tracking_uri and "train.local_epochs" not in params
     config = yaml.safe_load(mlflow.artifacts.load_text(f"{run.info.artifact_uri}/config.yaml"))

@@ -101,7 +101,7 @@ APPLIES: dict[str, Rule] = {
     "devices.staleness": _aggregation("async"),
     **{f"engine.{f}": _ray for f in ("num_actors", "devices_per_actor", "cpus_per_actor", "gpus_per_actor", "gpus",
                                      "actors_per_gpu", "placement_timeout_s", "address", "object_store_mb",
-                                     "max_failures")},
+                                     "max_failures", "data_reads")},
     "engine.spill_dir": lambda c: c.engine.state_memory_mb > 0,
     "checkpoint.every": lambda c: bool(c.checkpoint.dir),
     "tracking.enabled": lambda c: False,  # a logged run is tracked
