@@ -32,16 +32,14 @@ from typing import Any
 import numpy as np
 import torch
 
+from lcfed.errors import CheckpointError
+
 #: module prefixes whose dataclasses a checkpoint may name (a run's method adds its own module: :func:`load`)
 ALLOWED_MODULES = ("lcfed.",)
 #: 3: device states in part files; 2: the content as one byte tensor with its SHA-256; 1: the content itself
 FORMAT_VERSION = 3
 #: device states per part file when a snapshot's states are written from a mapping
 PART_DEVICES = 256
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint is missing, unreadable, or does not belong to this config."""
 
 
 #: longest reason a :class:`CheckpointError` quotes from the error underneath

@@ -39,3 +39,27 @@ def did_you_mean(value: Any, choices: Iterable[str], prefix: str = "") -> str:
         return ""
     close = difflib.get_close_matches(value, list(choices), n=1)
     return f"; did you mean {prefix}{close[0]}?" if close else ""
+
+
+# The errors the ``lcfed`` command reports as one line (tune_jobs/cli.py), defined here, in a leaf, so the
+# command catches them without importing torch, the data readers or MLflow; each is re-exported where it
+# is raised.
+
+class DataError(Exception):
+    """A dataset's files are missing or unusable; the message says which and how to fix it."""
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint is missing, unreadable, or does not belong to this config."""
+
+
+class TrackingError(RuntimeError):
+    """The MLflow store could not take the run's data; nothing was dropped silently."""
+
+
+class DivergenceError(RuntimeError):
+    """The training loss became NaN or infinite; the run stops with this reason."""
+
+
+class SweepFailed(RuntimeError):
+    """No trial of the sweep produced the metric; the message says how many failed and why."""

@@ -30,6 +30,7 @@ from lcfed.contracts import (
     Server,
 )
 from lcfed.devices.schedule import SimClock
+from lcfed.errors import DivergenceError
 from lcfed.faults import ClusterLost
 from lcfed.local_update import EvalResult
 from lcfed.methods.base import Federation, RoundStats
@@ -42,10 +43,6 @@ __all__ = [
     "DivergenceError", "HostFailure", "checkpoint_modules", "checkpoint_path", "eval_sample", "evaluate_round",
     "final_models", "load_resume", "run_rounds", "should_evaluate", "simulated_seconds",
 ]
-
-
-class DivergenceError(RuntimeError):
-    """The training loss became NaN or infinite; the run stops with this reason."""
 
 
 class HostFailure(RuntimeError):

@@ -82,3 +82,32 @@ def test_table1_says_how_many_evaluations_it_averaged(tmp_path: Path) -> None:
     runs = {cells[0].key: {**row, "evaluations": 2.0}, cells[1].key: {**row, "evaluations": 3.0}}
     md, _ = write_tables(tmp_path, cells, runs, "t")
     assert "averaged over the last 2-3 evaluations (as many as each run made, up to 3);" in md
+
+
+def test_the_command_table_names_each_parser_with_its_help() -> None:
+    """`COMMANDS` (what lets `lcfed` import only the command it runs) lists every command in the parser's order,
+    each with its parser's own help line, so `lcfed --help` and a typo's suggestion read as with every parser
+    built; a command's own parser is the real one whichever command line builds it."""
+    from tune_jobs.cli import COMMANDS
+
+    def subactions(parser: argparse.ArgumentParser) -> argparse._SubParsersAction:  # type: ignore[type-arg]
+        return next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+
+    full = build_parser()
+    assert [(c.dest, c.help) for c in subactions(full)._choices_actions] == [(n, h) for n, _, h in COMMANDS]
+    assert build_parser(lazy=True).format_help() == full.format_help()
+    for name, _, _ in COMMANDS:
+        own = subactions(build_parser(name, lazy=True)).choices[name]
+        assert own.format_help() == subactions(full).choices[name].format_help(), name
+
+
+@pytest.mark.subprocess
+def test_version_and_help_import_neither_torch_nor_ray_nor_mlflow() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom tune_jobs.cli import main\nfor argv in (['--version'], ['--help'], []):\n"
+            "    try:\n        main(argv)\n    except SystemExit:\n        pass\n"
+            "print(sorted(m for m in ('torch', 'ray', 'mlflow', 'numpy') if m in sys.modules), file=sys.stderr)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+    assert out.stderr.strip().splitlines()[-1] == "[]", out.stderr

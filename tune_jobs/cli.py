@@ -4,48 +4,37 @@ code, and the small commands (``lcfed config``, ``lcfed table``, ``lcfed trackin
 Each other command registers itself with an ``add_parser(sub)``: ``lcfed run`` in
 :mod:`tune_jobs.run_command`, ``lcfed methods/check/models/datasets`` in :mod:`tune_jobs.catalog`, ``lcfed data``
 in :mod:`tune_jobs.data_command`, the sweep, reproduce, compare, mlflow-server, job and head commands in theirs.
+:data:`COMMANDS` names each command's module and one-line help, so ``lcfed`` imports only the module of the
+command it runs: ``lcfed --version`` and ``lcfed --help`` import neither torch nor Ray nor MLflow.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import signal
 import sys
 import textwrap
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any, NoReturn
 
-import yaml
-
 from actors.connect import ClusterError
-from lcfed import logs, provenance
-from lcfed.checkpoint import CheckpointError
-from lcfed.config import load_config, to_dict
-from lcfed.data import DataError
-from lcfed.errors import ConfigError, did_you_mean
-from lcfed.faults import ClusterLost
-from lcfed.loop import DivergenceError
-from lcfed.output_paths import check_output_dir
-from lcfed.stop import Stopped
-from lcfed.tracking import TrackingError, replay
-from tune_jobs import (
-    catalog,
-    compare,
-    data_command,
-    head,
-    jobs,
-    mlflow_server,
-    numerics_command,
-    reproduce,
-    run_command,
+from lcfed import logs
+from lcfed.errors import (
+    CheckpointError,
+    ConfigError,
+    DataError,
+    DivergenceError,
+    SweepFailed,
+    TrackingError,
+    did_you_mean,
 )
-from tune_jobs.options import add_actions, config_options, examples, verbosity_of
-from tune_jobs.run_command import resume_command
-from tune_jobs.sweep import command as sweep
-from tune_jobs.sweep.options import SweepFailed
+from lcfed.faults import ClusterLost
+from lcfed.stop import Stopped
+from tune_jobs.options import add_actions, config_options, examples, resume_command, verbosity_of
 
 EXIT_USAGE = 2
 #: the Ray cluster under a run was lost (its raylet or GCS died): the run can go on with --resume
@@ -114,7 +103,51 @@ def versions() -> str:
     return f"{found[0]} ({', '.join(found[1:])})"
 
 
-def build_parser() -> argparse.ArgumentParser:
+#: every command, in ``lcfed --help``'s order: its name, the ``module:function`` that registers its parser (one
+#: function may register several commands) and its one-line help (a test holds each equal to its parser's)
+COMMANDS: tuple[tuple[str, str, str], ...] = (
+    ("run", "tune_jobs.run_command:add_parser", "run one federation and log it to MLflow"),
+    ("config", "tune_jobs.cli:_add_config", "print the resolved, validated config as YAML"),
+    ("methods", "tune_jobs.catalog:add_parser", "list the registered methods and their parameters"),
+    ("check", "tune_jobs.catalog:add_parser",
+     "check that a method keeps the Strategy contract (seeded, pure, priced, resumable, Ray = local)"),
+    ("models", "tune_jobs.catalog:add_parser",
+     "list the models: built-in, installed plugins (entry points lcfed.models) and where each comes from"),
+    ("datasets", "tune_jobs.catalog:add_parser",
+     "list the datasets: built-in, installed plugins (entry points lcfed.datasets) and where each comes from"),
+    ("data", "tune_jobs.data_command:add_parser", "dataset utilities"),
+    ("tracking", "tune_jobs.cli:_add_tracking", "tracking utilities"),
+    ("table", "tune_jobs.cli:_add_table", "compare finished runs: one row per `lcfed run --json` summary"),
+    ("sweep", "tune_jobs.sweep.command:add_parser", "Ray Tune sweep over config fields; each trial a full federation"),
+    ("reproduce", "tune_jobs.reproduce:add_parser", "reproduce a paper table (every cell on one budget, on Ray)"),
+    ("compare", "tune_jobs.compare:add_parser",
+     "tune methods on one budget (validation), re-run them on seeds, report mean ± CI and paired tests"),
+    ("mlflow-server", "tune_jobs.mlflow_server:add_parser",
+     "run an MLflow tracking server (127.0.0.1 by default) for runs, sweeps and cluster jobs"),
+    ("submit", "tune_jobs.jobs.command:add_parser",
+     "run an lcfed command on a Ray cluster as a Ray job (ships this directory)"),
+    ("job", "tune_jobs.jobs.command:add_parser", "inspect and control Ray jobs (status, logs, stop, list)"),
+    ("head", "tune_jobs.head:add_parser", "a local Ray head on 127.0.0.1: start, stop, status"),
+    ("numerics", "tune_jobs.numerics_command:add_parser",
+     "print this machine's kernel fingerprint and compare it with the shipped references"),
+)
+
+
+def _registrar(path: str) -> Callable[[Any], None]:
+    module, _, attr = path.partition(":")
+    return getattr(importlib.import_module(module), attr)  # type: ignore[no-any-return]
+
+
+def command_of(argv: Sequence[str]) -> str | None:
+    """The command an ``lcfed`` command line names (its first word that is not a flag: the top-level
+    parser's flags take no value), or None."""
+    return next((a for a in argv if not a.startswith("-")), None)
+
+
+def build_parser(command: str | None = None, *, lazy: bool = False) -> argparse.ArgumentParser:
+    """The ``lcfed`` parser. Every command's parser, or with ``lazy`` only ``command``'s (with the others
+    named by their help line alone, so ``--help``, a typo's suggestion and the usage stay the same): the
+    modules of commands that do not run are not imported."""
     parser = LcfedParser(
         prog="lcfed",
         description="Clustered personalized federated learning experiments (LCFed and its baselines) "
@@ -125,11 +158,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action=_Versions, help="print the versions of lcfed, torch, Ray and MLflow")
     sub = add_actions(parser, "command", "COMMAND")
-
-    for add in (run_command.add_parser, _add_config, catalog.add_parser, data_command.add_parser, _add_tracking,
-                _add_table, sweep.add_parser, reproduce.add_parser, compare.add_parser, mlflow_server.add_parser,
-                jobs.add_parser, head.add_parser, numerics_command.add_parser):
-        add(sub)
+    wanted = {path for name, path, _ in COMMANDS if not lazy or name == command}
+    done: set[str] = set()
+    for name, path, help_line in COMMANDS:
+        if path in done:
+            continue
+        if path in wanted:
+            _registrar(path)(sub)
+            done.add(path)
+        else:  # named only: never parsed, since the command line names another command
+            sub.add_parser(name, help=help_line)
     return parser
 
 
@@ -176,6 +214,8 @@ def _add_table(sub: Any) -> None:
 def cmd_table(args: argparse.Namespace) -> int:
     """Methods side by side: the mean of the last evaluations (the number to compare), the last one,
     the sample-weighted mean and the time, best first."""
+    from lcfed import provenance
+
     rows, records = [], []
     for name in args.files:
         try:
@@ -205,12 +245,19 @@ def cmd_table(args: argparse.Namespace) -> int:
 
 
 def cmd_tracking_replay(args: argparse.Namespace) -> int:
+    from lcfed.tracking import replay
+
     run_id, count = replay(args.file)
     print(f"sent {count} metric points to run {run_id}")
     return 0
 
 
 def cmd_config(args: argparse.Namespace) -> int:
+    import yaml
+
+    from lcfed.config import load_config, to_dict
+    from lcfed.output_paths import check_output_dir
+
     cfg = load_config(args.config, args.set)
     check_output_dir(cfg.checkpoint.dir, "checkpoint.dir")
     print(yaml.safe_dump(to_dict(cfg), sort_keys=False), end="")
@@ -218,9 +265,10 @@ def cmd_config(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    args.resume_command = resume_command(sys.argv[1:] if argv is None else list(argv))
+    words = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(command_of(words), lazy=True)
+    args = parser.parse_args(words)
+    args.resume_command = resume_command(words)
     with logs.verbosity_scope(verbosity_of(args)):  # before the command loads MLflow or Ray
         return _dispatch(args)
 

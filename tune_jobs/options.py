@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import argparse
 import functools
+import shlex
+from collections.abc import Sequence
 from typing import Any
 
 from lcfed.logs import DEFAULT, QUIET, VERBOSE
@@ -56,3 +58,8 @@ def add_actions(parser: argparse.ArgumentParser, dest: str, metavar: str = "ACTI
 def _print_help(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     parser.print_help()
     return 0
+
+
+def resume_command(argv: Sequence[str]) -> str:
+    """The command that continues this one from its checkpoint: ``lcfed ARGS --resume``."""
+    return shlex.join(["lcfed", *argv, *([] if "--resume" in argv else ["--resume"])])

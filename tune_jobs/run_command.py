@@ -7,7 +7,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shlex
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -294,6 +293,3 @@ def placement_line(placement: dict[str, Any]) -> str:
             f"server on {placement['server']['node_id'][:6]}{reads}")
 
 
-def resume_command(argv: Sequence[str]) -> str:
-    """The command that continues this one from its checkpoint: ``lcfed ARGS --resume``."""
-    return shlex.join(["lcfed", *argv, *([] if "--resume" in argv else ["--resume"])])

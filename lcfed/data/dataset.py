@@ -8,12 +8,12 @@ from pathlib import Path
 
 import numpy as np
 
+from lcfed.errors import DataError
+
+__all__ = ["CACHE_DIR", "DataError", "Dataset"]
+
 #: folder under the data dir that holds the decoded arrays
 CACHE_DIR = ".lcfed-cache"
-
-
-class DataError(Exception):
-    """A dataset's files are missing or unusable; the message says which and how to fix it."""
 
 
 @dataclass(frozen=True, eq=False)  # eq=False: elementwise array comparison has no truth value

@@ -17,13 +17,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from lcfed.errors import require
+from lcfed.errors import TrackingError, require
 from lcfed.output_paths import check_holds_files
-
-
-class TrackingError(RuntimeError):
-    """The MLflow store could not take the run's data; nothing was dropped silently."""
-
 
 #: the tracking client's retry budget against a server, unless the environment sets its own: MLflow's
 #: defaults (7 retries, backoff factor 2, 120 s timeout) spend minutes per call on a server that is gone,

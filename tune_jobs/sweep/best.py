@@ -14,11 +14,12 @@ import numpy as np
 from mlflow.entities import Metric, Param
 from mlflow.exceptions import MlflowException
 
+from lcfed.errors import SweepFailed
 from lcfed.tracking import mlflow_key, read_assignment_history
 from tune_jobs.sweep.callbacks import trial_index
 from tune_jobs.sweep.figures import Curve, assignment_figure, mu_lambda_figure, top_trials_figure
 from tune_jobs.sweep.objective import METRIC
-from tune_jobs.sweep.options import SweepFailed, error_line
+from tune_jobs.sweep.options import error_line
 from tune_jobs.sweep.space import finite_number, swept_keys
 from tune_jobs.sweep.trial import REPORT_KEY
 

@@ -263,10 +263,6 @@ def sweep_options(args: argparse.Namespace, **fixed: Any) -> SweepOptions:
 
 # ---------------------------------------------------------------- how a sweep ends without a best trial
 
-class SweepFailed(RuntimeError):
-    """No trial of the sweep produced the metric; the message says how many failed and why."""
-
-
 class SweepInterrupted(Stopped):
     """A signal (SIGTERM, SIGHUP, SIGINT) stopped the sweep; Tune saved its state for ``--resume``."""
 
