@@ -23,24 +23,17 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, Place
 from actors.liveness import alive, check_cluster, get
 from actors.nodes import head_node_id, workers_start_with
 from actors.placement import PoolLayout
-from lcfed import fingerprint, numerics
+from lcfed import numerics
 from lcfed.config import ExperimentConfig
 from lcfed.data import Dataset, Partition, Scaling
 from lcfed.data.cache import check_version
 from lcfed.devices.schedule import SimClock
 from lcfed.engines.local import DeviceHost, HostedDevices, LocalServer, auto_workers
-from lcfed.experiment import (
-    FileShard,
-    NodeShard,
-    Setup,
-    feature_pieces,
-    node_facts,
-    scaling_rows,
-    shard_scaling_rows,
-)
-from lcfed.loop import HostFailure
 from lcfed.methods.base import Message, RoundPlan, RoundStats
 from lcfed.methods.traffic import tensor_bytes
+from lcfed.numerics import fingerprint
+from lcfed.run.loop import HostFailure
+from lcfed.run.setup import FileShard, NodeShard, Setup, feature_pieces, node_facts, scaling_rows, shard_scaling_rows
 
 _NUMPY_DTYPES = frozenset(
     {torch.float32, torch.float64, torch.float16, torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool}
@@ -78,7 +71,7 @@ class DeviceActor(DeviceHost):
         """``shard``: the devices' samples and partition, cut by the process that loaded the dataset; a
         :class:`FileShard` to read those samples here; or a :class:`NodeShard` to generate and partition them
         here. Without ``setup``, the actor reads its rows (a :class:`FileShard`: to count their pixels) or
-        generates its samples (answering the driver's :class:`lcfed.experiment.GeneratingHosts` calls) until
+        generates its samples (answering the driver's :class:`lcfed.run.setup.GeneratingHosts` calls) until
         :meth:`start`."""
         self.devices = tuple(devices)
         self.cpus = cpus
@@ -117,7 +110,7 @@ class DeviceActor(DeviceHost):
         return self._split.counts(len(self.devices))
 
     def partition(self, shard: NodeShard, held_out: Sequence[int]) -> dict[str, Any]:
-        """Partition its devices as ``shard`` says; their :func:`lcfed.experiment.node_facts` and scaling rows."""
+        """Partition its devices as ``shard`` says; their :func:`lcfed.run.setup.node_facts` and scaling rows."""
         self._node, ds = shard, self._generated
         self._lists = shard.lists(ds, self._split)
         self._rows = shard_scaling_rows(shard, self._lists[0], held_out)
@@ -130,7 +123,7 @@ class DeviceActor(DeviceHost):
         return Scaling.pixel_counts(ds.x, scaling_rows(part.train, held_out))
 
     def feature_pieces(self, before: int, total: int, mean: np.ndarray | None) -> Any:
-        """Its part of the input scaling's chunks (:func:`lcfed.experiment.feature_pieces`)."""
+        """Its part of the input scaling's chunks (:func:`lcfed.run.setup.feature_pieces`)."""
         return feature_pieces(self._generated.x, self._rows, before, total, mean)
 
     def info(self) -> dict[str, Any]:
@@ -286,7 +279,7 @@ class Hosts:
 
     def call(self, fn: Any) -> Any:
         """Run ``fn`` (which does ``ray.get``); a lost actor becomes :class:`HostFailure`, a lost private
-        Ray :class:`~lcfed.faults.ClusterLost`."""
+        Ray :class:`~lcfed.run.faults.ClusterLost`."""
         try:
             return fn()
         except ray.exceptions.RayError as exc:

@@ -2,7 +2,7 @@
 
 The actors and their restarts are :mod:`actors.hosts`, the nodes and the reservation :mod:`actors.nodes`,
 the placement arithmetic :mod:`actors.placement`; this module is the driver's side: the handles that
-implement the round loop's seams (:func:`lcfed.loop.run_rounds`) and the federation's life. What moves:
+implement the round loop's seams (:func:`lcfed.run.loop.run_rounds`) and the federation's life. What moves:
 the server ``ray.put``\\ s each round's broadcast once and actors resolve that one object; device
 messages go from the actors straight to the ServerActor as object refs, never through the driver.
 """
@@ -24,15 +24,20 @@ from actors.hosts import Hosts, fast_tensor_transfer
 from actors.liveness import cluster_lost, get, watch
 from actors.nodes import alive_nodes, alive_nodes_info, nodes_missing, place_pool
 from actors.placement import cluster_layout, pool_layout
-from lcfed import fingerprint, numerics, provenance
-from lcfed.checkpoint import Snapshot, state_chunks
+from lcfed import numerics
 from lcfed.config import ExperimentConfig
-from lcfed.contracts import Observer
 from lcfed.data import DataError, Dataset, Partition, Scaling
 from lcfed.data.cache import size_and_mtime
 from lcfed.devices.schedule import RoundTiming, SimClock
 from lcfed.engines import run_closed
-from lcfed.experiment import (
+from lcfed.learning.local_update import EvalResult
+from lcfed.methods.base import Federation, RoundPlan, RoundStats
+from lcfed.numerics import fingerprint, provenance
+from lcfed.run.checkpoint import Snapshot, state_chunks
+from lcfed.run.contracts import Observer
+from lcfed.run.loop import run_rounds
+from lcfed.run.result import Newcomer, RunResult
+from lcfed.run.setup import (
     FileShard,
     NodeShard,
     NodeSplit,
@@ -45,10 +50,6 @@ from lcfed.experiment import (
     setup_on_hosts,
     shard,
 )
-from lcfed.local_update import EvalResult
-from lcfed.loop import run_rounds
-from lcfed.methods.base import Federation, RoundPlan, RoundStats
-from lcfed.run_result import Newcomer, RunResult
 
 #: the engine's own names (the cluster's nodes are :mod:`actors.nodes`'s, the placement :mod:`actors.placement`'s)
 __all__ = ["RayEngine", "RayPlan", "RayPool", "RayServer", "run_ray"]
@@ -70,7 +71,7 @@ class RayPlan:
 
 
 class RayServer:
-    """Driver-side handle on the ServerActor (implements :class:`lcfed.contracts.Server`)."""
+    """Driver-side handle on the ServerActor (implements :class:`lcfed.run.contracts.Server`)."""
 
     def __init__(self, hosts: Hosts) -> None:
         self.hosts = hosts
@@ -104,7 +105,7 @@ class RayServer:
 
 
 class RayPool:
-    """Driver-side handle on the DeviceActors (implements :class:`lcfed.contracts.DevicePool`)."""
+    """Driver-side handle on the DeviceActors (implements :class:`lcfed.run.contracts.DevicePool`)."""
 
     def __init__(self, hosts: Hosts) -> None:
         self.hosts = hosts
@@ -176,7 +177,7 @@ class RayPool:
 
 
 class ActorHosts:
-    """The device actors as :class:`lcfed.experiment.GeneratingHosts`: each call asks all of them at once."""
+    """The device actors as :class:`lcfed.run.setup.GeneratingHosts`: each call asks all of them at once."""
 
     def __init__(self, actors: Sequence[Any]) -> None:
         self.actors = list(actors)
@@ -310,7 +311,7 @@ class RayEngine:
     def _generate_on_nodes(self, cfg: ExperimentConfig) -> tuple[list[Any], list[Any]]:
         """Generated data, built and partitioned where it is used: each device actor generates its devices'
         samples on its node and partitions them as the driver would the whole dataset
-        (:func:`lcfed.experiment.setup_on_hosts`); the driver holds no sample and no partition, only the
+        (:func:`lcfed.run.setup.setup_on_hosts`); the driver holds no sample and no partition, only the
         federation's facts. Returns the actors and each one's :class:`NodeShard` (from which a restarted
         actor generates and partitions its devices again)."""
         spec = node_generated(cfg)
@@ -357,7 +358,7 @@ class RayEngine:
                 "server": hosts.call(lambda: get(hosts.server.holdings.remote()))}
 
     def provenance(self) -> dict[str, str]:
-        """This process's record (:func:`lcfed.provenance.record`), with the device actors' kernel levels
+        """This process's record (:func:`lcfed.numerics.provenance.record`), with the device actors' kernel levels
         where one differs from it (an actor whose kernels were chosen before lcfed pinned them)."""
         out = provenance.record(threads=self.cfg.engine.torch_threads)  # the actors' threads, not the driver's
         gpus = sorted({str(info.get("gpu", "")) for info in self.actor_info} - {""})

@@ -57,7 +57,7 @@ def _builtins(kind: str) -> dict[str, Any]:
 
         return dict(METHODS)
     if kind == "model":
-        from lcfed.models import MODELS
+        from lcfed.learning.models import MODELS
 
         return dict(MODELS)
     from lcfed.data.sources import SOURCES
@@ -211,7 +211,7 @@ def _check_hooks(name: str, strategy: type, base: type) -> None:
 
 
 def model(name: str) -> Callable[[tuple[int, ...], int], Any]:
-    """The model builder that ``name`` names (checked when it builds: :func:`lcfed.models.build_network`)."""
+    """The model builder that ``name`` names (checked when it builds: :func:`lcfed.learning.models.build_network`)."""
     obj, origin = _load("model", name)
     if not callable(obj):
         raise PluginError(f"model {name!r} ({origin}) is {_what(obj)}, not a builder (input_shape, num_classes) -> nn.Module")

@@ -12,8 +12,8 @@ from lcfed.devices.fleet import fleet_from_arrays
 from lcfed.devices.schedule import RoundTiming, Scheduler, SimClock
 from lcfed.engines.local import run_local
 from lcfed.errors import ConfigError
-from lcfed.experiment import prepare
-from lcfed.loop import load_resume
+from lcfed.run.loop import load_resume
+from lcfed.run.setup import prepare
 from tests.conftest import same_metrics, tiny_config
 
 DEVICES = ("devices.simulate=true",)

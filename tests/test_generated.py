@@ -18,7 +18,7 @@ from lcfed.data.generated import (
 )
 from lcfed.engines.local import run_local
 from lcfed.errors import ConfigError
-from lcfed.experiment import (
+from lcfed.run.setup import (
     NodeShard,
     NodeSplit,
     check_generated,
@@ -106,7 +106,7 @@ def test_any_devices_generate_alone_as_in_the_whole_federation():
 
 
 class LocalHosts:
-    """:class:`lcfed.experiment.GeneratingHosts` in this process: what the Ray engine's device actors do."""
+    """:class:`lcfed.run.setup.GeneratingHosts` in this process: what the Ray engine's device actors do."""
 
     def __init__(self, shards: list[NodeShard]) -> None:
         self.shards, self.ds = shards, [sh.generate() for sh in shards]

@@ -11,9 +11,9 @@ import pytest
 from lcfed.data import Dataset, Scaling, format_stats, partition_stats, split_validation
 from lcfed.engines.local import HostedDevices, LocalPool, LocalServer, run_local
 from lcfed.errors import ConfigError
-from lcfed.experiment import load, partition, prepare
-from lcfed.loop import run_rounds
-from lcfed.run_result import RunResult
+from lcfed.run.loop import run_rounds
+from lcfed.run.result import RunResult
+from lcfed.run.setup import load, partition, prepare
 from tests.conftest import tiny_config
 
 VAL = "data.val_fraction=0.25"

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from lcfed.engines.local import HostedDevices, run_local
-from lcfed.experiment import prepare
-from lcfed.local_update import DeviceData, LocalWork, batch_rng, local_update
-from lcfed.vectorized import BatchedNet, StepBatcher
+from lcfed.learning.local_update import DeviceData, LocalWork, batch_rng, local_update
+from lcfed.learning.vectorized import BatchedNet, StepBatcher
+from lcfed.run.setup import prepare
 from tests.conftest import tiny_config
 
 

@@ -21,15 +21,16 @@ from typing import Any, NoReturn
 import yaml
 
 from actors.connect import ClusterError
-from lcfed import logs, provenance
-from lcfed.checkpoint import CheckpointError
+from lcfed import logs
 from lcfed.config import load_config, to_dict
 from lcfed.data import DataError
 from lcfed.errors import ConfigError, did_you_mean
-from lcfed.faults import ClusterLost
-from lcfed.loop import DivergenceError
-from lcfed.output_paths import check_output_dir
-from lcfed.stop import Stopped
+from lcfed.numerics import provenance
+from lcfed.run.checkpoint import CheckpointError
+from lcfed.run.faults import ClusterLost
+from lcfed.run.loop import DivergenceError
+from lcfed.run.output_paths import check_output_dir
+from lcfed.run.stop import Stopped
 from lcfed.tracking import TrackingError, replay
 from tune_jobs import (
     catalog,

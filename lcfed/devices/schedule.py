@@ -57,7 +57,7 @@ class RoundTiming:
     staleness: float | None = None
 
     def metrics(self) -> dict[str, float]:
-        """The round's device-model metrics (:mod:`lcfed.metric_catalog`)."""
+        """The round's device-model metrics (:mod:`lcfed.run.metric_catalog`)."""
         out = {"sim_clock_seconds": self.end, "sim_round_seconds": self.end - self.start,
                "devices_online": float(self.online), "devices_selected": float(self.selected),
                "devices_kept": float(len(self.kept)), "devices_dropped": float(self.lost)}

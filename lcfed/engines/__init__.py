@@ -2,7 +2,7 @@
 
 :mod:`lcfed.engines.local` runs them in this process (the reference every engine must match number for
 number); the Ray engine is :mod:`actors.ray_engine`. Both drive the one round loop,
-:func:`lcfed.loop.run_rounds`, and both deploy an :class:`~lcfed.contracts.Engine` (run, placement,
+:func:`lcfed.run.loop.run_rounds`, and both deploy an :class:`~lcfed.run.contracts.Engine` (run, placement,
 close). :data:`ENGINES` is the one table of them: the config's check, ``lcfed run --engine``,
 :func:`lcfed.api.run`, sweep trials and ``lcfed check`` all read it, so an engine is one module and
 one line here. An entry names its opener as ``module:attr`` and is imported only when used, so this
@@ -17,10 +17,10 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # annotations only: the registry is read by the config's check, below everything
-    from lcfed.checkpoint import Snapshot
     from lcfed.config import ExperimentConfig
-    from lcfed.contracts import Engine, Observer
-    from lcfed.run_result import RunResult
+    from lcfed.run.checkpoint import Snapshot
+    from lcfed.run.contracts import Engine, Observer
+    from lcfed.run.result import RunResult
 
 
 @dataclass(frozen=True)

@@ -13,21 +13,22 @@ from typing import Any, TypeVar
 import numpy as np
 import torch
 
-from lcfed import numerics, provenance
-from lcfed.checkpoint import PART_DEVICES, Snapshot, state_chunks
+from lcfed import numerics
 from lcfed.config import ExperimentConfig
-from lcfed.contracts import Observer
-from lcfed.device_states import DeviceStates
 from lcfed.devices.buffered import BufferedRound, BufferedScheduler, Pending, fill_messages, staleness_weight
 from lcfed.devices.schedule import Scheduler, SimClock
 from lcfed.engines import run_closed
-from lcfed.experiment import Setup, load, prepare
-from lcfed.local_update import EvalResult, batch_rng, evaluate, local_update
-from lcfed.loop import DivergenceError, run_rounds
+from lcfed.engines.device_states import DeviceStates
+from lcfed.learning.local_update import EvalResult, batch_rng, evaluate, local_update
+from lcfed.learning.vectorized import BatchedNet, StepBatcher
 from lcfed.methods.base import Arrival, DeviceContext, Message, RoundPlan, RoundStats, Strategy
 from lcfed.methods.traffic import downlink_traffic, layer_traffic, tensor_bytes
-from lcfed.run_result import Newcomer, RunResult
-from lcfed.vectorized import BatchedNet, StepBatcher
+from lcfed.numerics import provenance
+from lcfed.run.checkpoint import PART_DEVICES, Snapshot, state_chunks
+from lcfed.run.contracts import Observer
+from lcfed.run.loop import DivergenceError, run_rounds
+from lcfed.run.result import Newcomer, RunResult
+from lcfed.run.setup import Setup, load, prepare
 
 
 class LocalServer:
@@ -268,7 +269,7 @@ class HostedDevices:
         return self.states.stored()
 
     def iter_states(self) -> Iterator[dict[int, Any]]:
-        """:meth:`get_states` in parts of :data:`~lcfed.checkpoint.PART_DEVICES` devices (spilled ones
+        """:meth:`get_states` in parts of :data:`~lcfed.run.checkpoint.PART_DEVICES` devices (spilled ones
         read back only for their part)."""
         ids = sorted(self.states.stored_ids())
         for start in range(0, len(ids), PART_DEVICES):
@@ -360,7 +361,7 @@ class HostedDevices:
 
 
 class DeviceHost:
-    """The device-pool calls (:class:`lcfed.contracts.DevicePool`) a process answers from the devices it
+    """The device-pool calls (:class:`lcfed.run.contracts.DevicePool`) a process answers from the devices it
     hosts (``self.hosted``): written once for :class:`LocalPool` and the Ray engine's ``DeviceActor``.
 
     ``train`` is each one's own: the in-process pool takes the round's plan, an actor its parts (Ray

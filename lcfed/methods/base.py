@@ -1,7 +1,7 @@
 """The Strategy interface every method implements, and the types that flow through a round.
 
 A round is ``configure -> local (per device, where its data lives) -> aggregate``; evaluation asks
-each device for its personalized model. The round loop exists once (:mod:`lcfed.loop`) and only
+each device for its personalized model. The round loop exists once (:mod:`lcfed.run.loop`) and only
 calls these hooks, in-process or on Ray.
 
 What clustered methods share is in :mod:`lcfed.methods.clustered`; pricing what a round moves in
@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar, cast
 import numpy as np
 import torch
 
-from lcfed.local_update import DeviceData, LocalResult, LocalWork, Proximal, batch_rng, local_update
+from lcfed.learning.local_update import DeviceData, LocalResult, LocalWork, Proximal, batch_rng, local_update
+from lcfed.learning.models import Model, ParamSpec
 from lcfed.methods.traffic import tensor_bytes
-from lcfed.models import Model, ParamSpec
 
 if TYPE_CHECKING:  # annotations only: lcfed.config finds the methods through the registry
     from lcfed.config import ExperimentConfig
@@ -76,9 +76,9 @@ class DeviceContext:
         data: the device's samples, already on the device that trains them (standardized float inputs,
             int64 labels): ``x_train``/``y_train``, ``x_test``/``y_test``, and ``x_val``/``y_val`` with
             ``data.val_fraction``.
-        net: the model as a function of flat weights: ``net(w, x)`` gives logits (see :mod:`lcfed.models`).
+        net: the model as a function of flat weights: ``net(w, x)`` gives logits (see :mod:`lcfed.learning.models`).
         work: the local budget of ``train``: ``lr``, ``batch_size``, and ``steps`` or ``epochs``.
-        seed: the run's seed, for :func:`lcfed.local_update.batch_rng` streams of the method's own.
+        seed: the run's seed, for :func:`lcfed.learning.local_update.batch_rng` streams of the method's own.
     """
 
     device: int
@@ -89,7 +89,7 @@ class DeviceContext:
     seed: int
 
     def local_update(self, start: torch.Tensor, proximal: Sequence[Proximal] = ()) -> LocalResult:
-        """The shared local SGD (:func:`lcfed.local_update.local_update`) of this device in this round, from
+        """The shared local SGD (:func:`lcfed.learning.local_update.local_update`) of this device in this round, from
         ``start`` (not modified), on its data and budget, with its round's batches (stream 0)."""
         return local_update(self.net, start.to(self.data.x_train.device), self.data, self.work,
                             batch_rng(self.seed, self.device, self.rnd), proximal)
@@ -377,7 +377,7 @@ class Strategy(Generic[S, D, M, P]):
         Args:
             ctx: the device's id, data, model, local budget and the round (``ctx.rnd``, from 0).
                 ``ctx.local_update(start, proximal)`` is the shared local SGD on the round's batches
-                (stream 0 of :func:`lcfed.local_update.batch_rng`); a second, independent batch sequence in
+                (stream 0 of :func:`lcfed.learning.local_update.batch_rng`); a second, independent batch sequence in
                 the same round comes from ``batch_rng(ctx.seed, ctx.device, ctx.rnd, stream=1)``.
             dev: the device's state from its previous :meth:`local` (:meth:`init_device`'s before its first).
                 Read only.

@@ -18,7 +18,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from lcfed.errors import require
-from lcfed.output_paths import check_holds_files
+from lcfed.run.output_paths import check_holds_files
 
 
 class TrackingError(RuntimeError):

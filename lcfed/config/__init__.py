@@ -5,9 +5,9 @@ field (dotted path), the value and what is allowed.
 
 This file is the one schema: every section's fields, types and defaults, in the order they print, and
 the conversions (plain data, dotted keys, digests). The long sections' checks live in
-:mod:`lcfed.config_rules` (each section's ``validate`` calls its function there), the override and
-name-resolution rules in :mod:`lcfed.overrides`, the typed conversion of values in
-:mod:`lcfed.config_types`.
+:mod:`lcfed.config.rules` (each section's ``validate`` calls its function there), the override and
+name-resolution rules in :mod:`lcfed.config.overrides`, the typed conversion of values in
+:mod:`lcfed.config.types`.
 """
 
 from __future__ import annotations
@@ -23,22 +23,15 @@ from pathlib import Path
 from typing import Any
 
 from lcfed import registry
-from lcfed.config_rules import (
-    check_data,
-    check_devices,
-    check_engine,
-    check_tracking,
-    check_train,
-    holdout_count,
-)
-from lcfed.config_types import build_dataclass, typed_value
+from lcfed.config.overrides import apply_overrides, parse_override, resolve
+from lcfed.config.rules import check_data, check_devices, check_engine, check_tracking, check_train, holdout_count
+from lcfed.config.types import build_dataclass, typed_value
+from lcfed.config.yaml_input import read_yaml
 from lcfed.errors import (  # a leaf module (the methods import it); ConfigError and require: this API too
     ConfigError,
     did_you_mean,
     require,
 )
-from lcfed.overrides import apply_overrides, parse_override, resolve
-from lcfed.yaml_input import read_yaml
 
 #: what this module defines, and two names it re-exports on purpose: ``ConfigError`` and ``require``
 #: (:mod:`lcfed.errors`'s) are the plugin face (a strategy's ``validate`` raises through

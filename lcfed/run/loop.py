@@ -1,8 +1,8 @@
 """The round loop, written once. It drives a server and a device pool, in-process or on Ray.
 
-What it calls on them and on its observers is in :mod:`lcfed.contracts`; what it returns, in
-:mod:`lcfed.run_result`; import those names from there (this module defines only the loop and its helpers).
-It checks the stop flag (:mod:`lcfed.stop`) after every round.
+What it calls on them and on its observers is in :mod:`lcfed.run.contracts`; what it returns, in
+:mod:`lcfed.run.result`; import those names from there (this module defines only the loop and its helpers).
+It checks the stop flag (:mod:`lcfed.run.stop`) after every round.
 """
 
 from __future__ import annotations
@@ -17,9 +17,15 @@ from typing import Any
 
 import numpy as np
 
-from lcfed import checkpoint, registry
+from lcfed import registry
 from lcfed.config import ExperimentConfig
-from lcfed.contracts import (
+from lcfed.devices.schedule import SimClock
+from lcfed.learning.local_update import EvalResult
+from lcfed.learning.metrics import accuracy_metrics, label_homogeneity
+from lcfed.learning.recovery import adjusted_rand_index, normalized_mutual_info
+from lcfed.methods.base import Federation, RoundStats
+from lcfed.run import checkpoint
+from lcfed.run.contracts import (
     DevicePool,
     ErrorObserver,
     LocatingObserver,
@@ -29,14 +35,9 @@ from lcfed.contracts import (
     PlanT,
     Server,
 )
-from lcfed.devices.schedule import SimClock
-from lcfed.faults import ClusterLost
-from lcfed.local_update import EvalResult
-from lcfed.methods.base import Federation, RoundStats
-from lcfed.metrics import accuracy_metrics, label_homogeneity
-from lcfed.recovery import adjusted_rand_index, normalized_mutual_info
-from lcfed.run_result import FinalModels, RunResult, newcomer, newcomer_metrics
-from lcfed.stop import STOP, Stopped
+from lcfed.run.faults import ClusterLost
+from lcfed.run.result import FinalModels, RunResult, newcomer, newcomer_metrics
+from lcfed.run.stop import STOP, Stopped
 
 __all__ = [
     "DivergenceError", "HostFailure", "checkpoint_modules", "checkpoint_path", "eval_sample", "evaluate_round",
@@ -124,7 +125,7 @@ def checkpoint_path(cfg: ExperimentConfig) -> Path | None:
 def checkpoint_modules(cfg: ExperimentConfig) -> tuple[str, ...]:
     """The module, beyond lcfed's, whose state dataclasses the run's checkpoint may name: that of the strategy
     ``method.name`` names (a built-in's, a ``module:Attr`` path's, an entry point's), where a plugin keeps
-    its own server and device states (:func:`lcfed.checkpoint.load`); the strategy's base classes' modules
+    its own server and device states (:func:`lcfed.run.checkpoint.load`); the strategy's base classes' modules
     are not added."""
     return (registry.method(cfg.method.name).strategy.__module__,)
 

@@ -19,7 +19,7 @@ import torch
 
 from lcfed import numerics, registry
 from lcfed.config import ExperimentConfig
-from lcfed.config_rules import holdout_count
+from lcfed.config.rules import holdout_count
 from lcfed.data import (
     DataError,
     Dataset,
@@ -41,10 +41,10 @@ from lcfed.data.sources import SCALING_CHUNK, feature_spreads, feature_sums, syn
 from lcfed.data.split import SplitPart, check_test_floor, split_part
 from lcfed.data.testbeds import apply_testbed
 from lcfed.errors import ConfigError, require
-from lcfed.local_update import DeviceData, LocalWork
+from lcfed.learning.local_update import DeviceData, LocalWork
+from lcfed.learning.models import Network, build_network
 from lcfed.methods import Strategy
 from lcfed.methods.base import Federation
-from lcfed.models import Network, build_network
 
 
 @dataclass(frozen=True)

@@ -19,10 +19,10 @@ from typing import TYPE_CHECKING
 
 import psutil
 
+from lcfed.config.overrides import resolve
 from lcfed.engines import ENGINES
 from lcfed.errors import ConfigError, require
 from lcfed.numerics import PROFILES
-from lcfed.overrides import resolve
 
 if TYPE_CHECKING:  # annotations only: lcfed.config imports this module
     from lcfed.config import DataConfig, DevicesConfig, EngineConfig, TrackingConfig, TrainConfig

@@ -10,8 +10,8 @@ from typing import Any
 import yaml
 
 from lcfed import registry
+from lcfed.config.yaml_input import _Refused, _StrictLoader, _yaml_problem
 from lcfed.errors import ConfigError, did_you_mean, require
-from lcfed.yaml_input import _Refused, _StrictLoader, _yaml_problem
 
 
 def parse_override(text: str, flag: str = "--set") -> tuple[str, Any]:

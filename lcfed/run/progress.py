@@ -11,7 +11,7 @@ from tqdm import tqdm
 
 from lcfed.config import ExperimentConfig
 from lcfed.methods.base import Federation, RoundStats
-from lcfed.run_result import RunResult
+from lcfed.run.result import RunResult
 
 #: seconds between plain progress lines when rounds are quick (every round is printed otherwise)
 LINE_EVERY_S = 10.0

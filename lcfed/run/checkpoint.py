@@ -357,7 +357,7 @@ def load(path: str | Path, allowed: Iterable[str] = ()) -> Snapshot:
     """Read a checkpoint written by :func:`save` (tensors and plain data only).
 
     Its dataclasses are rebuilt from lcfed's modules and from ``allowed``: the module of the run's
-    method when it is a plugin (:func:`lcfed.loop.checkpoint_modules`), which keeps its own state
+    method when it is a plugin (:func:`lcfed.run.loop.checkpoint_modules`), which keeps its own state
     classes there. Each allowed name allows its submodules too, since a plugin package may define its
     states beside its strategy (``ditto.states`` for ``ditto:Ditto``); nothing above or beside it (not
     the parent package, not ``dittox``), and a class must be defined in an allowed module, not merely
