@@ -27,9 +27,9 @@ from lcfed import numerics
 from lcfed.config import ExperimentConfig
 from lcfed.data import Dataset, Partition, Scaling
 from lcfed.data.cache import check_version
-from lcfed.devices.schedule import SimClock
+from lcfed.devices.clock import SimClock
 from lcfed.engines.local import DeviceHost, HostedDevices, LocalServer, auto_workers
-from lcfed.methods.base import Message, RoundPlan, RoundStats
+from lcfed.methods.round import Message, RoundPlan, RoundStats
 from lcfed.methods.traffic import tensor_bytes
 from lcfed.numerics import fingerprint
 from lcfed.run.loop import HostFailure

@@ -28,10 +28,10 @@ from lcfed import numerics
 from lcfed.config import ExperimentConfig
 from lcfed.data import DataError, Dataset, Partition, Scaling
 from lcfed.data.cache import size_and_mtime
-from lcfed.devices.schedule import RoundTiming, SimClock
+from lcfed.devices.clock import RoundTiming, SimClock
 from lcfed.engines import run_closed
 from lcfed.learning.local_update import EvalResult
-from lcfed.methods.base import Federation, RoundPlan, RoundStats
+from lcfed.methods.round import Federation, RoundPlan, RoundStats
 from lcfed.numerics import fingerprint, provenance
 from lcfed.run.checkpoint import Snapshot, state_chunks
 from lcfed.run.contracts import Observer

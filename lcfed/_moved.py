@@ -25,7 +25,8 @@ from typing import Any
 MOVED: dict[str, tuple[str, ...]] = {
     "lcfed.checkpoint": ("lcfed.run.checkpoint",),
     "lcfed.clustering": ("lcfed.learning.clustering",),
-    "lcfed.config_rules": ("lcfed.config.rules",),
+    "lcfed.config_rules": ("lcfed.config.data", "lcfed.config.train", "lcfed.config.engine", "lcfed.config.tracking",
+                           "lcfed.config.devices"),
     "lcfed.config_types": ("lcfed.config.types",),
     "lcfed.contracts": ("lcfed.run.contracts",),
     "lcfed.device_states": ("lcfed.engines.device_states",),

@@ -30,7 +30,8 @@ from lcfed import engines, numerics
 from lcfed.config import ExperimentConfig, from_dict
 from lcfed.config.overrides import apply_overrides, resolve
 from lcfed.engines.local import LocalEngine, LocalPool, LocalServer
-from lcfed.methods.base import Message, Strategy
+from lcfed.methods.base import Strategy
+from lcfed.methods.round import Message
 from lcfed.methods.traffic import tensor_bytes
 from lcfed.run.loop import load_resume, run_rounds
 from lcfed.run.result import RunResult

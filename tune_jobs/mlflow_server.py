@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, TextIO
 from urllib.parse import urlparse
 
-from lcfed.config.rules import uri_scheme
+from lcfed.config.tracking import uri_scheme
 from lcfed.errors import require
 from lcfed.logs import server_environment
 from lcfed.run.output_paths import check_output_dir

@@ -16,12 +16,14 @@ import torch
 from lcfed import numerics
 from lcfed.config import ExperimentConfig
 from lcfed.devices.buffered import BufferedRound, BufferedScheduler, Pending, fill_messages, staleness_weight
-from lcfed.devices.schedule import Scheduler, SimClock
+from lcfed.devices.clock import SimClock
+from lcfed.devices.schedule import Scheduler
 from lcfed.engines import run_closed
 from lcfed.engines.device_states import DeviceStates
 from lcfed.learning.local_update import EvalResult, batch_rng, evaluate, local_update
 from lcfed.learning.vectorized import BatchedNet, StepBatcher
-from lcfed.methods.base import Arrival, DeviceContext, Message, RoundPlan, RoundStats, Strategy
+from lcfed.methods.base import Strategy
+from lcfed.methods.round import Arrival, DeviceContext, Message, RoundPlan, RoundStats
 from lcfed.methods.traffic import downlink_traffic, layer_traffic, tensor_bytes
 from lcfed.numerics import provenance
 from lcfed.run.checkpoint import PART_DEVICES, Snapshot, state_chunks

@@ -17,10 +17,10 @@ import torch
 
 from lcfed.config import ExperimentConfig
 from lcfed.learning.local_update import EvalResult
-from lcfed.methods.base import Federation, RoundStats
+from lcfed.methods.round import Federation, RoundStats
 
 if TYPE_CHECKING:  # annotations only: the results module is the loop's, not the contracts'
-    from lcfed.devices.schedule import RoundTiming, SimClock
+    from lcfed.devices.clock import RoundTiming, SimClock
     from lcfed.run.checkpoint import Snapshot
     from lcfed.run.result import Newcomer, RunResult
 

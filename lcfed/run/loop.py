@@ -19,11 +19,11 @@ import numpy as np
 
 from lcfed import registry
 from lcfed.config import ExperimentConfig
-from lcfed.devices.schedule import SimClock
+from lcfed.devices.clock import SimClock
 from lcfed.learning.local_update import EvalResult
 from lcfed.learning.metrics import accuracy_metrics, label_homogeneity
 from lcfed.learning.recovery import adjusted_rand_index, normalized_mutual_info
-from lcfed.methods.base import Federation, RoundStats
+from lcfed.methods.round import Federation, RoundStats
 from lcfed.run import checkpoint
 from lcfed.run.contracts import (
     DevicePool,

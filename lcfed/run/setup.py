@@ -19,7 +19,7 @@ import torch
 
 from lcfed import numerics, registry
 from lcfed.config import ExperimentConfig
-from lcfed.config.rules import holdout_count
+from lcfed.config.data import holdout_count
 from lcfed.data import (
     DataError,
     Dataset,
@@ -44,7 +44,7 @@ from lcfed.errors import ConfigError, require
 from lcfed.learning.local_update import DeviceData, LocalWork
 from lcfed.learning.models import Network, build_network
 from lcfed.methods import Strategy
-from lcfed.methods.base import Federation
+from lcfed.methods.round import Federation
 
 
 @dataclass(frozen=True)

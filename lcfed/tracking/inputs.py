@@ -21,7 +21,7 @@ import yaml
 
 from lcfed.config import ExperimentConfig, drop_later_defaults, flatten, to_dict
 from lcfed.data.generated import GENERATED
-from lcfed.methods.base import Federation
+from lcfed.methods.round import Federation
 from lcfed.run.setup import file_source
 
 

@@ -23,7 +23,7 @@ from torch.func import functional_call
 from lcfed.config import ExperimentConfig
 from lcfed.learning.models import ParamSpec
 from lcfed.logs import quiet_logger
-from lcfed.methods.base import Federation
+from lcfed.methods.round import Federation
 from lcfed.run.contracts import MAX_PERSONAL_BYTES
 from lcfed.run.result import SERVER_MODELS, FinalModels, RunResult
 from lcfed.tracking.raw_input import SELECTORS, ModelBundle, RawInputModel, signature

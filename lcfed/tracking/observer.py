@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from lcfed.config import ExperimentConfig
-from lcfed.methods.base import Federation, RoundStats
+from lcfed.methods.round import Federation, RoundStats
 from lcfed.numerics import provenance
 from lcfed.run.contracts import MAX_PERSONAL_BYTES
 from lcfed.run.faults import ClusterLost

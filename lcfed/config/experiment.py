@@ -1,0 +1,232 @@
+"""The whole config: :class:`ExperimentConfig` (its sections, the method's name and typed parameters, the
+seed), its checks across sections, and its conversions: from and to plain data (:func:`from_dict`,
+:func:`to_dict`), dotted keys (:func:`flatten`, :func:`field_types`), the digest of what determines the
+numbers, YAML loading with ``key=value`` overrides (:func:`load_config`)."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import re
+import typing
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from lcfed import registry
+from lcfed.config.data import DataConfig
+from lcfed.config.devices import DevicesConfig, NetworkConfig
+from lcfed.config.engine import EngineConfig
+from lcfed.config.overrides import apply_overrides, parse_override, resolve
+from lcfed.config.tracking import CheckpointConfig, TrackingConfig
+from lcfed.config.train import ModelConfig, TrainConfig
+from lcfed.config.types import build_dataclass, typed_value
+from lcfed.config.yaml_input import read_yaml
+from lcfed.errors import did_you_mean, require
+
+__all__ = ["ExperimentConfig", "LATER_DEFAULTS", "MAX_SEED", "MethodConfig", "NAME_RULE", "devices_per_round", "drop_later_defaults", "field_types", "flatten", "from_dict", "load_config", "safe_name", "to_dict"]
+
+
+#: numpy, torch and scikit-learn all take it (seed + round stays below 2**32)
+MAX_SEED = 2**31 - 1
+
+
+NAME_RULE = ("must be 1-100 characters of letters, digits, '.', '_' or '-', starting with a letter or digit "
+             "(it names directories: sweeps, checkpoints)")
+
+
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+
+
+def safe_name(name: Any) -> bool:
+    """A name that is safe as one path component (no separators, no '..', no leading dot)."""
+    return isinstance(name, str) and _NAME.fullmatch(name) is not None
+
+
+@dataclass(frozen=True)
+class MethodConfig:
+    """The method's registered name and its own typed hyper-parameters."""
+
+    name: str = "lcfed"
+    params: Any = None
+
+    def validate(self, cfg: ExperimentConfig, prefix: str = "method") -> None:
+        if hasattr(self.params, "validate"):
+            self.params.validate(cfg, prefix)
+
+
+@dataclass(frozen=True)
+class ExperimentConfig:
+    """One federation: data, model, budget, method, engine, tracking and the seed."""
+
+    name: str = "experiment"
+    seed: int = 0
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    method: MethodConfig = field(default_factory=MethodConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    network: NetworkConfig = field(default_factory=NetworkConfig)
+    devices: DevicesConfig = field(default_factory=DevicesConfig)
+
+    def validate(self) -> ExperimentConfig:
+        require(0 <= self.seed <= MAX_SEED, "seed", self.seed, f"must be an integer in [0, {MAX_SEED}]")
+        require(safe_name(self.name), "name", self.name, NAME_RULE)
+        self.data.validate()
+        self.model.validate()
+        self.train.validate()
+        self.engine.validate()
+        self.tracking.validate()
+        self.checkpoint.validate()
+        self.network.validate()
+        self.devices.validate()
+        if self.devices.simulate and self.devices.aggregation == "async":
+            in_flight = devices_per_round(self)
+            require(self.devices.async_buffer <= in_flight, "devices.async_buffer", self.devices.async_buffer,
+                    f"must be <= the devices in flight (train.participation of the training devices = {in_flight})")
+            strategy = resolve("method", "method.name", self.method.name).strategy
+            able = [e.name for e in registry.names("method")
+                    if e.origin == "built-in" and registry.method(e.name).strategy.supports_async]
+            require(strategy.supports_async, "devices.aggregation", "async",
+                    f"method {self.method.name} does not aggregate asynchronously; those that do: {', '.join(able)}")
+        self.method.validate(self)
+        return self
+
+    def digest(self) -> str:
+        """Hash of what determines the numbers (not rounds, engine, tracking or checkpointing), so a
+        checkpoint is only resumed by a config that would have produced it."""
+        d = to_dict(self)
+        for section in ("engine", "tracking", "checkpoint"):
+            d.pop(section, None)
+        d["train"] = {k: v for k, v in d["train"].items() if k not in ("rounds", "eval_every", "eval_devices",
+                                                                       "final_eval_devices")}
+        d.pop("name", None)
+        drop_later_defaults(d)
+        return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+    def replace(self, **overrides: Any) -> ExperimentConfig:
+        """A copy with dotted-key overrides applied (``{"method.mu": 0.2}``), re-validated."""
+        return from_dict(apply_overrides(to_dict(self), overrides))
+
+
+def devices_per_round(cfg: ExperimentConfig) -> int:
+    """How many devices a round selects: ``train.participation`` of the training devices, at least one
+    (as :func:`lcfed.methods.round.select_devices` counts them)."""
+    return max(1, math.ceil(cfg.train.participation * cfg.data.training_devices - 1e-9))
+
+
+_SECTIONS: dict[str, type] = {
+    "data": DataConfig,
+    "model": ModelConfig,
+    "train": TrainConfig,
+    "engine": EngineConfig,
+    "tracking": TrackingConfig,
+    "checkpoint": CheckpointConfig,
+    "network": NetworkConfig,
+    "devices": DevicesConfig,
+}
+
+
+def field_types(cfg: ExperimentConfig) -> dict[str, Any]:
+    """Dotted keys (those of :func:`flatten`) to their type annotations; the ``method.*`` ones from the
+    Params of ``cfg``'s method."""
+    top = typing.get_type_hints(ExperimentConfig)
+    out = {key: top[key] for key in ("name", "seed")}
+    out["method.name"] = typing.get_type_hints(MethodConfig)["name"]
+    for section, cls in {**_SECTIONS, "method": type(cfg.method.params)}.items():
+        hints = typing.get_type_hints(cls)
+        out.update({f"{section}.{f.name}": hints[f.name] for f in dataclasses.fields(cls) if f.init})
+    return out
+
+
+def from_dict(raw: Mapping[str, Any]) -> ExperimentConfig:
+    """Build and validate an :class:`ExperimentConfig` from nested plain data."""
+    require(isinstance(raw, Mapping), "<config>", type(raw).__name__, "must be a mapping")
+    top = {f.name for f in dataclasses.fields(ExperimentConfig)}
+    for key in raw:
+        require(key in top, key, raw[key],
+                f"unknown section; allowed: {', '.join(sorted(top))}{did_you_mean(key, top)}")
+    kwargs: dict[str, Any] = {}
+    for key in ("name", "seed"):
+        if key in raw:
+            kwargs[key] = typed_value(key, raw[key], typing.get_type_hints(ExperimentConfig)[key])
+    for section, cls in _SECTIONS.items():
+        if section in raw:
+            kwargs[section] = build_dataclass(cls, raw[section], section)
+    method_section = raw.get("method") or {}
+    require(isinstance(method_section, Mapping), "method", method_section,
+            "must be a mapping of fields (name and the method's parameters)")
+    method_raw = dict(method_section)
+    name = typed_value("method.name", method_raw.pop("name", MethodConfig.name),
+                       typing.get_type_hints(MethodConfig)["name"])
+    params = build_dataclass(resolve("method", "method.name", name).params, method_raw, "method")
+    kwargs["method"] = MethodConfig(name=name, params=params)
+    return ExperimentConfig(**kwargs).validate()
+
+
+#: fields added after checkpoints and logged runs existed, with the value that changes nothing: left
+#: out of digests at that value, so digests of configs that do not use them stay as they were
+LATER_DEFAULTS: dict[str, dict[str, Any]] = {"data": {
+    "val_fraction": 0.0, "holdout_fraction": 0.0, "path": "", "format": "auto", "label_column": "label",
+    "device_column": "device", "group_column": "", "image_size": (), "user_selection": "largest", "testbed": "none",
+    "testbed_groups": 4, "synthetic_samples": 0, "synthetic_alpha": 1.0, "synthetic_beta": 1.0, "synthetic_clusters": 0,
+}, "train": {}, "devices": {f.name: f.default for f in dataclasses.fields(DevicesConfig)}}
+
+
+#: the sections every digest has always had (a later one at its defaults leaves the digest as it was)
+_FIRST_SECTIONS = frozenset({"name", "seed", "data", "model", "train", "method", "engine", "tracking", "checkpoint",
+                             "network"})
+
+
+def drop_later_defaults(d: dict[str, Any]) -> None:
+    """Remove (in place) from a :func:`to_dict`-shaped dict the :data:`LATER_DEFAULTS` at their value."""
+    for section, defaults in LATER_DEFAULTS.items():
+        values = d.get(section, {})
+        for key, value in defaults.items():
+            if key in values and values[key] == value:
+                del values[key]
+        if section in d and not values and section not in _FIRST_SECTIONS:  # a later section at its defaults
+            del d[section]
+
+
+def to_dict(cfg: ExperimentConfig) -> dict[str, Any]:
+    """Nested plain data that :func:`from_dict` turns back into ``cfg``."""
+    out: dict[str, Any] = {"name": cfg.name, "seed": cfg.seed}
+    for section in _SECTIONS:
+        out[section] = dataclasses.asdict(getattr(cfg, section))
+    method = {"name": cfg.method.name}
+    if cfg.method.params is not None:
+        method.update(dataclasses.asdict(cfg.method.params))
+    out["method"] = method
+    return out
+
+
+def flatten(cfg: ExperimentConfig) -> dict[str, Any]:
+    """Dotted keys to scalars (``method.mu``): MLflow params and Tune search spaces address these."""
+    flat: dict[str, Any] = {}
+
+    def walk(prefix: str, value: Any) -> None:
+        if isinstance(value, Mapping):
+            for k, v in value.items():
+                walk(f"{prefix}.{k}" if prefix else k, v)
+        else:
+            flat[prefix] = value
+
+    walk("", to_dict(cfg))
+    return flat
+
+
+def load_config(path: str | Path | None = None, overrides: Iterable[str] = ()) -> ExperimentConfig:
+    """Read a YAML file (or start from defaults), apply ``key=value`` overrides, validate."""
+    raw: Mapping[str, Any] = {}
+    if path is not None:
+        raw = read_yaml(path, "--config", "YAML experiment config")
+        require(isinstance(raw, Mapping), "--config", str(path),
+                f"must be a mapping of sections (name, seed, data, train, method, ...), not a {type(raw).__name__}")
+    parsed = [parse_override(o) for o in overrides]
+    return from_dict(apply_overrides(raw, parsed))
