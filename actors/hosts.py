@@ -33,7 +33,8 @@ from lcfed.methods.round import Message, RoundPlan, RoundStats
 from lcfed.methods.traffic import tensor_bytes
 from lcfed.numerics import fingerprint
 from lcfed.run.loop import HostFailure
-from lcfed.run.setup import FileShard, NodeShard, Setup, feature_pieces, node_facts, scaling_rows, shard_scaling_rows
+from lcfed.run.setup import Setup, scaling_rows
+from lcfed.run.shards import FileShard, NodeShard, feature_pieces, node_facts, shard_scaling_rows
 
 _NUMPY_DTYPES = frozenset(
     {torch.float32, torch.float64, torch.float16, torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool}
@@ -71,7 +72,7 @@ class DeviceActor(DeviceHost):
         """``shard``: the devices' samples and partition, cut by the process that loaded the dataset; a
         :class:`FileShard` to read those samples here; or a :class:`NodeShard` to generate and partition them
         here. Without ``setup``, the actor reads its rows (a :class:`FileShard`: to count their pixels) or
-        generates its samples (answering the driver's :class:`lcfed.run.setup.GeneratingHosts` calls) until
+        generates its samples (answering the driver's :class:`lcfed.run.shards.GeneratingHosts` calls) until
         :meth:`start`."""
         self.devices = tuple(devices)
         self.cpus = cpus
@@ -110,7 +111,7 @@ class DeviceActor(DeviceHost):
         return self._split.counts(len(self.devices))
 
     def partition(self, shard: NodeShard, held_out: Sequence[int]) -> dict[str, Any]:
-        """Partition its devices as ``shard`` says; their :func:`lcfed.run.setup.node_facts` and scaling rows."""
+        """Partition its devices as ``shard`` says; their :func:`lcfed.run.shards.node_facts` and scaling rows."""
         self._node, ds = shard, self._generated
         self._lists = shard.lists(ds, self._split)
         self._rows = shard_scaling_rows(shard, self._lists[0], held_out)
@@ -123,7 +124,7 @@ class DeviceActor(DeviceHost):
         return Scaling.pixel_counts(ds.x, scaling_rows(part.train, held_out))
 
     def feature_pieces(self, before: int, total: int, mean: np.ndarray | None) -> Any:
-        """Its part of the input scaling's chunks (:func:`lcfed.run.setup.feature_pieces`)."""
+        """Its part of the input scaling's chunks (:func:`lcfed.run.shards.feature_pieces`)."""
         return feature_pieces(self._generated.x, self._rows, before, total, mean)
 
     def info(self) -> dict[str, Any]:

@@ -37,19 +37,9 @@ from lcfed.run.checkpoint import Snapshot, state_chunks
 from lcfed.run.contracts import Observer
 from lcfed.run.loop import run_rounds
 from lcfed.run.result import Newcomer, RunResult
-from lcfed.run.setup import (
-    FileShard,
-    NodeShard,
-    NodeSplit,
-    check_generated,
-    finish_setup,
-    input_scaling,
-    load,
-    node_generated,
-    partitioned,
-    setup_on_hosts,
-    shard,
-)
+from lcfed.run.setup import finish_setup, input_scaling, partitioned
+from lcfed.run.shards import FileShard, NodeShard, NodeSplit, check_generated, node_generated, setup_on_hosts, shard
+from lcfed.run.sources import load
 
 #: the engine's own names (the cluster's nodes are :mod:`actors.nodes`'s, the placement :mod:`actors.placement`'s)
 __all__ = ["RayEngine", "RayPlan", "RayPool", "RayServer", "run_ray"]
@@ -177,7 +167,7 @@ class RayPool:
 
 
 class ActorHosts:
-    """The device actors as :class:`lcfed.run.setup.GeneratingHosts`: each call asks all of them at once."""
+    """The device actors as :class:`lcfed.run.shards.GeneratingHosts`: each call asks all of them at once."""
 
     def __init__(self, actors: Sequence[Any]) -> None:
         self.actors = list(actors)
@@ -311,7 +301,7 @@ class RayEngine:
     def _generate_on_nodes(self, cfg: ExperimentConfig) -> tuple[list[Any], list[Any]]:
         """Generated data, built and partitioned where it is used: each device actor generates its devices'
         samples on its node and partitions them as the driver would the whole dataset
-        (:func:`lcfed.run.setup.setup_on_hosts`); the driver holds no sample and no partition, only the
+        (:func:`lcfed.run.shards.setup_on_hosts`); the driver holds no sample and no partition, only the
         federation's facts. Returns the actors and each one's :class:`NodeShard` (from which a restarted
         actor generates and partitions its devices again)."""
         spec = node_generated(cfg)

@@ -38,7 +38,7 @@ def one(m: int, args: argparse.Namespace) -> dict:
     from lcfed.engines.local import LocalEngine, LocalPool, LocalServer
     from lcfed.learning.metrics import sampled_mean_ci95
     from lcfed.run.loop import _EVAL_STREAM, FINAL_EVAL_AUTO, run_rounds
-    from lcfed.run.setup import load
+    from lcfed.run.sources import load
 
     with tempfile.TemporaryDirectory(prefix="lcfed-final-eval-") as ckpt:
         cfg = config(m, argparse.Namespace(samples_per_device=10, rounds=args.rounds, participants=100), ckpt,

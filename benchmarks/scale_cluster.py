@@ -63,7 +63,7 @@ def write_file_dataset(m: int, args: argparse.Namespace) -> None:
     """The synthetic images of ``m`` devices as an .npz under ``--file-dir``, decoded once into the cache (as a
     first ``lcfed run`` would), so that no timed run decodes it."""
     from lcfed.data.sources import synthetic_dataset
-    from lcfed.run.setup import load
+    from lcfed.run.sources import load
 
     path = Path(args.file_dir) / f"images-{args.samples_per_device * m}.npz"
     if not path.exists():
@@ -114,7 +114,7 @@ def driver(m: int, args: argparse.Namespace) -> dict[str, Any]:
     import resource
 
     from actors.ray_engine import RayEngine, RayPool, RayServer
-    from lcfed.run.setup import load
+    from lcfed.run.sources import load
 
     evals = TimedEvaluations()
     with tempfile.TemporaryDirectory(prefix="lcfed-scale-") as ckpt:

@@ -64,7 +64,7 @@ def one(m: int, args: argparse.Namespace) -> dict[str, Any]:
     from lcfed import numerics
     from lcfed.engines.local import LocalEngine, LocalPool
     from lcfed.run.loop import run_rounds
-    from lcfed.run.setup import load
+    from lcfed.run.sources import load
 
     eval_s: list[float] = []
 

@@ -30,7 +30,7 @@ MOVED: dict[str, tuple[str, ...]] = {
     "lcfed.config_types": ("lcfed.config.types",),
     "lcfed.contracts": ("lcfed.run.contracts",),
     "lcfed.device_states": ("lcfed.engines.device_states",),
-    "lcfed.experiment": ("lcfed.run.setup",),
+    "lcfed.experiment": ("lcfed.run.setup", "lcfed.run.sources", "lcfed.run.shards"),
     "lcfed.faults": ("lcfed.run.faults",),
     "lcfed.fingerprint": ("lcfed.numerics.fingerprint",),
     "lcfed.local_update": ("lcfed.learning.local_update",),

@@ -142,7 +142,7 @@ def trainable(base: ExperimentConfig | Mapping[str, Any] | str | Path, *, track:
         import ray  # in the trial's process: lcfed.api imports no Ray at its top (docs/python-api.md)
 
         from lcfed.engines.local import LocalEngine  # (the same: torch work in the trial)
-        from lcfed.run.setup import load  # (the same)
+        from lcfed.run.sources import load  # (the same)
 
         chosen = config(cfg, {k: v for k, v in trial.items()}).replace(**{"engine.kind": "local"})
         numerics.activate(chosen.engine.numerics)  # before load(), the trial's first tensor op

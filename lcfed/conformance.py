@@ -35,7 +35,7 @@ from lcfed.methods.round import Message
 from lcfed.methods.traffic import tensor_bytes
 from lcfed.run.loop import load_resume, run_rounds
 from lcfed.run.result import RunResult
-from lcfed.run.setup import load
+from lcfed.run.sources import load
 
 PROPERTIES = ("seeded", "pure", "priced", "resumable", "engines")
 #: the hooks whose arguments must come back unchanged, by argument position

@@ -18,7 +18,8 @@ from lcfed.data.dataset import CACHE_DIR
 from lcfed.engines.local import run_local
 from lcfed.errors import ConfigError
 from lcfed.learning.models import build_network
-from lcfed.run.setup import load, prepare
+from lcfed.run.setup import prepare
+from lcfed.run.sources import load
 from tests.conftest import tiny_config
 from tune_jobs.cli import main
 

@@ -21,7 +21,9 @@ from lcfed.data.cache import read_rows, size_and_mtime
 from lcfed.engines.local import HostedDevices, run_local
 from lcfed.errors import ConfigError
 from lcfed.run import checkpoint
-from lcfed.run.setup import FileShard, load, prepare
+from lcfed.run.setup import prepare
+from lcfed.run.shards import FileShard
+from lcfed.run.sources import load
 from tests.conftest import same_history, same_metrics, start_test_ray, tiny_config
 from tune_jobs.run_command import placement_line
 

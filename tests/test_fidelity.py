@@ -15,7 +15,8 @@ from lcfed.learning.local_update import EvalResult
 from lcfed.learning.metrics import accuracy_metrics, label_homogeneity
 from lcfed.learning.recovery import adjusted_rand_index
 from lcfed.run.loop import load_resume
-from lcfed.run.setup import load, prepare
+from lcfed.run.setup import prepare
+from lcfed.run.sources import load
 from tests.conftest import tiny_config
 
 # -- input standardization -----------------------------------------------------------------------

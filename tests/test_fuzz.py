@@ -52,7 +52,7 @@ from lcfed.engines.local import run_local
 from lcfed.errors import ConfigError
 from lcfed.run import checkpoint
 from lcfed.run.loop import load_resume
-from lcfed.run.setup import check_against_data, load, load_source
+from lcfed.run.sources import check_against_data, load, load_source
 from tests.conftest import TINY, same_history, tiny_config
 from tune_jobs.cli import main
 from tune_jobs.run_command import checked_partition_stats

@@ -11,7 +11,8 @@ import torch
 
 from lcfed.engines.local import HostedDevices, LocalPool, LocalServer, run_local
 from lcfed.run.loop import DivergenceError, run_rounds
-from lcfed.run.setup import load, prepare
+from lcfed.run.setup import prepare
+from lcfed.run.sources import load
 from lcfed.tracking import MLflowObserver
 from tests.conftest import tiny_config
 from tune_jobs.cli import main

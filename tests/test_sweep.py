@@ -15,7 +15,8 @@ import yaml
 from lcfed.config import to_dict
 from lcfed.engines.local import run_local
 from lcfed.errors import ConfigError
-from lcfed.run.setup import load, prepare
+from lcfed.run.setup import prepare
+from lcfed.run.sources import load
 from lcfed.tracking import mlflow_key
 from lcfed.tracking.store import open_client
 from tests.conftest import start_test_ray, tiny_config

@@ -13,7 +13,8 @@ from lcfed.data.testbeds import label_permutations, rotate, shift
 from lcfed.engines.local import run_local
 from lcfed.errors import ConfigError
 from lcfed.learning.recovery import adjusted_rand_index, normalized_mutual_info, recovery_scores
-from lcfed.run.setup import load, prepare
+from lcfed.run.setup import prepare
+from lcfed.run.sources import load
 from tests.conftest import tiny_config
 from tune_jobs.cli import main
 

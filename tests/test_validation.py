@@ -13,7 +13,8 @@ from lcfed.engines.local import HostedDevices, LocalPool, LocalServer, run_local
 from lcfed.errors import ConfigError
 from lcfed.run.loop import run_rounds
 from lcfed.run.result import RunResult
-from lcfed.run.setup import load, partition, prepare
+from lcfed.run.setup import prepare
+from lcfed.run.sources import load, partition
 from tests.conftest import tiny_config
 
 VAL = "data.val_fraction=0.25"

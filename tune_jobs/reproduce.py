@@ -34,7 +34,7 @@ from lcfed.run.checkpoint import CheckpointError
 from lcfed.run.loop import load_resume
 from lcfed.run.output_paths import check_output_dir
 from lcfed.run.progress import ProgressBar
-from lcfed.run.setup import check_against_data, load
+from lcfed.run.sources import check_against_data, load
 from lcfed.run.stop import stop_on_signals
 from lcfed.tracking import MLflowObserver, check_tracking_store, resolve_tracking_uri, run_name
 from tune_jobs.options import add_actions, config_options, examples, verbosity_options

@@ -25,7 +25,7 @@ from lcfed.run.loop import checkpoint_path, load_resume
 from lcfed.run.metric_catalog import SUMMARY
 from lcfed.run.output_paths import check_output_dir, check_output_file
 from lcfed.run.progress import ProgressBar
-from lcfed.run.setup import check_against_data, load
+from lcfed.run.sources import check_against_data, load
 from lcfed.run.stop import stop_on_signals
 from lcfed.tracking import MLflowObserver, check_tracking_store, run_name, ui_hint
 from lcfed.tracking.resume import check_resume_store

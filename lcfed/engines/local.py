@@ -30,7 +30,8 @@ from lcfed.run.checkpoint import PART_DEVICES, Snapshot, state_chunks
 from lcfed.run.contracts import Observer
 from lcfed.run.loop import DivergenceError, run_rounds
 from lcfed.run.result import Newcomer, RunResult
-from lcfed.run.setup import Setup, load, prepare
+from lcfed.run.setup import Setup, prepare
+from lcfed.run.sources import load
 
 
 class LocalServer:

@@ -219,7 +219,7 @@ def build_network(model: str | Builder, input_shape: tuple[int, ...], num_classe
     """The model skeleton and its seeded initial flat weights (identical on every process).
 
     ``model`` is a built-in's name (:data:`MODELS`) or a builder: a plugin's comes from
-    :func:`lcfed.registry.model` (as :func:`lcfed.run.setup.network` resolves ``model.name``); ``name``
+    :func:`lcfed.registry.model` (as :func:`lcfed.run.sources.network` resolves ``model.name``); ``name``
     is what an error calls it."""
     if isinstance(model, str):
         if model not in MODELS:

@@ -111,7 +111,7 @@ def bundle_models(cfg: ExperimentConfig, b: ModelBundle) -> dict[str, RawInputMo
     """Name -> the model a user loads (:class:`RawInputModel`: stored samples in, the run's scaling inside):
     :func:`final_modules` of the server's models and the personalized models as ``personal``, a stack
     addressed by device id."""
-    from lcfed.run.setup import network  # the data layer, loaded when models are logged
+    from lcfed.run.sources import network  # the data layer, loaded when models are logged
 
     net, _ = network(cfg, tuple(b.input_shape), b.num_classes)
     modules = final_modules(net.module, net.spec, SimpleNamespace(**b.server))

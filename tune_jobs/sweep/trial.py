@@ -27,7 +27,7 @@ from lcfed.numerics import provenance
 from lcfed.run import checkpoint
 from lcfed.run.contracts import MAX_PERSONAL_BYTES, Engine
 from lcfed.run.loop import checkpoint_modules
-from lcfed.run.setup import load, load_source, source_key
+from lcfed.run.sources import load, load_source, source_key
 from lcfed.tracking import federation_facts, model_bundle, save_bundle
 from tune_jobs.sweep.objective import METRIC
 from tune_jobs.sweep.options import local_trial_cpus, trial_layout
