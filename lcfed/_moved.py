@@ -23,7 +23,7 @@ from typing import Any
 
 #: old module -> the modules its names moved to (the first takes the old module's place)
 MOVED: dict[str, tuple[str, ...]] = {
-    "lcfed.checkpoint": ("lcfed.run.checkpoint",),
+    "lcfed.checkpoint": ("lcfed.run.checkpoint", "lcfed.run.checkpoint_codec"),
     "lcfed.clustering": ("lcfed.learning.clustering",),
     "lcfed.config_rules": ("lcfed.config.data", "lcfed.config.train", "lcfed.config.engine", "lcfed.config.tracking",
                            "lcfed.config.devices"),
@@ -34,7 +34,7 @@ MOVED: dict[str, tuple[str, ...]] = {
     "lcfed.faults": ("lcfed.run.faults",),
     "lcfed.fingerprint": ("lcfed.numerics.fingerprint",),
     "lcfed.local_update": ("lcfed.learning.local_update",),
-    "lcfed.loop": ("lcfed.run.loop",),
+    "lcfed.loop": ("lcfed.run.loop", "lcfed.run.rounds", "lcfed.run.contracts", "lcfed.run.result"),
     "lcfed.metric_catalog": ("lcfed.run.metric_catalog",),
     "lcfed.metrics": ("lcfed.learning.metrics",),
     "lcfed.models": ("lcfed.learning.models",),

@@ -18,7 +18,8 @@ from lcfed.learning.local_update import EvalResult
 from lcfed.learning.metrics import accuracy_metrics, sampled_mean_ci95
 from lcfed.methods.base import PersonalModel
 from lcfed.run.checkpoint import load
-from lcfed.run.loop import FINAL_EVAL_AUTO, eval_sample, eval_size, run_rounds
+from lcfed.run.loop import run_rounds
+from lcfed.run.rounds import FINAL_EVAL_AUTO, eval_sample, eval_size
 from lcfed.run.setup import prepare
 from tests.conftest import same_history, same_metrics, tiny_config
 
