@@ -7,6 +7,9 @@ import run_rounds`` and ``from lcfed import loop`` keep working through :class:`
 new modules' objects (the same functions and classes, not copies). Checkpoints and pickles written
 before the move name classes by their old modules: :func:`current_module` maps those, silently.
 
+Names split off a module that stayed (``lcfed.devices.fleet``'s generators, ...) are :data:`SPLIT_OFF`'s: the
+module's ``__getattr__`` finds them in their new module, with the same warning (:func:`split_off`).
+
 A leaf: it imports no other module of lcfed, and the new modules only when an old path is used.
 """
 
@@ -52,6 +55,17 @@ MOVED: dict[str, tuple[str, ...]] = {
 }
 
 
+#: a module still in place -> the modules that took some of its names when it was split (it looks them up there on
+#: a read it cannot answer: its ``__getattr__`` calls :func:`split_off`)
+SPLIT_OFF: dict[str, tuple[str, ...]] = {
+    "lcfed.devices.fleet": ("lcfed.devices.generators",),
+    "lcfed.devices.traces": ("lcfed.devices.trace_files",),
+    "lcfed.data.formats": ("lcfed.data.file_tables",),
+    "lcfed.engines.local": ("lcfed.engines.hosted",),
+    "actors.ray_engine": ("actors.handles",),
+}
+
+
 def _home(targets: tuple[str, ...], name: str) -> Any:
     """The new module among ``targets`` that has ``name`` (imported), else None."""
     for target in targets:
@@ -65,10 +79,14 @@ def current_module(module: str, name: str) -> str:
     """Where the class or function ``name`` of ``module`` lives now: ``module`` itself unless it is an old path of
     :data:`MOVED`, then the new module that has ``name`` (the first target if none has it). No warning: a
     checkpoint's or a pickle's old name is not the caller's code."""
+    top = name.partition(".")[0]
+    if module in SPLIT_OFF and top not in vars(importlib.import_module(module)):
+        home = _home(SPLIT_OFF[module], top)
+        return home.__name__ if home is not None else module
     targets = MOVED.get(module)
     if targets is None:
         return module
-    home = _home(targets, name.partition(".")[0])
+    home = _home(targets, top)
     return home.__name__ if home is not None else targets[0]
 
 
@@ -100,16 +118,27 @@ def _caller_level() -> int:
     import machinery's frames and this module's."""
     frame, level = sys._getframe(1), 1
     while frame is not None and (frame.f_code.co_filename.startswith("<frozen importlib")
+                                 or frame.f_code.co_name == "__getattr__"
                                  or frame.f_code.co_filename in (__file__, _PACKAGE_FILE, importlib.__file__)):
         frame, level = frame.f_back, level + 1
     return level
 
 
-def warn(old: str) -> None:
-    """The deprecation line for importing the old path ``old``."""
-    new = " and ".join(MOVED[old])
+def warn(old: str, new: str | None = None) -> None:
+    """The deprecation line for importing the old path ``old`` (a module, or a name of a module split since)."""
+    new = new or " and ".join(MOVED[old])
     warnings.warn(f"{old} moved to {new}: import from there (the old path goes in a later release)",
                   DeprecationWarning, stacklevel=_caller_level())
+
+
+def split_off(module: str, name: str) -> Any:
+    """A name read off ``module`` that a split moved to one of :data:`SPLIT_OFF`'s modules: that module's object,
+    with the deprecation line (``module.__getattr__`` calls this); AttributeError for any other name."""
+    home = None if name.startswith("__") else _home(SPLIT_OFF.get(module, ()), name)
+    if home is None:
+        raise AttributeError(f"module {module!r} has no attribute {name!r}")
+    warn(f"{module}.{name}", f"{home.__name__}.{name}")
+    return getattr(home, name)
 
 
 class MovedFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):

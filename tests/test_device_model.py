@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from lcfed.devices.clock import RoundTiming, SimClock
-from lcfed.devices.fleet import fleet_from_arrays
+from lcfed.devices.generators import fleet_from_arrays
 from lcfed.devices.schedule import Scheduler
 from lcfed.engines.local import run_local
 from lcfed.errors import ConfigError

@@ -16,7 +16,8 @@ import numpy as np
 
 from lcfed.config import devices_per_round
 from lcfed.devices.clock import RoundTiming, SimClock
-from lcfed.devices.fleet import Fleet, fleet_from_arrays, group_phases, synthetic_fleet
+from lcfed.devices.fleet import Fleet
+from lcfed.devices.generators import fleet_from_arrays, group_phases, synthetic_fleet
 from lcfed.errors import ConfigError
 
 if TYPE_CHECKING:  # annotations only
