@@ -1,7 +1,7 @@
 """The federation's Ray processes: device actors hosting blocks of virtual devices, the server actor,
 and :class:`Hosts`, which starts them in their placement and starts lost ones again.
 
-No algorithm lives here: actors wrap :class:`lcfed.engines.local.HostedDevices` and
+No algorithm lives here: actors wrap :class:`lcfed.engines.hosted.HostedDevices` and
 :class:`lcfed.engines.local.LocalServer`. CPU tensors cross Ray as numpy buffers
 (:func:`fast_tensor_transfer`).
 """
@@ -28,7 +28,8 @@ from lcfed.config import ExperimentConfig
 from lcfed.data import Dataset, Partition, Scaling
 from lcfed.data.cache import check_version
 from lcfed.devices.clock import SimClock
-from lcfed.engines.local import DeviceHost, HostedDevices, LocalServer, auto_workers
+from lcfed.engines.hosted import DeviceHost, HostedDevices, auto_workers
+from lcfed.engines.local import LocalServer
 from lcfed.methods.round import Message, RoundPlan, RoundStats
 from lcfed.methods.traffic import tensor_bytes
 from lcfed.numerics import fingerprint
@@ -65,7 +66,7 @@ def fast_tensor_transfer() -> None:
 class DeviceActor(DeviceHost):
     """Hosts a block of virtual devices: their data (sent once by the process that loaded the
     dataset, placed on the GPU if one is assigned) and their personal states, which never leave the actor.
-    Answers the pool's calls as :class:`lcfed.engines.local.DeviceHost` does in-process."""
+    Answers the pool's calls as :class:`lcfed.engines.hosted.DeviceHost` does in-process."""
 
     def __init__(self, setup: Setup | None, devices: Sequence[int],
                  shard: tuple[Dataset, Partition] | NodeShard | FileShard, cpus: float = 1.0) -> None:

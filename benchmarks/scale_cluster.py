@@ -91,7 +91,7 @@ class TimedEvaluations:
     """Times every evaluation the pool is asked for (the last one is the final evaluation)."""
 
     def __init__(self) -> None:
-        from actors.ray_engine import RayPool
+        from actors.handles import RayPool
 
         self.seconds: list[float] = []
         self.devices: list[int] = []
@@ -113,7 +113,8 @@ def driver(m: int, args: argparse.Namespace) -> dict[str, Any]:
     (as before node-local data)."""
     import resource
 
-    from actors.ray_engine import RayEngine, RayPool, RayServer
+    from actors.handles import RayPool, RayServer
+    from actors.ray_engine import RayEngine
     from lcfed.run.sources import load
 
     evals = TimedEvaluations()

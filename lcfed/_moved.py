@@ -60,9 +60,7 @@ MOVED: dict[str, tuple[str, ...]] = {
 SPLIT_OFF: dict[str, tuple[str, ...]] = {
     "lcfed.devices.fleet": ("lcfed.devices.generators",),
     "lcfed.devices.traces": ("lcfed.devices.trace_files",),
-    "lcfed.data.formats": ("lcfed.data.file_tables",),
     "lcfed.engines.local": ("lcfed.engines.hosted",),
-    "actors.ray_engine": ("actors.handles",),
 }
 
 

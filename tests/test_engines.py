@@ -18,7 +18,8 @@ from actors.ray_engine import RayEngine, run_ray
 from lcfed.config import EngineConfig
 from lcfed.data import DataError
 from lcfed.data.cache import read_rows, size_and_mtime
-from lcfed.engines.local import HostedDevices, run_local
+from lcfed.engines.hosted import HostedDevices
+from lcfed.engines.local import run_local
 from lcfed.errors import ConfigError
 from lcfed.run import checkpoint
 from lcfed.run.setup import prepare

@@ -3,7 +3,8 @@ observer has them, their defaults where it has not."""
 
 from __future__ import annotations
 
-from lcfed.engines.local import HostedDevices, LocalPool, LocalServer, run_local
+from lcfed.engines.hosted import HostedDevices
+from lcfed.engines.local import LocalPool, LocalServer, run_local
 from lcfed.run.contracts import MAX_PERSONAL_BYTES, ErrorObserver, LocatingObserver, ModelsObserver, PersonalLimit
 from lcfed.run.loop import run_rounds
 from lcfed.run.progress import ProgressBar

@@ -9,7 +9,8 @@ import mlflow
 import pytest
 import torch
 
-from lcfed.engines.local import HostedDevices, LocalPool, LocalServer, run_local
+from lcfed.engines.hosted import HostedDevices
+from lcfed.engines.local import LocalPool, LocalServer, run_local
 from lcfed.run.loop import DivergenceError, run_rounds
 from lcfed.run.setup import prepare
 from lcfed.run.sources import load

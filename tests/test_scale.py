@@ -12,7 +12,8 @@ import torch
 
 from lcfed.data.sources import synthetic_dataset
 from lcfed.engines.device_states import DeviceStates
-from lcfed.engines.local import HostedDevices, LocalPool, LocalServer, run_local
+from lcfed.engines.hosted import HostedDevices
+from lcfed.engines.local import LocalPool, LocalServer, run_local
 from lcfed.errors import ConfigError
 from lcfed.learning.local_update import EvalResult
 from lcfed.learning.metrics import accuracy_metrics, sampled_mean_ci95

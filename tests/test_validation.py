@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from lcfed.data import Dataset, Scaling, format_stats, partition_stats, split_validation
-from lcfed.engines.local import HostedDevices, LocalPool, LocalServer, run_local
+from lcfed.engines.hosted import HostedDevices
+from lcfed.engines.local import LocalPool, LocalServer, run_local
 from lcfed.errors import ConfigError
 from lcfed.run.loop import run_rounds
 from lcfed.run.result import RunResult

@@ -9,7 +9,8 @@ from dataclasses import replace
 import pytest
 import torch
 
-from lcfed.engines.local import HostedDevices, run_local
+from lcfed.engines.hosted import HostedDevices
+from lcfed.engines.local import run_local
 from lcfed.learning.local_update import DeviceData, LocalWork, batch_rng, local_update
 from lcfed.learning.vectorized import BatchedNet, StepBatcher
 from lcfed.run.setup import prepare
