@@ -6,7 +6,7 @@ docs/layout.md.
 
 Importing ``lcfed`` applies the numerics profile named by ``$LCFED_NUMERICS`` (default ``portable``:
 torch's CPU kernels pinned at AVX2, the same numbers on any x86-64 CPU) before any tensor op of the
-process; see :mod:`lcfed.numerics`. Modules from before the packages (``lcfed.run.loop``, ``lcfed.learning.models``,
+process; see :mod:`lcfed.numerics`. Modules from before the packages (``lcfed.loop``, ``lcfed.models``,
 ...) still import, with a DeprecationWarning naming their new path (:mod:`lcfed._moved`).
 """
 

@@ -20,11 +20,11 @@ from lcfed.devices.traces import (
     TRACE_FORMATS,
     AvailabilityTrace,
     CapacityTrace,
-    TraceError,
     read_availability,
     read_capacity,
     trace_rows,
 )
+from lcfed.devices.trace_files import TraceError
 from lcfed.errors import ConfigError
 
 CAP_FIELD = "devices.capacity_trace"
