@@ -112,19 +112,25 @@ _PACKAGE_FILE = os.path.join(os.path.dirname(__file__), "__init__.py")
 
 
 def _caller_level() -> int:
-    """The ``stacklevel`` that points a warning at the code whose import statement named the old path, past the
-    import machinery's frames and this module's."""
-    frame, level = sys._getframe(1), 1
+    """The ``stacklevel`` that points a warning at the code whose import statement named the old path, past this
+    module's frames, the import machinery's and ``__getattr__``'s (``warnings.warn`` itself does not count the
+    import machinery's frozen frames, so neither does this)."""
+    frame: types.FrameType | None = sys._getframe(1)
+    level = 1
     while frame is not None and (frame.f_code.co_filename.startswith("<frozen importlib")
                                  or frame.f_code.co_name == "__getattr__"
                                  or frame.f_code.co_filename in (__file__, _PACKAGE_FILE, importlib.__file__)):
-        frame, level = frame.f_back, level + 1
+        if not frame.f_code.co_filename.startswith("<frozen importlib"):
+            level += 1
+        frame = frame.f_back
     return level
 
 
 def warn(old: str, new: str | None = None) -> None:
     """The deprecation line for importing the old path ``old`` (a module, or a name of a module split since)."""
-    new = new or " and ".join(MOVED[old])
+    if new is None:
+        first, *others = MOVED[old]
+        new = first + (f" (some of its names to {', '.join(others)})" if others else "")
     warnings.warn(f"{old} moved to {new}: import from there (the old path goes in a later release)",
                   DeprecationWarning, stacklevel=_caller_level())
 

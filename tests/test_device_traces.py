@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from lcfed.devices.trace_files import TraceError
 from lcfed.devices.traces import (
     ROW_BLOCK,
     TRACE_FORMATS,
@@ -24,7 +25,6 @@ from lcfed.devices.traces import (
     read_capacity,
     trace_rows,
 )
-from lcfed.devices.trace_files import TraceError
 from lcfed.errors import ConfigError
 
 CAP_FIELD = "devices.capacity_trace"

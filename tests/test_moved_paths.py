@@ -159,7 +159,8 @@ def test_no_source_names_an_old_path():
     """The rewritten imports stay rewritten: no ``from lcfed.loop import`` (and the like) in the repository."""
     import re
 
-    pattern = re.compile(r"(from|import) (%s)\b(?!\.)" % "|".join(re.escape(o) for o in _moved.MOVED))
+    olds = "|".join(re.escape(o) for o in _moved.MOVED)
+    pattern = re.compile(rf"(from|import) ({olds})\b(?!\.)")
     bad = []
     for folder in ("lcfed", "actors", "tune_jobs", "tests", "benchmarks", "examples", "docs"):
         for path in (ROOT / folder).rglob("*"):

@@ -56,7 +56,7 @@ def apply_overrides(raw: Mapping[str, Any], overrides: Mapping[str, Any] | Itera
     Switching ``method.name`` keeps only the file's method fields the new method accepts, so one
     config file can be run with every method.
     """
-    out = _deepcopy(raw)
+    out: dict[str, Any] = _deepcopy(raw)
     items = list(overrides.items()) if isinstance(overrides, Mapping) else list(overrides)
     for key, value in items:
         spec = _method_or_none(value) if key == "method.name" else None
