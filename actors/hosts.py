@@ -1,7 +1,7 @@
 """The federation's Ray processes: device actors hosting blocks of virtual devices, the server actor,
 and :class:`Hosts`, which starts them in their placement and starts lost ones again.
 
-No algorithm lives here: actors wrap :class:`lcfed.engines.local.HostedDevices` and
+No algorithm lives here: actors wrap :class:`lcfed.engines.hosted.HostedDevices` and
 :class:`lcfed.engines.local.LocalServer`. CPU tensors cross Ray as numpy buffers
 (:func:`fast_tensor_transfer`).
 """
@@ -23,24 +23,19 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, Place
 from actors.liveness import alive, check_cluster, get
 from actors.nodes import head_node_id, workers_start_with
 from actors.placement import PoolLayout
-from lcfed import fingerprint, numerics
+from lcfed import numerics
 from lcfed.config import ExperimentConfig
 from lcfed.data import Dataset, Partition, Scaling
 from lcfed.data.cache import check_version
-from lcfed.devices.schedule import SimClock
-from lcfed.engines.local import DeviceHost, HostedDevices, LocalServer, auto_workers
-from lcfed.experiment import (
-    FileShard,
-    NodeShard,
-    Setup,
-    feature_pieces,
-    node_facts,
-    scaling_rows,
-    shard_scaling_rows,
-)
-from lcfed.loop import HostFailure
-from lcfed.methods.base import Message, RoundPlan, RoundStats
+from lcfed.devices.clock import SimClock
+from lcfed.engines.hosted import DeviceHost, HostedDevices, auto_workers
+from lcfed.engines.local import LocalServer
+from lcfed.methods.round import Message, RoundPlan, RoundStats
 from lcfed.methods.traffic import tensor_bytes
+from lcfed.numerics import fingerprint
+from lcfed.run.loop import HostFailure
+from lcfed.run.setup import Setup, scaling_rows
+from lcfed.run.shards import FileShard, NodeShard, feature_pieces, node_facts, shard_scaling_rows
 
 _NUMPY_DTYPES = frozenset(
     {torch.float32, torch.float64, torch.float16, torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool}
@@ -71,14 +66,14 @@ def fast_tensor_transfer() -> None:
 class DeviceActor(DeviceHost):
     """Hosts a block of virtual devices: their data (sent once by the process that loaded the
     dataset, placed on the GPU if one is assigned) and their personal states, which never leave the actor.
-    Answers the pool's calls as :class:`lcfed.engines.local.DeviceHost` does in-process."""
+    Answers the pool's calls as :class:`lcfed.engines.hosted.DeviceHost` does in-process."""
 
     def __init__(self, setup: Setup | None, devices: Sequence[int],
                  shard: tuple[Dataset, Partition] | NodeShard | FileShard, cpus: float = 1.0) -> None:
         """``shard``: the devices' samples and partition, cut by the process that loaded the dataset; a
         :class:`FileShard` to read those samples here; or a :class:`NodeShard` to generate and partition them
         here. Without ``setup``, the actor reads its rows (a :class:`FileShard`: to count their pixels) or
-        generates its samples (answering the driver's :class:`lcfed.experiment.GeneratingHosts` calls) until
+        generates its samples (answering the driver's :class:`lcfed.run.shards.GeneratingHosts` calls) until
         :meth:`start`."""
         self.devices = tuple(devices)
         self.cpus = cpus
@@ -117,7 +112,7 @@ class DeviceActor(DeviceHost):
         return self._split.counts(len(self.devices))
 
     def partition(self, shard: NodeShard, held_out: Sequence[int]) -> dict[str, Any]:
-        """Partition its devices as ``shard`` says; their :func:`lcfed.experiment.node_facts` and scaling rows."""
+        """Partition its devices as ``shard`` says; their :func:`lcfed.run.shards.node_facts` and scaling rows."""
         self._node, ds = shard, self._generated
         self._lists = shard.lists(ds, self._split)
         self._rows = shard_scaling_rows(shard, self._lists[0], held_out)
@@ -130,7 +125,7 @@ class DeviceActor(DeviceHost):
         return Scaling.pixel_counts(ds.x, scaling_rows(part.train, held_out))
 
     def feature_pieces(self, before: int, total: int, mean: np.ndarray | None) -> Any:
-        """Its part of the input scaling's chunks (:func:`lcfed.experiment.feature_pieces`)."""
+        """Its part of the input scaling's chunks (:func:`lcfed.run.shards.feature_pieces`)."""
         return feature_pieces(self._generated.x, self._rows, before, total, mean)
 
     def info(self) -> dict[str, Any]:
@@ -286,7 +281,7 @@ class Hosts:
 
     def call(self, fn: Any) -> Any:
         """Run ``fn`` (which does ``ray.get``); a lost actor becomes :class:`HostFailure`, a lost private
-        Ray :class:`~lcfed.faults.ClusterLost`."""
+        Ray :class:`~lcfed.run.faults.ClusterLost`."""
         try:
             return fn()
         except ray.exceptions.RayError as exc:

@@ -8,11 +8,11 @@ while; then Ray marks the node dead after missed health checks (~15 s) and fails
 (:func:`get`), and an error from Ray is checked the same way before it is taken for a lost actor:
 
 * the private Ray that ``lcfed run`` started: the driver watches the processes it started (its raylet
-  and GCS server); a dead one is :class:`~lcfed.faults.ClusterLost` at once;
+  and GCS server); a dead one is :class:`~lcfed.run.faults.ClusterLost` at once;
 * a cluster the run attached to (``engine.address``, ``$RAY_ADDRESS``): its processes are not ours, so
   the driver probes its head's GCS and the raylet of the driver's own node (a TCP connect to their
   ports, :data:`PROBE_TIMEOUT_S`); unanswered for :data:`HEAD_GRACE_S` (a restart's blip passes), they
-  are :class:`~lcfed.faults.ClusterLost`. Other nodes are not probed: a lost worker node's actors are
+  are :class:`~lcfed.run.faults.ClusterLost`. Other nodes are not probed: a lost worker node's actors are
   restarted on the nodes left, as before.
 """
 
@@ -26,7 +26,7 @@ import ray
 from ray._private import ray_constants
 
 from actors.connect import answers
-from lcfed.faults import ClusterLost
+from lcfed.run.faults import ClusterLost
 
 #: seconds a ``ray.get`` waits before the driver looks at the cluster again
 POLL_S = 1.0

@@ -1,17 +1,17 @@
-"""The Ray engine: a pool of DeviceActors hosting virtual devices, and a ServerActor.
+r"""The Ray engine: a pool of DeviceActors hosting virtual devices, and a ServerActor.
 
 The actors and their restarts are :mod:`actors.hosts`, the nodes and the reservation :mod:`actors.nodes`,
 the placement arithmetic :mod:`actors.placement`; this module is the driver's side: the handles that
-implement the round loop's seams (:func:`lcfed.loop.run_rounds`) and the federation's life. What moves:
-the server ``ray.put``\\ s each round's broadcast once and actors resolve that one object; device
+implement the round loop's seams (:func:`lcfed.run.loop.run_rounds`) and the federation's life. What moves:
+the server ``ray.put``\ s each round's broadcast once and actors resolve that one object; device
 messages go from the actors straight to the ServerActor as object refs, never through the driver.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -20,175 +20,28 @@ import torch
 from ray.util.placement_group import remove_placement_group
 
 from actors.connect import ensure_ray
+from actors.handles import ActorHosts, RayPool, RayServer
 from actors.hosts import Hosts, fast_tensor_transfer
 from actors.liveness import cluster_lost, get, watch
 from actors.nodes import alive_nodes, alive_nodes_info, nodes_missing, place_pool
 from actors.placement import cluster_layout, pool_layout
-from lcfed import fingerprint, numerics, provenance
-from lcfed.checkpoint import Snapshot, state_chunks
+from lcfed import numerics
 from lcfed.config import ExperimentConfig
-from lcfed.contracts import Observer
 from lcfed.data import DataError, Dataset, Partition, Scaling
 from lcfed.data.cache import size_and_mtime
-from lcfed.devices.schedule import RoundTiming, SimClock
 from lcfed.engines import run_closed
-from lcfed.experiment import (
-    FileShard,
-    NodeShard,
-    NodeSplit,
-    check_generated,
-    finish_setup,
-    input_scaling,
-    load,
-    node_generated,
-    partitioned,
-    setup_on_hosts,
-    shard,
-)
-from lcfed.local_update import EvalResult
-from lcfed.loop import run_rounds
-from lcfed.methods.base import Federation, RoundPlan, RoundStats
-from lcfed.run_result import Newcomer, RunResult
+from lcfed.methods.round import Federation
+from lcfed.numerics import fingerprint, provenance
+from lcfed.run.checkpoint import Snapshot
+from lcfed.run.contracts import Observer
+from lcfed.run.loop import run_rounds
+from lcfed.run.result import RunResult
+from lcfed.run.setup import finish_setup, input_scaling, partitioned
+from lcfed.run.shards import FileShard, NodeShard, NodeSplit, check_generated, node_generated, setup_on_hosts, shard
+from lcfed.run.sources import load
 
 #: the engine's own names (the cluster's nodes are :mod:`actors.nodes`'s, the placement :mod:`actors.placement`'s)
-__all__ = ["RayEngine", "RayPlan", "RayPool", "RayServer", "run_ray"]
-
-
-@dataclass(frozen=True)
-class RayPlan:
-    plan: RoundPlan
-    payload_ref: Any
-
-    @property
-    def devices(self) -> tuple[int, ...]:
-        """The round's participants, as :class:`RoundPlan` names them (the engine counts coverage)."""
-        return self.plan.devices
-
-    @property
-    def timing(self) -> RoundTiming | None:
-        return self.plan.timing
-
-
-class RayServer:
-    """Driver-side handle on the ServerActor (implements :class:`lcfed.contracts.Server`)."""
-
-    def __init__(self, hosts: Hosts) -> None:
-        self.hosts = hosts
-
-    def configure(self, rnd: int, clock: SimClock | None = None) -> RayPlan:
-        plan, (ref,) = self.hosts.call(lambda: get(self.hosts.server.configure.remote(rnd, clock)))
-        return RayPlan(plan, ref)
-
-    def aggregate(self, plan: RayPlan, msgs: list[Any]) -> RoundStats:
-        return self.hosts.call(lambda: get(self.hosts.server.aggregate.remote(plan.plan, *msgs)))
-
-    def eval_payload(self) -> Any:
-        (ref,) = self.hosts.call(lambda: get(self.hosts.server.eval_payload.remote()))
-        return ref
-
-    def get_state(self) -> Any:
-        return self.hosts.call(lambda: get(self.hosts.server.get_state.remote()))
-
-    def set_state(self, state: Any) -> None:
-        self.hosts.call(lambda: get(self.hosts.server.set_state.remote(state)))
-
-    def recover(self, state: Any | None, pending: Any = None) -> None:
-        self.hosts.restart_lost()
-        get(self.hosts.server.recover.remote(state, pending))
-
-    def get_pending(self) -> Any:
-        return self.hosts.call(lambda: get(self.hosts.server.get_pending.remote()))
-
-    def set_pending(self, pending: Any) -> None:
-        self.hosts.call(lambda: get(self.hosts.server.set_pending.remote(pending)))
-
-
-class RayPool:
-    """Driver-side handle on the DeviceActors (implements :class:`lcfed.contracts.DevicePool`)."""
-
-    def __init__(self, hosts: Hosts) -> None:
-        self.hosts = hosts
-        self.blocks = hosts.layout.blocks  # ranges: membership in O(1), no set of every device
-
-    def train(self, plan: RayPlan) -> list[Any]:
-        p = plan.plan
-        refs = []
-        for actor, block in zip(self.hosts.devices, self.blocks, strict=True):
-            mine = tuple(d for d in p.devices if d in block)
-            if mine:
-                instr = {d: p.instructions[d] for d in mine if d in p.instructions}
-                refs.append(actor.train.remote(p.rnd, mine, plan.payload_ref, instr))
-        return refs
-
-    def _gather(self, method: str, *args: Any) -> dict[int, Any]:
-        def run() -> dict[int, Any]:
-            out: dict[int, Any] = {}
-            for part in get([getattr(a, method).remote(*args) for a in self.hosts.devices]):
-                out.update(part)
-            return out
-
-        return self.hosts.call(run)
-
-    def evaluate(self, payload_ref: Any, devices: Sequence[int] | None = None) -> dict[int, EvalResult]:
-        if devices is None:
-            return self._gather("evaluate", payload_ref)
-        wanted = set(devices)
-
-        def run() -> dict[int, EvalResult]:  # only the actors hosting a sampled device
-            parts = [(a, tuple(sorted(d for d in wanted if d in b))) for a, b in zip(self.hosts.devices, self.blocks,
-                                                                                     strict=True)]
-            out: dict[int, EvalResult] = {}
-            for part in get([a.evaluate.remote(payload_ref, mine) for a, mine in parts if mine]):
-                out.update(part)
-            return out
-
-        return self.hosts.call(run)
-
-    def personalized(self, payload_ref: Any) -> dict[int, torch.Tensor]:
-        return self._gather("personalized", payload_ref)
-
-    def join(self, devices: Sequence[int], newcomer: Newcomer) -> dict[int, EvalResult]:
-        ref = ray.put(newcomer)  # one copy of the final models for every actor
-        return self._gather("join", tuple(devices), ref)
-
-    def get_states(self) -> dict[int, Any]:
-        return self._gather("get_states")
-
-    def iter_states(self) -> Iterator[dict[int, Any]]:
-        """One actor's stored states at a time: the driver never holds every device's."""
-        for actor in self.hosts.devices:
-            yield self.hosts.call(lambda actor=actor: get(actor.get_states.remote()))
-
-    def _send(self, states: Mapping[int, Any]) -> None:
-        """``states`` to the actors hosting them, a part (of a checkpoint's) at a time."""
-        for chunk in state_chunks(states):
-            get([a.set_states.remote(mine) for a, b in zip(self.hosts.devices, self.blocks, strict=True)
-                 if (mine := {d: s for d, s in chunk.items() if d in b})])
-
-    def set_states(self, states: Mapping[int, Any]) -> None:
-        self.hosts.call(lambda: self._send(states))
-
-    def recover(self, states: Mapping[int, Any] | None) -> None:
-        self.hosts.restart_lost()
-        get([a.recover.remote(None) for a in self.hosts.devices])
-        if states is not None:
-            self._send(states)
-
-
-class ActorHosts:
-    """The device actors as :class:`lcfed.experiment.GeneratingHosts`: each call asks all of them at once."""
-
-    def __init__(self, actors: Sequence[Any]) -> None:
-        self.actors = list(actors)
-
-    def test_split(self) -> list[tuple[np.ndarray, np.ndarray]]:
-        return list(get([a.test_split.remote() for a in self.actors]))
-
-    def partition(self, shards: Sequence[NodeShard], held_out: Sequence[Sequence[int]]) -> list[dict[str, Any]]:
-        return list(get([a.partition.remote(sh, list(h)) for a, sh, h in zip(self.actors, shards, held_out, strict=True)]))
-
-    def feature_pieces(self, before: Sequence[int], total: int, mean: np.ndarray | None) -> list[Any]:
-        return list(get([a.feature_pieces.remote(b, total, mean) for a, b in zip(self.actors, before, strict=True)]))
+__all__ = ["RayEngine", "open_ray", "run_ray"]
 
 
 class RayEngine:
@@ -310,7 +163,7 @@ class RayEngine:
     def _generate_on_nodes(self, cfg: ExperimentConfig) -> tuple[list[Any], list[Any]]:
         """Generated data, built and partitioned where it is used: each device actor generates its devices'
         samples on its node and partitions them as the driver would the whole dataset
-        (:func:`lcfed.experiment.setup_on_hosts`); the driver holds no sample and no partition, only the
+        (:func:`lcfed.run.shards.setup_on_hosts`); the driver holds no sample and no partition, only the
         federation's facts. Returns the actors and each one's :class:`NodeShard` (from which a restarted
         actor generates and partitions its devices again)."""
         spec = node_generated(cfg)
@@ -357,7 +210,7 @@ class RayEngine:
                 "server": hosts.call(lambda: get(hosts.server.holdings.remote()))}
 
     def provenance(self) -> dict[str, str]:
-        """This process's record (:func:`lcfed.provenance.record`), with the device actors' kernel levels
+        """This process's record (:func:`lcfed.numerics.provenance.record`), with the device actors' kernel levels
         where one differs from it (an actor whose kernels were chosen before lcfed pinned them)."""
         out = provenance.record(threads=self.cfg.engine.torch_threads)  # the actors' threads, not the driver's
         gpus = sorted({str(info.get("gpu", "")) for info in self.actor_info} - {""})

@@ -69,17 +69,17 @@ from torch import nn
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from lcfed.clustering import assign_by_cosine, cluster_means  # noqa: E402
 from lcfed.config import load_config  # noqa: E402
-from lcfed.local_update import DeviceData  # noqa: E402
+from lcfed.learning.clustering import assign_by_cosine, cluster_means  # noqa: E402
+from lcfed.learning.local_update import DeviceData  # noqa: E402
+from lcfed.learning.models import Network, build_network  # noqa: E402
+from lcfed.learning.similarity import fit_projector  # noqa: E402
 from lcfed.methods import METHODS  # noqa: E402
 from lcfed.methods.base import Federation, Message, Strategy  # noqa: E402
 from lcfed.methods.fedavg import ModelMessage  # noqa: E402
 from lcfed.methods.fesem import assign_by_l2  # noqa: E402
 from lcfed.methods.ifca import IFCAMessage, cluster_losses  # noqa: E402
 from lcfed.methods.lcfed import LCFedMessage  # noqa: E402
-from lcfed.models import Network, build_network  # noqa: E402
-from lcfed.similarity import fit_projector  # noqa: E402
 
 METHOD_NAMES = ("fesem", "cgpfl", "ifca", "lcfed")
 INPUT_SHAPE = (1, 28, 28)

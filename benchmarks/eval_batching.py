@@ -32,7 +32,7 @@ numerics.activate("portable")
 import torch  # noqa: E402
 
 from lcfed.config import load_config  # noqa: E402
-from lcfed.experiment import network  # noqa: E402
+from lcfed.run.sources import network  # noqa: E402
 
 ROWS = 4096
 SIZES = (1, 3, 7, 10, 17, 32, 64, 100, 256, 1000)

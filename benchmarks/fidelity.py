@@ -24,7 +24,7 @@ sys.path.insert(0, str(ROOT))
 
 from lcfed.config import load_config  # noqa: E402
 from lcfed.engines.local import run_local  # noqa: E402
-from lcfed.progress import ProgressBar  # noqa: E402
+from lcfed.run.progress import ProgressBar  # noqa: E402
 
 COMMON = ["train.local_steps=50", "train.eval_every=5", "train.participation=1.0"]  # mu = lambda = 0.1 in the configs
 DIR, PATH = "configs/mnist_dirichlet.yaml", "configs/mnist_pathological.yaml"

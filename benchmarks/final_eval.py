@@ -4,7 +4,7 @@
 Workload: ``benchmarks/scale_devices.py``'s (synthetic images, LeNet-5, LCFed with K = 10, 100 participants a
 round), ``--rounds`` rounds, in-process, each m in a process of its own. Then, on the trained federation, the
 evaluation the last round makes is timed both ways: every one of the m devices, and a seeded sample of
-:data:`lcfed.loop.FINAL_EVAL_AUTO` of them (the sample drawn as the loop draws it, here from all m devices:
+:data:`lcfed.run.rounds.FINAL_EVAL_AUTO` of them (the sample drawn as the loop draws it, here from all m devices:
 a short run has only a few hundred trained ones, and the cost is the number scored). Reports the seconds of
 each and their ratio, and the sample's mean accuracy with its 95 % interval beside the mean over every
 device (the interval should hold it about 19 times in 20).
@@ -36,9 +36,10 @@ def one(m: int, args: argparse.Namespace) -> dict:
 
     from lcfed import numerics
     from lcfed.engines.local import LocalEngine, LocalPool, LocalServer
-    from lcfed.experiment import load
-    from lcfed.loop import _EVAL_STREAM, FINAL_EVAL_AUTO, run_rounds
-    from lcfed.metrics import sampled_mean_ci95
+    from lcfed.learning.metrics import sampled_mean_ci95
+    from lcfed.run.loop import run_rounds
+    from lcfed.run.rounds import _EVAL_STREAM, FINAL_EVAL_AUTO
+    from lcfed.run.sources import load
 
     with tempfile.TemporaryDirectory(prefix="lcfed-final-eval-") as ckpt:
         cfg = config(m, argparse.Namespace(samples_per_device=10, rounds=args.rounds, participants=100), ckpt,

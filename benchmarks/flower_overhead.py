@@ -54,8 +54,9 @@ from sampling import BackgroundSampler  # noqa: E402
 from scale import TreeMemory  # noqa: E402
 
 from lcfed.config import ExperimentConfig  # noqa: E402
-from lcfed.experiment import load, prepare  # noqa: E402
 from lcfed.methods.base import select_devices  # noqa: E402
+from lcfed.run.setup import prepare  # noqa: E402
+from lcfed.run.sources import load  # noqa: E402
 
 TORCH_PINS = ("torch==2.14.1", "torchvision==0.29.1")
 

@@ -2,7 +2,7 @@
 
 Runs inside its own venv (``benchmarks/.flower-venv``, made by ``flower_overhead.py``: Flower pins
 its own Ray) with the repository on ``PYTHONPATH``, so the ClientApp does exactly our devices' local
-work: the same LeNet-5 (``lcfed.models``), the same ``lcfed.local_update.local_update`` (SGD, 5 steps x
+work: the same LeNet-5 (``lcfed.learning.models``), the same ``lcfed.learning.local_update.local_update`` (SGD, 5 steps x
 batch 32, batches from ``batch_rng(seed, device, round)``), on the same partition. Everything the
 run needs comes from the spec file that ``flower_overhead.py`` writes with our code: the samples
 (already float), each device's train/test indices, the initial weights and each round's selected
@@ -33,8 +33,8 @@ from flwr.clientapp import ClientApp  # noqa: E402
 from flwr.serverapp import Grid, ServerApp  # noqa: E402
 from flwr.serverapp.strategy import FedAvg  # noqa: E402
 
-from lcfed.local_update import DeviceData, LocalWork, batch_rng, evaluate, local_update  # noqa: E402
-from lcfed.models import Network, build_network  # noqa: E402
+from lcfed.learning.local_update import DeviceData, LocalWork, batch_rng, evaluate, local_update  # noqa: E402
+from lcfed.learning.models import Network, build_network  # noqa: E402
 
 _CACHE: dict[str, Any] = {}
 

@@ -27,7 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from lcfed.stats import mean_ci, paired_test  # noqa: E402
+from lcfed.learning.stats import mean_ci, paired_test  # noqa: E402
 
 PAGE = ROOT / "docs" / "run.md"
 #: the kernel fingerprints of the runs made (one, or the tables would mix machines' numbers)

@@ -63,7 +63,7 @@ def write_file_dataset(m: int, args: argparse.Namespace) -> None:
     """The synthetic images of ``m`` devices as an .npz under ``--file-dir``, decoded once into the cache (as a
     first ``lcfed run`` would), so that no timed run decodes it."""
     from lcfed.data.sources import synthetic_dataset
-    from lcfed.experiment import load
+    from lcfed.run.sources import load
 
     path = Path(args.file_dir) / f"images-{args.samples_per_device * m}.npz"
     if not path.exists():
@@ -91,7 +91,7 @@ class TimedEvaluations:
     """Times every evaluation the pool is asked for (the last one is the final evaluation)."""
 
     def __init__(self) -> None:
-        from actors.ray_engine import RayPool
+        from actors.handles import RayPool
 
         self.seconds: list[float] = []
         self.devices: list[int] = []
@@ -113,8 +113,9 @@ def driver(m: int, args: argparse.Namespace) -> dict[str, Any]:
     (as before node-local data)."""
     import resource
 
-    from actors.ray_engine import RayEngine, RayPool, RayServer
-    from lcfed.experiment import load
+    from actors.handles import RayPool, RayServer
+    from actors.ray_engine import RayEngine
+    from lcfed.run.sources import load
 
     evals = TimedEvaluations()
     with tempfile.TemporaryDirectory(prefix="lcfed-scale-") as ckpt:

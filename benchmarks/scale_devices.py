@@ -63,8 +63,8 @@ def one(m: int, args: argparse.Namespace) -> dict[str, Any]:
     """One federation of ``m`` devices, in this process."""
     from lcfed import numerics
     from lcfed.engines.local import LocalEngine, LocalPool
-    from lcfed.experiment import load
-    from lcfed.loop import run_rounds
+    from lcfed.run.loop import run_rounds
+    from lcfed.run.sources import load
 
     eval_s: list[float] = []
 

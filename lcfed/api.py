@@ -25,11 +25,11 @@ from typing import Any
 
 from lcfed import engines, numerics
 from lcfed.config import ExperimentConfig, from_dict, to_dict
-from lcfed.contracts import Observer
+from lcfed.config.overrides import apply_overrides, parse_override
+from lcfed.config.yaml_input import read_yaml
 from lcfed.errors import require
-from lcfed.overrides import apply_overrides, parse_override
-from lcfed.run_result import RunResult
-from lcfed.yaml_input import read_yaml
+from lcfed.run.contracts import Observer
+from lcfed.run.result import RunResult
 
 #: metrics a trainable reports on every round (NaN until the first evaluation), so that a Tune metric
 #: named after one of them is in every result even when ``train.eval_every`` skips rounds
@@ -66,7 +66,7 @@ class _KeepModels:
 
 def run(cfg: ExperimentConfig, *, engine: str | None = None, track: bool = False, models: bool = False,
         observers: Sequence[Observer] = ()) -> RunResult:
-    """Run one federation and return its :class:`~lcfed.run_result.RunResult`: ``final`` (the last evaluation),
+    """Run one federation and return its :class:`~lcfed.run.result.RunResult`: ``final`` (the last evaluation),
     ``history`` (every round), ``assignment``, ``provenance`` and, with ``models=True``, ``models`` (the
     server's state and each device's personalized weights).
 
@@ -142,7 +142,7 @@ def trainable(base: ExperimentConfig | Mapping[str, Any] | str | Path, *, track:
         import ray  # in the trial's process: lcfed.api imports no Ray at its top (docs/python-api.md)
 
         from lcfed.engines.local import LocalEngine  # (the same: torch work in the trial)
-        from lcfed.experiment import load  # (the same)
+        from lcfed.run.sources import load  # (the same)
 
         chosen = config(cfg, {k: v for k, v in trial.items()}).replace(**{"engine.kind": "local"})
         numerics.activate(chosen.engine.numerics)  # before load(), the trial's first tensor op

@@ -28,13 +28,14 @@ import torch
 
 from lcfed import engines, numerics
 from lcfed.config import ExperimentConfig, from_dict
+from lcfed.config.overrides import apply_overrides, resolve
 from lcfed.engines.local import LocalEngine, LocalPool, LocalServer
-from lcfed.experiment import load
-from lcfed.loop import load_resume, run_rounds
-from lcfed.methods.base import Message, Strategy
+from lcfed.methods.base import Strategy
+from lcfed.methods.round import Message
 from lcfed.methods.traffic import tensor_bytes
-from lcfed.overrides import apply_overrides, resolve
-from lcfed.run_result import RunResult
+from lcfed.run.loop import load_resume, run_rounds
+from lcfed.run.result import RunResult
+from lcfed.run.sources import load
 
 PROPERTIES = ("seeded", "pure", "priced", "resumable", "engines")
 #: the hooks whose arguments must come back unchanged, by argument position

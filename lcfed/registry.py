@@ -19,6 +19,11 @@ What each kind must be:
 
 Anything wrong with a plugin is a :class:`PluginError` whose message is one line (the CLI prints it
 as a config error naming the field, before any work starts).
+
+The engines (``engine.kind``) are a table of names here too, :data:`ENGINES`, with each engine's opener as a
+``module:attr`` path that :mod:`lcfed.engines` resolves. Built-ins are named by such paths as well
+(:data:`BUILTINS`), so this module imports nothing but :mod:`lcfed.errors`: the config's checks read it
+without depending on the methods, models or engines, at import or in their types.
 """
 
 from __future__ import annotations
@@ -50,19 +55,28 @@ class Entry:
     origin: str
 
 
+#: where each kind's built-ins are, as ``module:attr`` paths to their tables (name -> method spec, builder or loader):
+#: imported when a name is resolved, never at import (the config reads this module, and the built-ins load torch)
+BUILTINS = {"method": "lcfed.methods:METHODS", "model": "lcfed.learning.models:MODELS",
+            "dataset": "lcfed.data.sources:SOURCES"}
+
+#: the classes a method resolves to, as ``module:attr`` paths (the Strategy base, and the registry's entry for a
+#: method): resolved with the built-ins, so neither the config nor this module depends on the methods
+STRATEGY = "lcfed.methods.base:Strategy"
+METHOD_SPEC = "lcfed.methods.base:MethodSpec"
+
+
+def resolve_path(path: str) -> Any:
+    """The object a ``module:attr`` path of this project names (the tables above, :data:`ENGINES`' openers)."""
+    module, _, attr = path.partition(":")
+    obj: Any = importlib.import_module(module)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
 def _builtins(kind: str) -> dict[str, Any]:
-    # imported when asked, not at the top: the config imports this module, and the built-ins load torch
-    if kind == "method":
-        from lcfed.methods import METHODS
-
-        return dict(METHODS)
-    if kind == "model":
-        from lcfed.models import MODELS
-
-        return dict(MODELS)
-    from lcfed.data.sources import SOURCES
-
-    return dict(SOURCES)
+    return dict(resolve_path(BUILTINS[kind]))
 
 
 @cache
@@ -148,8 +162,7 @@ def _load(kind: str, name: str) -> tuple[Any, str]:
 
 def method(name: str) -> Any:
     """The :class:`~lcfed.methods.base.MethodSpec` that ``name`` names."""
-    from lcfed.methods.base import MethodSpec, Strategy  # when asked, as the built-ins above
-
+    MethodSpec, Strategy = resolve_path(METHOD_SPEC), resolve_path(STRATEGY)  # noqa: N806 (classes)
     obj, origin = _load("method", name)
     if isinstance(obj, MethodSpec):
         spec = obj
@@ -211,7 +224,7 @@ def _check_hooks(name: str, strategy: type, base: type) -> None:
 
 
 def model(name: str) -> Callable[[tuple[int, ...], int], Any]:
-    """The model builder that ``name`` names (checked when it builds: :func:`lcfed.models.build_network`)."""
+    """The model builder that ``name`` names (checked when it builds: :func:`lcfed.learning.models.build_network`)."""
     obj, origin = _load("model", name)
     if not callable(obj):
         raise PluginError(f"model {name!r} ({origin}) is {_what(obj)}, not a builder (input_shape, num_classes) -> nn.Module")
@@ -233,3 +246,26 @@ def one_line(text: object) -> str:
 
 def _what(obj: Any) -> str:
     return f"the class {obj.__name__}" if isinstance(obj, type) else f"a {type(obj).__name__}"
+
+
+@dataclass(frozen=True)
+class EngineEntry:
+    """An engine: its ``engine.kind`` name, one line on what it is, and its opener as ``module:attr``: a
+    callable ``(cfg, dataset=None, resources=None) -> Engine`` (``dataset``: the loaded data, else it
+    loads it; ``resources``: the (CPUs, GPUs) it may use inside an enclosing reservation, a Tune
+    trial's, else it takes what the config says)."""
+
+    name: str
+    summary: str
+    opener: str
+
+
+#: the engines, by ``engine.kind`` name: the config's check, ``lcfed run --engine``, :func:`lcfed.api.run`, sweep
+#: trials and ``lcfed check`` all read it, so an engine is one module and one line here (its opener is imported
+#: only when used: :func:`lcfed.engines.open_engine`, so nothing here imports Ray)
+ENGINES: dict[str, EngineEntry] = {e.name: e for e in (
+    EngineEntry("local", "every device and the server in this process, on worker threads (the reference)",
+                "lcfed.engines.local:open_local"),
+    EngineEntry("ray", "device actors and a server actor on Ray: a private local Ray, or the cluster "
+                "engine.address names", "actors.ray_engine:open_ray"),
+)}

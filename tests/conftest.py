@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from lcfed.config import ExperimentConfig, from_dict
-from lcfed.overrides import apply_overrides, parse_override
+from lcfed.config.overrides import apply_overrides, parse_override
 from tests.raycluster import LocalCluster, alive, free_port, pids_marked
 
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")

@@ -31,7 +31,7 @@ import pytest
 import ray
 
 from actors import liveness
-from lcfed.faults import ClusterLost
+from lcfed.run.faults import ClusterLost
 from tests.raycluster import LocalCluster
 
 EXPERIMENT = "attached"
@@ -142,7 +142,7 @@ def _runs(uri: str) -> list[Any]:
 
 def _wait_for_checkpoint(proc: subprocess.Popen[str], ck: Path, uri: str, rounds: int, timeout: float = 180) -> None:
     """Until round ``rounds`` (from 1) is checkpointed and logged."""
-    from lcfed import checkpoint
+    from lcfed.run import checkpoint
     from lcfed.tracking.store import open_client
 
     deadline = time.monotonic() + timeout
@@ -161,7 +161,7 @@ def _wait_for_checkpoint(proc: subprocess.Popen[str], ck: Path, uri: str, rounds
 @pytest.mark.cluster
 @pytest.mark.subprocess
 def test_a_killed_head_is_one_line_exit_3_and_failed_with_the_reason_within_seconds(cluster: LocalCluster, tmp_path):
-    from lcfed import checkpoint
+    from lcfed.run import checkpoint
 
     assert cluster.head is not None
     rounds = 500  # never all played: the head dies a few rounds after round 3

@@ -19,8 +19,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from lcfed import checkpoint
 from lcfed.config import load_config
+from lcfed.run import checkpoint
 from tune_jobs.cli import main
 
 # -- rows: (id, argv, input files {relative path: text or bytes}, text (or texts) the error must contain) --

@@ -12,8 +12,8 @@ import torch
 from lcfed.config import load_config
 from lcfed.engines.local import run_local
 from lcfed.errors import ConfigError
-from lcfed.experiment import prepare
-from lcfed.local_update import DeviceData, LocalWork
+from lcfed.learning.local_update import DeviceData, LocalWork
+from lcfed.learning.models import Network, param_spec
 from lcfed.methods import METHODS
 from lcfed.methods.base import DeviceContext, Federation, RoundPlan, Strategy
 from lcfed.methods.cgpfl import CGPFLState
@@ -22,7 +22,7 @@ from lcfed.methods.fedper import EmbeddingMessage, PersonalHead
 from lcfed.methods.fesem import FeSEMState, span_coordinates
 from lcfed.methods.ifca import IFCAMessage, IFCAState, cluster_losses
 from lcfed.methods.lcfed import PersonalModel
-from lcfed.models import Network, param_spec
+from lcfed.run.setup import prepare
 from tests.conftest import same_metrics, tiny_config
 from tests.test_math import Tiny
 

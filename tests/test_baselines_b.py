@@ -10,14 +10,14 @@ import torch
 
 from lcfed.config import load_config
 from lcfed.engines.local import run_local
-from lcfed.local_update import DeviceData, LocalWork
+from lcfed.learning.local_update import DeviceData, LocalWork
+from lcfed.learning.models import Network, param_spec
 from lcfed.methods.base import DeviceContext, Federation, RoundPlan
 from lcfed.methods.clusterfl import ClusterFL, PersonalModel, indicator_clusters, similarity
 from lcfed.methods.fedavg import ModelMessage
 from lcfed.methods.fedgroup import FedGroup, decomposed_cosine
 from lcfed.methods.flhc import FLHC, hierarchical_labels
 from lcfed.methods.perfedavg import Batch, PerFedAvg, PerFedAvgState, hessian_vector_product, maml_step
-from lcfed.models import Network, param_spec
 from tests.conftest import same_history, tiny_config
 from tests.test_math import Tiny  # w = [a | W0, W1, b0, b1]: layer emb = a, layer head = the rest
 
@@ -169,7 +169,7 @@ def test_hessian_free_step_adds_the_second_order_correction():
     g_outer = (w - fo) / 0.2
     hv = hessian_vector_product(net, w, b3, g_outer)
     # the Hessian-vector product against central differences of the gradient
-    from lcfed.local_update import loss_and_grad
+    from lcfed.learning.local_update import loss_and_grad
 
     eps = 1e-2
     fd = (loss_and_grad(net, w + eps * g_outer, b3.x, b3.y)[1] - loss_and_grad(net, w - eps * g_outer, b3.x, b3.y)[1]) / (2 * eps)

@@ -7,12 +7,12 @@ import numpy as np
 import pytest
 import torch
 
-from lcfed import checkpoint
 from lcfed.config import to_dict
 from lcfed.engines.local import run_local
-from lcfed.loop import load_resume
+from lcfed.learning.similarity import Projector
 from lcfed.methods.lcfed import LCFedState
-from lcfed.similarity import Projector
+from lcfed.run import checkpoint
+from lcfed.run.loop import load_resume
 from lcfed.tracking.store import open_client
 from tests.conftest import same_metrics, tiny_config
 from tune_jobs.cli import main

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from lcfed.engines.local import run_local
-from lcfed.experiment import prepare
+from lcfed.learning.models import build_network
 from lcfed.methods.traffic import downlink_traffic, layer_traffic
-from lcfed.models import build_network
+from lcfed.run.setup import prepare
 from tests.conftest import tiny_config
 
 # LeNet-5 on 1x28x28, 10 classes: parameters per layer (weights + biases)

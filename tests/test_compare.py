@@ -17,7 +17,7 @@ import yaml
 from lcfed.config import to_dict
 from lcfed.data.sources import load_dataset
 from lcfed.errors import ConfigError
-from lcfed.experiment import prepare
+from lcfed.run.setup import prepare
 from tests.conftest import tiny_config
 from tests.test_data import write_idx
 from tune_jobs.cli import main

@@ -8,9 +8,9 @@ import sys
 import pytest
 
 from lcfed.config import flatten, from_dict, load_config, to_dict
+from lcfed.config.overrides import parse_override
+from lcfed.config.yaml_input import MAX_ALIAS_NODES
 from lcfed.errors import ConfigError
-from lcfed.overrides import parse_override
-from lcfed.yaml_input import MAX_ALIAS_NODES
 from tune_jobs.cli import main
 
 BAD = [

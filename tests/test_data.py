@@ -463,7 +463,7 @@ def test_quantity_skew_draws_sizes_in_range_and_keeps_small_devices():
 
 
 def test_quantity_skew_through_the_config():
-    from lcfed.experiment import prepare
+    from lcfed.run.setup import prepare
     from tests.conftest import tiny_config
 
     part = prepare(tiny_config("data.num_devices=10", "data.samples_per_device=[20, 40]",

@@ -17,8 +17,9 @@ from lcfed.data import DataError, Dataset, FileSource, Scaling, load_dataset
 from lcfed.data.dataset import CACHE_DIR
 from lcfed.engines.local import run_local
 from lcfed.errors import ConfigError
-from lcfed.experiment import load, prepare
-from lcfed.models import build_network
+from lcfed.learning.models import build_network
+from lcfed.run.setup import prepare
+from lcfed.run.sources import load
 from tests.conftest import tiny_config
 from tune_jobs.cli import main
 

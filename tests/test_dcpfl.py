@@ -13,8 +13,8 @@ import torch
 from lcfed.config import load_config
 from lcfed.engines.local import run_local
 from lcfed.errors import ConfigError
-from lcfed.local_update import DeviceData, LocalWork, batch_rng, local_update
-from lcfed.loop import load_resume
+from lcfed.learning.local_update import DeviceData, LocalWork, batch_rng, local_update
+from lcfed.learning.models import Network, param_spec
 from lcfed.methods.base import DeviceContext, Federation
 from lcfed.methods.dcpfl import (
     DCPFL,
@@ -36,7 +36,7 @@ from lcfed.methods.dcpfl_steps import (
     rdp_end,
     threshold_groups,
 )
-from lcfed.models import Network, param_spec
+from lcfed.run.loop import load_resume
 from tests.conftest import same_metrics, tiny_config
 from tests.test_math import Tiny  # w = [a | W0, W1, b0, b1]: layer emb = a, layer head = the rest
 

@@ -8,7 +8,8 @@ import time
 import numpy as np
 import pytest
 
-from lcfed.devices.fleet import BLOCK, Fleet, fleet_from_arrays, group_phases, synthetic_fleet
+from lcfed.devices.fleet import BLOCK, Fleet
+from lcfed.devices.generators import fleet_from_arrays, group_phases, synthetic_fleet
 
 INF = np.inf
 

@@ -8,12 +8,13 @@ import math
 import numpy as np
 import pytest
 
-from lcfed.devices.fleet import fleet_from_arrays
-from lcfed.devices.schedule import RoundTiming, Scheduler, SimClock
+from lcfed.devices.clock import RoundTiming, SimClock
+from lcfed.devices.generators import fleet_from_arrays
+from lcfed.devices.schedule import Scheduler
 from lcfed.engines.local import run_local
 from lcfed.errors import ConfigError
-from lcfed.experiment import prepare
-from lcfed.loop import load_resume
+from lcfed.run.loop import load_resume
+from lcfed.run.setup import prepare
 from tests.conftest import same_metrics, tiny_config
 
 DEVICES = ("devices.simulate=true",)
@@ -182,7 +183,7 @@ ASYNC = [*DEVICES, "devices.aggregation=async"]
 def test_buffered_step_is_fedbuffs_rule_by_hand():
     import torch
 
-    from lcfed.methods.base import Arrival, ModelMessage, buffered_step
+    from lcfed.methods.round import Arrival, ModelMessage, buffered_step
 
     current = torch.tensor([1.0, 1.0])
     a = Arrival(ModelMessage(0, 1, 0.0, torch.tensor([3.0, 1.0])), 0, torch.tensor([1.0, 1.0]), 1.0)

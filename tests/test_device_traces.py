@@ -15,12 +15,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from lcfed.devices.trace_files import TraceError
 from lcfed.devices.traces import (
     ROW_BLOCK,
     TRACE_FORMATS,
     AvailabilityTrace,
     CapacityTrace,
-    TraceError,
     read_availability,
     read_capacity,
     trace_rows,

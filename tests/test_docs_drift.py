@@ -8,7 +8,8 @@ import re
 from pathlib import Path
 
 from lcfed import registry
-from lcfed.config import _SECTIONS, ExperimentConfig
+from lcfed.config import ExperimentConfig
+from lcfed.config.experiment import _SECTIONS
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()

@@ -11,7 +11,7 @@ import torch
 import yaml
 
 from lcfed import numerics
-from lcfed.metric_catalog import SUMMARY
+from lcfed.run.metric_catalog import SUMMARY
 from tests.conftest import tiny_config
 from tune_jobs.cli import main
 
@@ -121,7 +121,7 @@ def test_progress_without_a_terminal_is_plain_lines_and_quiet_is_silent():
     import io
 
     from lcfed.engines.local import run_local
-    from lcfed.progress import ProgressBar
+    from lcfed.run.progress import ProgressBar
 
     out, quiet = io.StringIO(), io.StringIO()
     run_local(tiny_config("train.rounds=3"), [ProgressBar(file=out), ProgressBar(disable=True, file=quiet)])

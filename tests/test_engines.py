@@ -15,13 +15,16 @@ from actors.hosts import _tensor_to_wire, fast_tensor_transfer
 from actors.nodes import alive_nodes_info, nodes_missing
 from actors.placement import NodeResources, cluster_layout, fits, pool_layout
 from actors.ray_engine import RayEngine, run_ray
-from lcfed import checkpoint
 from lcfed.config import EngineConfig
 from lcfed.data import DataError
 from lcfed.data.cache import read_rows, size_and_mtime
-from lcfed.engines.local import HostedDevices, run_local
+from lcfed.engines.hosted import HostedDevices
+from lcfed.engines.local import run_local
 from lcfed.errors import ConfigError
-from lcfed.experiment import FileShard, load, prepare
+from lcfed.run import checkpoint
+from lcfed.run.setup import prepare
+from lcfed.run.shards import FileShard
+from lcfed.run.sources import load
 from tests.conftest import same_history, same_metrics, start_test_ray, tiny_config
 from tune_jobs.run_command import placement_line
 

@@ -9,16 +9,16 @@ import numpy as np
 import pytest
 import torch
 
-from lcfed import checkpoint
 from lcfed.config import load_config
 from lcfed.engines.local import run_local
 from lcfed.errors import ConfigError
-from lcfed.loop import load_resume
+from lcfed.learning.models import ParamSpec, build_network, param_spec
+from lcfed.learning.similarity import Projector
 from lcfed.methods.base import Federation, RoundPlan
 from lcfed.methods.fedac import FedAC, FedACParams, FedACState, gap_ratios, split_labels, tune_clusters
 from lcfed.methods.lcfed import LCFedMessage
-from lcfed.models import ParamSpec, build_network, param_spec
-from lcfed.similarity import Projector
+from lcfed.run import checkpoint
+from lcfed.run.loop import load_resume
 from tests.conftest import same_metrics, tiny_config
 from tests.test_math import Tiny
 

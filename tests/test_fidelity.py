@@ -11,11 +11,12 @@ import torch
 
 from lcfed.data import Scaling
 from lcfed.engines.local import run_local
-from lcfed.experiment import load, prepare
-from lcfed.local_update import EvalResult
-from lcfed.loop import load_resume
-from lcfed.metrics import accuracy_metrics, label_homogeneity
-from lcfed.recovery import adjusted_rand_index
+from lcfed.learning.local_update import EvalResult
+from lcfed.learning.metrics import accuracy_metrics, label_homogeneity
+from lcfed.learning.recovery import adjusted_rand_index
+from lcfed.run.loop import load_resume
+from lcfed.run.setup import prepare
+from lcfed.run.sources import load
 from tests.conftest import tiny_config
 
 # -- input standardization -----------------------------------------------------------------------

@@ -13,7 +13,8 @@ from lcfed.data.dataset import CACHE_DIR
 from lcfed.data.partition import make_partition
 from lcfed.engines.local import run_local
 from lcfed.errors import ConfigError
-from lcfed.experiment import load, prepare
+from lcfed.run.setup import prepare
+from lcfed.run.sources import load
 from tests.conftest import tiny_config
 
 GROUP_NAMES = ("north", "south", "west")  # sorted: codes 0, 1, 2

@@ -1,4 +1,4 @@
-"""The kernel fingerprint (lcfed/fingerprint.py, ``lcfed numerics``): what it hashes, that computing it never
+"""The kernel fingerprint (lcfed/numerics/fingerprint.py, ``lcfed numerics``): what it hashes, that computing it never
 moves a run's numbers, its disk cache, the shipped references, and the runs told apart by it."""
 
 from __future__ import annotations
@@ -8,8 +8,9 @@ import json
 import pytest
 import torch
 
-from lcfed import fingerprint, numerics, provenance
-from lcfed.fingerprint import Fingerprint
+from lcfed import numerics
+from lcfed.numerics import fingerprint, provenance
+from lcfed.numerics.fingerprint import Fingerprint
 from tune_jobs.cli import main
 
 

@@ -44,14 +44,15 @@ import yaml
 from hypothesis import HealthCheck, Phase, assume, event, given, note, settings
 from hypothesis import strategies as st
 
-from lcfed import checkpoint, registry
+from lcfed import registry
 from lcfed.config import ExperimentConfig, field_types, from_dict, load_config, to_dict
+from lcfed.config.overrides import apply_overrides
 from lcfed.data import DataError, Dataset
 from lcfed.engines.local import run_local
 from lcfed.errors import ConfigError
-from lcfed.experiment import check_against_data, load, load_source
-from lcfed.loop import load_resume
-from lcfed.overrides import apply_overrides
+from lcfed.run import checkpoint
+from lcfed.run.loop import load_resume
+from lcfed.run.sources import check_against_data, load, load_source
 from tests.conftest import TINY, same_history, tiny_config
 from tune_jobs.cli import main
 from tune_jobs.run_command import checked_partition_stats

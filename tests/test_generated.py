@@ -18,19 +18,19 @@ from lcfed.data.generated import (
 )
 from lcfed.engines.local import run_local
 from lcfed.errors import ConfigError
-from lcfed.experiment import (
+from lcfed.run.setup import prepare
+from lcfed.run.shards import (
     NodeShard,
     NodeSplit,
     check_generated,
     feature_pieces,
-    load,
     node_facts,
     node_generated,
-    prepare,
     setup_on_hosts,
     shard,
     shard_scaling_rows,
 )
+from lcfed.run.sources import load
 from tests.conftest import tiny_config
 
 
@@ -106,7 +106,7 @@ def test_any_devices_generate_alone_as_in_the_whole_federation():
 
 
 class LocalHosts:
-    """:class:`lcfed.experiment.GeneratingHosts` in this process: what the Ray engine's device actors do."""
+    """:class:`lcfed.run.shards.GeneratingHosts` in this process: what the Ray engine's device actors do."""
 
     def __init__(self, shards: list[NodeShard]) -> None:
         self.shards, self.ds = shards, [sh.generate() for sh in shards]

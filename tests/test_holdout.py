@@ -11,8 +11,8 @@ import pytest
 
 from lcfed.engines.local import run_local
 from lcfed.errors import ConfigError
-from lcfed.experiment import held_out_devices
 from lcfed.methods.base import select_devices
+from lcfed.run.sources import held_out_devices
 from lcfed.tracking import partition_digest
 from tests.conftest import tiny_config
 

@@ -1,5 +1,6 @@
 """The packages' import structure: no module of lcfed/ or actors/ imports, through others, one that
-imports it back, and the pure parts of the Ray engine stay free of Ray."""
+imports it back (not even for annotations), each layer imports only the layers below it, no module is
+over 400 lines, and the pure parts of the Ray engine stay free of Ray."""
 
 from __future__ import annotations
 
@@ -30,12 +31,12 @@ def _type_checking(node: ast.stmt) -> bool:
         or (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"))
 
 
-def _imported(body: list[ast.stmt], functions: bool) -> list[str]:
-    """Dotted names imported by these statements: at module level (also inside ``if``/``try``, never
-    under ``if TYPE_CHECKING``, which does not run), and with ``functions`` also inside functions."""
+def _imported(body: list[ast.stmt], functions: bool, types: bool = False) -> list[str]:
+    """Dotted names imported by these statements: at module level (also inside ``if``/``try``; under
+    ``if TYPE_CHECKING``, which does not run, only with ``types``), and with ``functions`` also inside functions."""
     names: list[str] = []
     for node in body:
-        if _type_checking(node):
+        if _type_checking(node) and not types:
             continue
         if isinstance(node, ast.Import):
             names += [a.name for a in node.names]
@@ -43,26 +44,26 @@ def _imported(body: list[ast.stmt], functions: bool) -> list[str]:
             names += [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
         elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             if functions:
-                names += _imported(node.body, functions)
+                names += _imported(node.body, functions, types)
         elif isinstance(node, ast.ClassDef):
-            names += _imported(node.body, functions)
+            names += _imported(node.body, functions, types)
         else:
             for field in ("body", "orelse", "finalbody", "handlers"):
                 block = getattr(node, field, None)
                 if isinstance(block, list) and block and isinstance(block[0], ast.stmt | ast.excepthandler):
                     stmts = [s for h in block for s in (h.body if isinstance(h, ast.excepthandler) else [h])]
-                    names += _imported(stmts, functions)
+                    names += _imported(stmts, functions, types)
     return names
 
 
-def import_graph(functions: bool) -> dict[str, set[str]]:
+def import_graph(functions: bool, types: bool = False) -> dict[str, set[str]]:
     """Module -> the modules of lcfed/ and actors/ it imports (``from a.b import c`` counts ``a.b.c``
-    if it is a module, else ``a.b``)."""
+    if it is a module, else ``a.b``); with ``types`` also what it imports for annotations only."""
     modules = _modules()
     graph: dict[str, set[str]] = {}
     for name, path in modules.items():
         deps = set()
-        for dotted in _imported(ast.parse(path.read_text()).body, functions):
+        for dotted in _imported(ast.parse(path.read_text()).body, functions, types):
             while dotted and dotted not in modules:
                 dotted = dotted.rpartition(".")[0]
             if dotted and dotted != name:
@@ -111,10 +112,11 @@ def test_no_import_cycle_among_top_level_imports():
 
 def test_imports_inside_functions_close_no_cycle():
     graph = import_graph(functions=True)
-    # the config validates method names through the registry (lcfed.overrides resolves them), and no
-    # method imports the config back
-    assert "lcfed.overrides" in graph["lcfed.config"] and "lcfed.registry" in graph["lcfed.overrides"]
-    assert not any("lcfed.config" in graph[m] for m in graph if m.startswith("lcfed.methods"))
+    # the config validates method names through the registry (lcfed.config.overrides resolves them), which names
+    # the methods by module:attr paths: the config imports no method (the methods import the config)
+    assert "lcfed.config.overrides" in graph["lcfed.config.experiment"] and "lcfed.registry" in graph["lcfed.config.overrides"]
+    assert not any(d.startswith("lcfed.methods") for m in graph if m.startswith(("lcfed.config", "lcfed.registry"))
+                   for d in graph[m])
     assert not any("lcfed.config" in c for c in cycles(graph))
     assert cycles(graph) == []
 
@@ -122,7 +124,8 @@ def test_imports_inside_functions_close_no_cycle():
 def test_split_modules_sit_below_the_modules_they_came_from():
     graph = import_graph(functions=True)
     # the config's checks and helpers: imported by the config, never importing it back
-    assert "lcfed.config_rules" in graph["lcfed.config"] and "lcfed.config" not in graph["lcfed.config_rules"]
+    assert "lcfed.config.data" in graph["lcfed.config.experiment"]
+    assert not {"lcfed.config", "lcfed.config.experiment"} & graph["lcfed.config.data"]
     # what clustered methods share builds on the base; the base prices traffic and knows no clustered method
     assert {"lcfed.methods.base"} <= graph["lcfed.methods.clustered"]
     assert "lcfed.methods.traffic" in graph["lcfed.methods.base"]
@@ -138,6 +141,59 @@ def test_the_server_group_module_is_stdlib_only():
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('lcfed', 'mlflow', 'ray', 'torch')))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True, timeout=60)
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+def test_no_import_cycle_even_through_annotations():
+    """``if TYPE_CHECKING:`` imports count: a circle of types is still a circle of concepts."""
+    graph = import_graph(functions=True, types=True)
+    assert "lcfed.devices.clock" in graph["lcfed.methods.round"]  # RoundPlan.timing's type, for annotations only
+    assert cycles(graph) == []
+
+
+#: the layers, bottom up: a module imports (at run time, in functions or for annotations) only from its own layer
+#: and those below; a module belongs to the layer of its longest matching prefix ("lcfed" itself: exactly)
+LAYERS: list[tuple[str, tuple[str, ...]]] = [
+    ("leaves", ("lcfed", "lcfed._moved", "lcfed.errors", "lcfed.logs", "lcfed.numerics", "lcfed.registry")),
+    ("data (samples and partitions, self-contained)", ("lcfed.data",)),
+    ("configuration", ("lcfed.config",)),
+    ("learning pieces", ("lcfed.learning", "lcfed.devices.fleet", "lcfed.devices.generators", "lcfed.devices.traces",
+                         "lcfed.devices.trace_files")),
+    ("the round's types", ("lcfed.methods.round", "lcfed.methods.traffic", "lcfed.devices.clock")),
+    ("methods and the device model", ("lcfed.methods", "lcfed.devices")),
+    ("the run", ("lcfed.run", "lcfed.numerics.fingerprint", "lcfed.numerics.provenance")),
+    ("tracking", ("lcfed.tracking",)),
+    ("engines", ("lcfed.engines", "actors")),
+    ("the API and the command", ("lcfed.api", "lcfed.conformance", "tune_jobs")),
+]
+
+
+def layer(module: str) -> int:
+    best = (-1, -1)
+    for i, (_, prefixes) in enumerate(LAYERS):
+        for p in prefixes:
+            if (module == p or (p != "lcfed" and module.startswith(p + "."))) and len(p) > best[1]:
+                best = (i, len(p))
+    assert best[0] >= 0, f"{module} is in no layer"
+    return best[0]
+
+
+def test_each_layer_imports_only_the_layers_below():
+    graph = import_graph(functions=True, types=True)
+    upward = [f"{m} ({LAYERS[layer(m)][0]}) imports {d} ({LAYERS[layer(d)][0]})"
+              for m in sorted(graph) for d in sorted(graph[m]) if layer(d) > layer(m)]
+    assert upward == []
+    # the configuration reads the engines' and the methods' names, never their modules
+    assert "lcfed.registry" in graph["lcfed.config.engine"]
+    assert not any(d.startswith(("lcfed.engines", "lcfed.methods")) for m in graph if m.startswith("lcfed.config")
+                   for d in graph[m])
+
+
+MAX_LINES = 400
+
+
+def test_no_module_is_over_400_lines():
+    long = {name: n for name, path in _modules().items() if (n := len(path.read_text().splitlines())) > MAX_LINES}
+    assert long == {}, f"split by concern: {long}"
 
 
 def test_the_cycle_finder_finds_a_cycle():

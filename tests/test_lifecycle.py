@@ -221,7 +221,7 @@ def test_kill_9_of_a_run_marks_it_failed_with_the_reason_and_keeps_its_metrics(t
 #: the round loop, the message, the exit code and the failure reason of a lost cluster, in-process
 LOST_PLUGIN = """from pathlib import Path
 
-from lcfed.faults import ClusterLost
+from lcfed.run.faults import ClusterLost
 from lcfed.methods.fedavg import FedAvg
 
 
@@ -255,7 +255,7 @@ def _logged_once(uri: str, run_id: str, rounds: int) -> None:
 def test_the_lost_cluster_line_says_where_the_run_can_go_on_from():
     import pickle
 
-    from lcfed.faults import ClusterLost
+    from lcfed.run.faults import ClusterLost
 
     what = "the raylet (pid 7, killed by signal 9) of the private Ray this run started died"
     lost = "the Ray cluster under this run was lost"
@@ -311,7 +311,7 @@ def test_a_killed_raylet_is_one_line_exit_3_and_failed_with_the_reason_then_resu
     the run says what was lost, the last checkpoint and the command that continues it, exits 3 and is FAILED
     with that reason, the private Ray's processes are gone, and the command it gives finishes the run with
     every round logged once."""
-    from lcfed import checkpoint
+    from lcfed.run import checkpoint
 
     rounds = 15
     proc, uri = _start_run(tmp_path, "engine.kind=ray", "engine.num_cpus=2", f"train.rounds={rounds}",

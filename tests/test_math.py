@@ -7,13 +7,13 @@ import pytest
 import torch
 from torch import nn
 
-from lcfed.clustering import assign_by_cosine, cluster_means
 from lcfed.config import load_config
-from lcfed.local_update import DeviceData, LocalWork, Proximal, local_update
+from lcfed.learning.clustering import assign_by_cosine, cluster_means
+from lcfed.learning.local_update import DeviceData, LocalWork, Proximal, local_update
+from lcfed.learning.models import Network, param_spec
+from lcfed.learning.similarity import Projector, fit_projector
 from lcfed.methods.base import Federation, RoundPlan
 from lcfed.methods.lcfed import LCFed, LCFedMessage, LCFedState
-from lcfed.models import Network, param_spec
-from lcfed.similarity import Projector, fit_projector
 
 
 class Tiny(nn.Module):
@@ -133,7 +133,7 @@ def test_adjusted_rand_index_is_scikit_learns_to_the_bit():
     """lcfed computes ARI itself (scikit-learn's metrics module costs its driver ~130 MB); the same numbers."""
     from sklearn.metrics import adjusted_rand_score
 
-    from lcfed.recovery import adjusted_rand_index
+    from lcfed.learning.recovery import adjusted_rand_index
 
     rng = np.random.default_rng(0)
     for trial in range(300):

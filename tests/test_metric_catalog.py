@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from lcfed.metric_catalog import CATALOG, FAMILIES, PLOTTED, SECTIONS, SUMMARY, docs_table, objectives
+from lcfed.run.metric_catalog import CATALOG, FAMILIES, PLOTTED, SECTIONS, SUMMARY, docs_table, objectives
 from lcfed.tracking.naming import metric_name, mlflow_key, section
 
 PAGE = Path(__file__).resolve().parents[1] / "docs" / "mlflow.md"

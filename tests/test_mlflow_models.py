@@ -15,8 +15,9 @@ import torch
 
 from lcfed.data import Scaling
 from lcfed.engines.local import run_local
-from lcfed.experiment import load, prepare
-from lcfed.loop import DivergenceError
+from lcfed.run.loop import DivergenceError
+from lcfed.run.setup import prepare
+from lcfed.run.sources import load
 from lcfed.tracking import MLflowObserver, RawInputModel, mlflow_key
 from tests.conftest import tiny_config
 

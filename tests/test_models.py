@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from lcfed.models import LeNet5, build_network, flatten_params, param_spec
+from lcfed.learning.models import LeNet5, build_network, flatten_params, param_spec
 
 
 def test_lenet5_has_61706_parameters():

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 
 from lcfed import logs
-from lcfed.metric_catalog import SECTIONS
+from lcfed.run.metric_catalog import SECTIONS
 from lcfed.tracking import metric_name, mlflow_key, run_name, run_tags
 from tests.conftest import tiny_config
 

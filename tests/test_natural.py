@@ -11,7 +11,8 @@ import pytest
 from lcfed.data import DataError, PartitionError, import_leaf, load_dataset, make_partition, natural
 from lcfed.data.formats import FileSource
 from lcfed.errors import ConfigError
-from lcfed.experiment import load, prepare
+from lcfed.run.setup import prepare
+from lcfed.run.sources import load
 from tests.conftest import tiny_config
 from tune_jobs.cli import main
 

@@ -14,8 +14,9 @@ import pytest
 import torch
 import yaml
 
-from lcfed import numerics, provenance
+from lcfed import numerics
 from lcfed.errors import ConfigError
+from lcfed.numerics import provenance
 from tests.conftest import TINY, tiny_config
 from tests.raycluster import ROOT
 from tune_jobs.cli import main

@@ -1,13 +1,14 @@
-"""The round loop's optional observer hooks (lcfed/loop.py): declared as Protocols, used where an
+"""The round loop's optional observer hooks (lcfed/run/loop.py): declared as Protocols, used where an
 observer has them, their defaults where it has not."""
 
 from __future__ import annotations
 
-from lcfed.contracts import MAX_PERSONAL_BYTES, ErrorObserver, LocatingObserver, ModelsObserver, PersonalLimit
-from lcfed.engines.local import HostedDevices, LocalPool, LocalServer, run_local
-from lcfed.experiment import prepare
-from lcfed.loop import run_rounds
-from lcfed.progress import ProgressBar
+from lcfed.engines.hosted import HostedDevices
+from lcfed.engines.local import LocalPool, LocalServer, run_local
+from lcfed.run.contracts import MAX_PERSONAL_BYTES, ErrorObserver, LocatingObserver, ModelsObserver, PersonalLimit
+from lcfed.run.loop import run_rounds
+from lcfed.run.progress import ProgressBar
+from lcfed.run.setup import prepare
 from lcfed.tracking import MLflowObserver
 from tests.conftest import tiny_config
 

@@ -16,7 +16,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.collections import FillBetweenPolyCollection, PathCollection
 from matplotlib.colors import BoundaryNorm, ListedColormap, to_rgba
 
-from lcfed.run_result import RunResult
+from lcfed.run.result import RunResult
 from lcfed.tracking import (
     ROUND_AXIS,
     MLflowObserver,

@@ -96,7 +96,7 @@ def test_methods_still_lists_every_built_in(capsys: pytest.CaptureFixture[str]) 
 def _reports(overrides: dict[str, Any]) -> list[dict[str, Any]]:
     """What ``api.trainable``'s reporter hands Tune each round, without Ray."""
     from lcfed.engines.local import LocalEngine
-    from lcfed.experiment import load
+    from lcfed.run.sources import load
 
     cfg = api.config(None, {"method.name": "fedavg", "data.dataset": "digits", "data.num_devices": 4,
                             "train.local_steps": 1, "tracking.enabled": False, "engine.kind": "local",

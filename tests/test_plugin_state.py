@@ -1,4 +1,4 @@
-"""A plugin method's own state dataclasses in checkpoints (lcfed/checkpoint.py, lcfed.loop.load_resume): a
+"""A plugin method's own state dataclasses in checkpoints (lcfed/run/checkpoint.py, lcfed.run.loop.load_resume): a
 Ditto-like plugin (a global FedAvg model, and on each device a personal model pulled towards it) keeps its
 server and device states in frozen dataclasses of its own module. Its checkpoints resume bit for bit and
 `lcfed check` finds it resumable; the allow-list grows by that module only, so a checkpoint naming any other
@@ -18,9 +18,9 @@ import pytest
 import torch
 import yaml
 
-from lcfed import checkpoint
 from lcfed.engines.local import run_local
-from lcfed.loop import checkpoint_modules, load_resume
+from lcfed.run import checkpoint
+from lcfed.run.loop import checkpoint_modules, load_resume
 from tests.conftest import TINY, same_metrics, tiny_config
 from tune_jobs.cli import main
 
@@ -47,9 +47,9 @@ from dataclasses import dataclass
 
 import torch
 
-from lcfed.clustering import weighted_mean
+from lcfed.learning.clustering import weighted_mean
 from lcfed.errors import require
-from lcfed.local_update import Proximal
+from lcfed.learning.local_update import Proximal
 from lcfed.methods.base import RoundStats
 from lcfed.methods.fedavg import FedAvg, ModelMessage
 

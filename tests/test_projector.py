@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from lcfed.similarity import cosine_matrix, fit_projector, rank_cutoff
+from lcfed.learning.similarity import cosine_matrix, fit_projector, rank_cutoff
 
 CNN_SIZE = 4_778_954  # FedAC's CNN on 3x32x32 input (tests/test_fedac.py::test_cnn_parameter_count_and_split)
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from lcfed import fingerprint
+from lcfed.numerics import fingerprint
 from tune_jobs.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]

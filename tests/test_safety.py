@@ -9,9 +9,11 @@ import mlflow
 import pytest
 import torch
 
-from lcfed.engines.local import HostedDevices, LocalPool, LocalServer, run_local
-from lcfed.experiment import load, prepare
-from lcfed.loop import DivergenceError, run_rounds
+from lcfed.engines.hosted import HostedDevices
+from lcfed.engines.local import LocalPool, LocalServer, run_local
+from lcfed.run.loop import DivergenceError, run_rounds
+from lcfed.run.setup import prepare
+from lcfed.run.sources import load
 from lcfed.tracking import MLflowObserver
 from tests.conftest import tiny_config
 from tune_jobs.cli import main
@@ -217,7 +219,7 @@ def test_tracking_server_gone_at_the_end_keeps_the_metrics_for_a_replay(running,
 def test_resume_logs_the_rounds_an_outage_kept_from_the_store(running, tmp_path):
     """Server down, then the process dies: rounds only buffered in memory are lost with it, but the
     checkpoint has them, and resuming logs every round the store lacks."""
-    from lcfed.loop import load_resume
+    from lcfed.run.loop import load_resume
 
     url = running.url
     cfg = tiny_config("train.rounds=5", "tracking.enabled=true", f"tracking.uri={url}",

@@ -10,16 +10,18 @@ import numpy as np
 import pytest
 import torch
 
-from lcfed.checkpoint import load
 from lcfed.data.sources import synthetic_dataset
-from lcfed.device_states import DeviceStates
-from lcfed.engines.local import HostedDevices, LocalPool, LocalServer, run_local
+from lcfed.engines.device_states import DeviceStates
+from lcfed.engines.hosted import HostedDevices
+from lcfed.engines.local import LocalPool, LocalServer, run_local
 from lcfed.errors import ConfigError
-from lcfed.experiment import prepare
-from lcfed.local_update import EvalResult
-from lcfed.loop import FINAL_EVAL_AUTO, eval_sample, eval_size, run_rounds
+from lcfed.learning.local_update import EvalResult
+from lcfed.learning.metrics import accuracy_metrics, sampled_mean_ci95
 from lcfed.methods.base import PersonalModel
-from lcfed.metrics import accuracy_metrics, sampled_mean_ci95
+from lcfed.run.checkpoint import load
+from lcfed.run.loop import run_rounds
+from lcfed.run.rounds import FINAL_EVAL_AUTO, eval_sample, eval_size
+from lcfed.run.setup import prepare
 from tests.conftest import same_history, same_metrics, tiny_config
 
 

@@ -7,7 +7,7 @@ import math
 import pytest
 from scipy import stats
 
-from lcfed.stats import mean_ci, paired_test
+from lcfed.learning.stats import mean_ci, paired_test
 
 
 def test_mean_ci_by_hand():

@@ -15,7 +15,8 @@ import yaml
 from lcfed.config import to_dict
 from lcfed.engines.local import run_local
 from lcfed.errors import ConfigError
-from lcfed.experiment import load, prepare
+from lcfed.run.setup import prepare
+from lcfed.run.sources import load
 from lcfed.tracking import mlflow_key
 from lcfed.tracking.store import open_client
 from tests.conftest import start_test_ray, tiny_config
@@ -184,7 +185,7 @@ def asha_sweep(shared_ray, tmp_path_factory):
 def test_a_diverging_trial_fails_alone_and_the_sweep_exits_1(asha_sweep):
     code, err, summary, _, children = asha_sweep
     assert code == 1
-    assert "1 of 3 trials failed; first: lcfed.loop.DivergenceError: round 0" in err
+    assert "1 of 3 trials failed; first: lcfed.run.loop.DivergenceError: round 0" in err
     assert summary["trials"] == 3 and summary["errors"] == 1
     assert summary["best_config"] == {"train.lr": 0.05}
     assert children["0.05"].info.status == "FINISHED" and children["1e-05"].info.status == "FINISHED"

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from lcfed.errors import ConfigError
-from lcfed.metric_catalog import CATALOG, objectives
+from lcfed.run.metric_catalog import CATALOG, objectives
 from tests.conftest import tiny_config
 from tune_jobs.sweep.best import best_result
 from tune_jobs.sweep.objective import Objective, resolve_objective

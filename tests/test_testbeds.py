@@ -12,8 +12,9 @@ from lcfed.data import Dataset, apply_testbed, group_layout, make_partition
 from lcfed.data.testbeds import label_permutations, rotate, shift
 from lcfed.engines.local import run_local
 from lcfed.errors import ConfigError
-from lcfed.experiment import load, prepare
-from lcfed.recovery import adjusted_rand_index, normalized_mutual_info, recovery_scores
+from lcfed.learning.recovery import adjusted_rand_index, normalized_mutual_info, recovery_scores
+from lcfed.run.setup import prepare
+from lcfed.run.sources import load
 from tests.conftest import tiny_config
 from tune_jobs.cli import main
 

@@ -18,8 +18,8 @@ import pytest
 import torch
 
 import lcfed.tracking
+from lcfed.learning.models import build_network
 from lcfed.logs import quiet_logger
-from lcfed.models import build_network
 from lcfed.tracking import StackedModels, read_unlogged
 from lcfed.tracking.unlogged import write_unlogged
 

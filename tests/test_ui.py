@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from lcfed.config import to_dict
-from lcfed.metric_catalog import SECTIONS
+from lcfed.run.metric_catalog import SECTIONS
 from lcfed.tracking.ui import ML_VIEW
 from tests.conftest import tiny_config
 from tests.test_jobs import free_port

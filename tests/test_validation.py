@@ -9,11 +9,13 @@ import numpy as np
 import pytest
 
 from lcfed.data import Dataset, Scaling, format_stats, partition_stats, split_validation
-from lcfed.engines.local import HostedDevices, LocalPool, LocalServer, run_local
+from lcfed.engines.hosted import HostedDevices
+from lcfed.engines.local import LocalPool, LocalServer, run_local
 from lcfed.errors import ConfigError
-from lcfed.experiment import load, partition, prepare
-from lcfed.loop import run_rounds
-from lcfed.run_result import RunResult
+from lcfed.run.loop import run_rounds
+from lcfed.run.result import RunResult
+from lcfed.run.setup import prepare
+from lcfed.run.sources import load, partition
 from tests.conftest import tiny_config
 
 VAL = "data.val_fraction=0.25"

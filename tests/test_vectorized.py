@@ -9,10 +9,11 @@ from dataclasses import replace
 import pytest
 import torch
 
-from lcfed.engines.local import HostedDevices, run_local
-from lcfed.experiment import prepare
-from lcfed.local_update import DeviceData, LocalWork, batch_rng, local_update
-from lcfed.vectorized import BatchedNet, StepBatcher
+from lcfed.engines.hosted import HostedDevices
+from lcfed.engines.local import run_local
+from lcfed.learning.local_update import DeviceData, LocalWork, batch_rng, local_update
+from lcfed.learning.vectorized import BatchedNet, StepBatcher
+from lcfed.run.setup import prepare
 from tests.conftest import tiny_config
 
 

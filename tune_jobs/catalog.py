@@ -9,8 +9,8 @@ import sys
 from typing import Any
 
 from lcfed import conformance, registry
+from lcfed.config.overrides import parse_override
 from lcfed.errors import require
-from lcfed.overrides import parse_override
 from tune_jobs.options import examples
 
 

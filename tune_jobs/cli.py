@@ -32,8 +32,8 @@ from lcfed.errors import (
     TrackingError,
     did_you_mean,
 )
-from lcfed.faults import ClusterLost
-from lcfed.stop import Stopped
+from lcfed.run.faults import ClusterLost
+from lcfed.run.stop import Stopped
 from tune_jobs.options import add_actions, config_options, examples, resume_command, verbosity_of
 
 EXIT_USAGE = 2
@@ -112,7 +112,7 @@ COMMANDS: tuple[tuple[str, str, str], ...] = (
     ("check", "tune_jobs.catalog:add_parser",
      "check that a method keeps the Strategy contract (seeded, pure, priced, resumable, Ray = local)"),
     ("models", "tune_jobs.catalog:add_parser",
-     "list the models: built-in, installed plugins (entry points lcfed.models) and where each comes from"),
+     "list the models: built-in, installed plugins (entry points lcfed.learning.models) and where each comes from"),
     ("datasets", "tune_jobs.catalog:add_parser",
      "list the datasets: built-in, installed plugins (entry points lcfed.datasets) and where each comes from"),
     ("data", "tune_jobs.data_command:add_parser", "dataset utilities"),
@@ -214,7 +214,7 @@ def _add_table(sub: Any) -> None:
 def cmd_table(args: argparse.Namespace) -> int:
     """Methods side by side: the mean of the last evaluations (the number to compare), the last one,
     the sample-weighted mean and the time, best first."""
-    from lcfed import provenance
+    from lcfed.numerics import provenance
 
     rows, records = [], []
     for name in args.files:
@@ -256,7 +256,7 @@ def cmd_config(args: argparse.Namespace) -> int:
     import yaml
 
     from lcfed.config import load_config, to_dict
-    from lcfed.output_paths import check_output_dir
+    from lcfed.run.output_paths import check_output_dir
 
     cfg = load_config(args.config, args.set)
     check_output_dir(cfg.checkpoint.dir, "checkpoint.dir")

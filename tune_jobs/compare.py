@@ -30,9 +30,9 @@ from typing import Any
 
 from lcfed import registry
 from lcfed.config import ExperimentConfig, load_config
+from lcfed.config.overrides import resolve
 from lcfed.errors import require
-from lcfed.output_paths import check_output_dir
-from lcfed.overrides import resolve
+from lcfed.run.output_paths import check_output_dir
 from lcfed.tracking import check_tracking_store, resolve_tracking_uri
 from tune_jobs.compare_report import METRIC, write_report
 from tune_jobs.options import config_options, examples, verbosity_options

@@ -17,9 +17,9 @@ from typing import Any, Literal
 
 import numpy as np
 
-from lcfed import provenance
 from lcfed.config import ExperimentConfig
-from lcfed.stats import mean_ci, paired_test
+from lcfed.learning.stats import mean_ci, paired_test
+from lcfed.numerics import provenance
 from tune_jobs.reproduce import last_evaluations
 
 METRIC = "val_acc_mean"

@@ -11,8 +11,8 @@ from typing import Any
 from lcfed.config import load_config
 from lcfed.data import format_groups, format_stats, import_idx, import_leaf, partition_stats
 from lcfed.errors import require
-from lcfed.experiment import check_against_data, load
-from lcfed.output_paths import check_output_dir
+from lcfed.run.output_paths import check_output_dir
+from lcfed.run.sources import check_against_data, load
 from tune_jobs.options import add_actions, config_options, examples
 from tune_jobs.run_command import partition_label
 

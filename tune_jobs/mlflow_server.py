@@ -29,10 +29,10 @@ from pathlib import Path
 from typing import Any, TextIO
 from urllib.parse import urlparse
 
-from lcfed.config_rules import uri_scheme
+from lcfed.config.tracking import uri_scheme
 from lcfed.errors import require
 from lcfed.logs import server_environment
-from lcfed.output_paths import check_output_dir
+from lcfed.run.output_paths import check_output_dir
 from lcfed.tracking import resolve_tracking_uri
 from tune_jobs.options import examples, verbosity_options
 from tune_jobs.server_group import spawn_watched, stop  # stop: start_mlflow_server's pair, imported from here

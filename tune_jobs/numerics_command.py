@@ -11,8 +11,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from lcfed import fingerprint, numerics
+from lcfed import numerics
 from lcfed.errors import require
+from lcfed.numerics import fingerprint
 from tune_jobs.options import examples
 
 

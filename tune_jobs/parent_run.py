@@ -6,7 +6,7 @@ says). The body makes the checks that need Ray, then :meth:`~ParentRun.connect` 
 :meth:`~ParentRun.create` a run or :meth:`~ParentRun.open` one to continue it. From there the run is
 guarded (:class:`lcfed.tracking.RunGuard` marks it FAILED should this process die without closing it)
 and closed on the way out: FINISHED; KILLED on ``KeyboardInterrupt`` (a signal, Ctrl-C,
-:class:`lcfed.stop.Stopped`) or FAILED on any other exception, the reason in its ``failure_reason`` tag,
+:class:`lcfed.run.stop.Stopped`) or FAILED on any other exception, the reason in its ``failure_reason`` tag,
 the exception propagating. Last, a Ray started here is shut down; an attached one is left running.
 
 Ray and MLflow are imported where they are used: ``lcfed`` builds its parser from ``reproduce`` and

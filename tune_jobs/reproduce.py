@@ -25,17 +25,17 @@ from typing import Any
 import numpy as np
 
 from lcfed import registry
-from lcfed.checkpoint import CheckpointError
 from lcfed.config import ExperimentConfig, load_config
+from lcfed.config.overrides import parse_override, resolve
 from lcfed.errors import ConfigError, require
-from lcfed.experiment import check_against_data, load
+from lcfed.learning.stats import mean_ci
 from lcfed.logs import progress_shown
-from lcfed.loop import load_resume
-from lcfed.output_paths import check_output_dir
-from lcfed.overrides import parse_override, resolve
-from lcfed.progress import ProgressBar
-from lcfed.stats import mean_ci
-from lcfed.stop import stop_on_signals
+from lcfed.run.checkpoint import CheckpointError
+from lcfed.run.loop import load_resume
+from lcfed.run.output_paths import check_output_dir
+from lcfed.run.progress import ProgressBar
+from lcfed.run.sources import check_against_data, load
+from lcfed.run.stop import stop_on_signals
 from lcfed.tracking import MLflowObserver, check_tracking_store, resolve_tracking_uri, run_name
 from tune_jobs.options import add_actions, config_options, examples, verbosity_options
 from tune_jobs.outdir import open_recorded, read_state, write_json

@@ -17,15 +17,15 @@ import torch
 
 from lcfed import engines, logs, numerics
 from lcfed.config import ExperimentConfig, load_config
+from lcfed.config.overrides import parse_override
 from lcfed.data import format_stats, partition_stats
 from lcfed.errors import ConfigError, require
-from lcfed.experiment import check_against_data, load
-from lcfed.loop import checkpoint_path, load_resume
-from lcfed.metric_catalog import SUMMARY
-from lcfed.output_paths import check_output_dir, check_output_file
-from lcfed.overrides import parse_override
-from lcfed.progress import ProgressBar
-from lcfed.stop import stop_on_signals
+from lcfed.run.loop import checkpoint_path, load_resume
+from lcfed.run.metric_catalog import SUMMARY
+from lcfed.run.output_paths import check_output_dir, check_output_file
+from lcfed.run.progress import ProgressBar
+from lcfed.run.sources import check_against_data, load
+from lcfed.run.stop import stop_on_signals
 from lcfed.tracking import MLflowObserver, check_tracking_store, run_name, ui_hint
 from lcfed.tracking.resume import check_resume_store
 from tune_jobs.options import config_options, examples, verbosity_options

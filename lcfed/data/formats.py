@@ -37,19 +37,22 @@ import numpy as np
 
 from lcfed.data.cache import digest, file_stamp, write_arrays
 from lcfed.data.dataset import CACHE_DIR, DataError, Dataset
+from lcfed.data.file_columns import MAX_CLASSES, check_device_ids, check_group_ids, check_labels
 
 __all__ = ["FILE_FORMATS", "IMAGE_EXTENSIONS", "MAX_CLASSES", "FileSource", "load_file"]
+
 
 FILE_FORMATS = ("auto", "npz", "imagefolder", "csv", "parquet")
 """``data.format``: how ``data.path`` is read; ``auto`` = by its extension (a directory: ImageFolder)."""
 
+
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp", ".gif")
 """The files an ImageFolder's class folders are read for (torchvision's list, plus GIF); others are skipped."""
 
-MAX_CLASSES = 100_000
-"""Labels are class indices 0..C-1; a larger C is almost surely ids, not classes."""
 
 _SUFFIXES = {".npz": "npz", ".csv": "csv", ".parquet": "parquet", ".pq": "parquet"}
+
+
 _GRAY_MODES = ("1", "L", "LA", "I", "I;16", "F")  # PIL modes that are one channel (LA: gray + alpha)
 
 
@@ -114,9 +117,6 @@ def load_file(source: FileSource, data_dir: Path) -> Dataset:
     return _read_cache(cache, key, path.name) or ds  # the cache's file, which Ray hosts can read themselves
 
 
-# ---------------------------------------------------------------- the formats
-
-
 def _npz(path: Path, source: FileSource) -> Dataset:
     if not zipfile.is_zipfile(path):  # np.load would take it for a pickle
         raise DataError(f"{path}: not a readable .npz archive (not a zip file); write one with numpy.savez")
@@ -151,10 +151,10 @@ def _npz(path: Path, source: FileSource) -> Dataset:
     given = arrays.get("num_classes")
     if given is not None and (given.ndim != 0 or not np.issubdtype(given.dtype, np.integer) or int(given) < 1):
         raise DataError(f"{path}: num_classes must be one positive integer, got {given.dtype} {given.shape}")
-    y, num_classes = _labels(path, "y", arrays["y"], n, None if given is None else int(given))
+    y, num_classes = check_labels(path, "y", arrays["y"], n, None if given is None else int(given))
     ids = arrays.get(source.device_column)
-    device = None if ids is None else _device_ids(path, repr(source.device_column), ids, n)
-    groups = _group_ids(path, f"array {source.group_column!r}", arrays[source.group_column], n) \
+    device = None if ids is None else check_device_ids(path, repr(source.device_column), ids, n)
+    groups = check_group_ids(path, f"array {source.group_column!r}", arrays[source.group_column], n) \
         if source.group_column else None
     return Dataset(path.name, x, y, num_classes, device, groups)
 
@@ -315,104 +315,13 @@ def _table(path: Path, df: Any, source: FileSource) -> Dataset:
                         f"({int(bad.sum())} such cells); fill or drop them first")
     x = _features(path, "the features", values)
     n = len(df)
-    y, num_classes = _labels(path, f"column {label!r}", df[label].to_numpy(), n, None)
-    ids = _device_ids(path, f"column {device!r}", df[device].to_numpy(), n) if device in columns else None
-    groups = _group_ids(path, f"column {group!r}", df[group].to_numpy(), n) if group else None
+    y, num_classes = check_labels(path, f"column {label!r}", df[label].to_numpy(), n, None)
+    ids = check_device_ids(path, f"column {device!r}", df[device].to_numpy(), n) if device in columns else None
+    groups = check_group_ids(path, f"column {group!r}", df[group].to_numpy(), n) if group else None
     return Dataset(path.name, x, y, num_classes, ids, groups)
 
 
 _DECODERS = {"npz": _npz, "imagefolder": _imagefolder, "csv": _csv, "parquet": _parquet}
-
-
-# ---------------------------------------------------------------- labels and device ids
-
-
-def _labels(path: Path, what: str, values: np.ndarray, n: int, num_classes: int | None) -> tuple[np.ndarray, int]:
-    """Labels as int64 class indices and the class count. Integers (or whole floats) are the indices
-    (C = ``num_classes`` if given, else the largest + 1); text labels are class names, numbered in sorted order."""
-    values = np.asarray(values)
-    if values.shape != (n,):
-        raise DataError(f"{path}: {what} has shape {values.shape}, but there are {n} samples: one label per sample")
-    if values.dtype.kind in "OUS":  # names
-        if any(v is None or (isinstance(v, float) and v != v) for v in values.tolist()):
-            raise DataError(f"{path}: {what} has missing labels")
-        names, y = np.unique(values.astype(str), return_inverse=True)
-        return y.astype(np.int64), len(names)
-    if values.dtype == np.bool_ or not np.issubdtype(values.dtype, np.number):
-        raise DataError(f"{path}: {what} must hold class indices 0..C-1 or class names, got {values.dtype}")
-    if np.issubdtype(values.dtype, np.floating):
-        whole = np.isfinite(values) & (values == np.round(values))
-        if not whole.all():
-            i = int(np.flatnonzero(~whole)[0])
-            raise DataError(f"{path}: {what} holds {values[i]} at sample {i}; labels must be class indices 0..C-1 "
-                            "(whole numbers) or class names")
-    y = values.astype(np.int64)
-    low, high = int(y.min()), int(y.max())
-    limit = num_classes if num_classes is not None else MAX_CLASSES
-    if low < 0 or high >= limit:
-        i = int(np.argmin(y)) if low < 0 else int(np.argmax(y))
-        where = f"num_classes {num_classes} in the file" if num_classes is not None else f"at most {MAX_CLASSES} classes"
-        raise DataError(f"{path}: label {y[i]} at sample {i} is out of range; labels must be 0..C-1 ({where})")
-    return y, num_classes if num_classes is not None else high + 1
-
-
-def _device_ids(path: Path, what: str, values: np.ndarray, n: int) -> np.ndarray:
-    """Per-sample device (user) ids, any integers or names, as int64 codes 0..U-1 in sorted order of the ids."""
-    values = np.asarray(values)
-    if values.shape != (n,):
-        raise DataError(f"{path}: device ids ({what}) have shape {values.shape}, but there are {n} samples: "
-                        "one id per sample")
-    if values.dtype.kind in "OUS":
-        if any(v is None or (isinstance(v, float) and v != v) for v in values.tolist()):
-            raise DataError(f"{path}: device ids ({what}) are missing for some samples")
-        values = values.astype(str)
-    elif np.issubdtype(values.dtype, np.floating):
-        whole = np.isfinite(values) & (values == np.round(values))
-        if not whole.all():
-            i = int(np.flatnonzero(~whole)[0])
-            raise DataError(f"{path}: device id {values[i]} at sample {i} ({what}): ids must be integers or names")
-    elif not np.issubdtype(values.dtype, np.integer):
-        raise DataError(f"{path}: device ids ({what}) must be integers or names, got {values.dtype}")
-    _, codes = np.unique(values, return_inverse=True)
-    return codes.astype(np.int64).reshape(n)
-
-
-def _group_ids(path: Path, what: str, values: np.ndarray, n: int) -> np.ndarray:
-    """Per-sample true group ids (``data.group_column``: integers or names, none missing) as int64 codes
-    0..G-1 in sorted order of the ids."""
-    def bad(problem: str) -> DataError:
-        return DataError(f"{path}: data.group_column ({what}) {problem}; it must hold one group id per sample: "
-                         "integers or names, none missing")
-
-    values = np.asarray(values)
-    if values.shape != (n,):
-        raise bad(f"has shape {values.shape}, but there are {n} samples")
-    if values.dtype.kind in "OUS":  # names (or a nullable column's Python ints)
-        items = values.tolist()
-        for i, v in enumerate(items):
-            if v is None or type(v).__name__ == "NAType" or (isinstance(v, float) and v != v):  # NAType: pandas.NA
-                raise bad(f"is missing (empty or NaN) at sample {i}")
-        if all(isinstance(v, str) for v in items):
-            values = values.astype(str)
-        elif all(isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_)) for v in items):
-            values = values.astype(np.int64)
-        else:
-            i = next(i for i, v in enumerate(items) if not isinstance(v, str))
-            raise bad(f"holds {items[i]!r} at sample {i}, among names")
-    elif values.dtype == np.bool_ or not np.issubdtype(values.dtype, np.number) \
-            or np.issubdtype(values.dtype, np.complexfloating):
-        raise bad(f"holds {values.dtype} values")
-    elif np.issubdtype(values.dtype, np.floating):
-        whole = np.isfinite(values) & (values == np.round(values))
-        if not whole.all():
-            i = int(np.flatnonzero(~whole)[0])
-            problem = "is missing (empty or NaN)" if np.isnan(values[i]) else f"holds {values[i]}, not an integer,"
-            raise bad(f"{problem} at sample {i} ({int((~whole).sum())} such samples)")
-    _, codes = np.unique(values, return_inverse=True)
-    return codes.astype(np.int64).reshape(n)
-
-
-# ---------------------------------------------------------------- the cache
 
 
 def _read_cache(cache: Path, key: dict[str, Any], name: str) -> Dataset | None:

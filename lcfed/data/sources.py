@@ -368,7 +368,7 @@ def load_dataset(name: str, data_dir: str | Path, download: bool = False, source
                  loader: Callable[[Path, bool], Dataset] | None = None) -> Dataset:
     """Load dataset ``name`` from ``data_dir`` (train pool then test pool); for ``file``, the file that
     ``source`` (a :class:`lcfed.data.formats.FileSource`) names. ``loader`` is a plugin's (from
-    :func:`lcfed.registry.dataset`, as :func:`lcfed.experiment.load_source` resolves ``data.dataset``);
+    :func:`lcfed.registry.dataset`, as :func:`lcfed.run.sources.load_source` resolves ``data.dataset``);
     without it ``name`` is a built-in's (:data:`SOURCES`).
 
     Raises :class:`DataError` for an unknown name or when the files are missing or unusable.

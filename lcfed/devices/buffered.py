@@ -21,12 +21,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from lcfed.devices.clock import RoundTiming, SimClock
 from lcfed.devices.fleet import Fleet
-from lcfed.devices.schedule import FleetPlanner, RoundTiming, SimClock
+from lcfed.devices.schedule import FleetPlanner
 
 if TYPE_CHECKING:  # annotations only
     from lcfed.config import ExperimentConfig
-    from lcfed.methods.base import Federation
+    from lcfed.methods.round import Federation
 
 __all__ = ["BufferedRound", "BufferedScheduler", "InFlight", "Pending", "fill_messages", "staleness_weight"]
 

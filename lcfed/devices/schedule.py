@@ -10,60 +10,27 @@ round's metrics (``sim_clock_seconds``), so a resumed run and every engine give 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from lcfed.devices.fleet import Fleet, fleet_from_arrays, group_phases, synthetic_fleet
+from lcfed.config import devices_per_round
+from lcfed.devices.clock import RoundTiming, SimClock
+from lcfed.devices.fleet import Fleet
+from lcfed.devices.generators import fleet_from_arrays, group_phases, synthetic_fleet
 from lcfed.errors import ConfigError
-from lcfed.methods.base import devices_per_round
 
 if TYPE_CHECKING:  # annotations only
     from lcfed.config import ExperimentConfig
-    from lcfed.methods.base import Federation
+    from lcfed.methods.round import Federation
 
-__all__ = ["FleetPlanner", "RoundTiming", "Scheduler", "SimClock", "make_fleet", "samples_per_device", "training_mask"]
+__all__ = ["FleetPlanner", "Scheduler", "make_fleet", "samples_per_device", "training_mask"]
 
 #: the selection's stream: the same as :func:`lcfed.methods.base.select_devices`', so that with every device
 #: online and no over-commitment the device model selects exactly today's participants
 _SELECT = 0x5E1EC7
 #: the mid-round dropouts' stream
 _DROP = 0xD209
-
-
-@dataclass(frozen=True)
-class SimClock:
-    """What the loop hands the server at a round's start: the clock, and the bytes each device moves (the last
-    round's mean per kept device, one model each way before the first)."""
-
-    now: float
-    down_bytes: float
-    up_bytes: float
-
-
-@dataclass(frozen=True)
-class RoundTiming:
-    """A round's schedule: when it started (after waiting for a device to come online) and ended, how many
-    devices were online, selected (asynchronous: started), kept (their ids; asynchronous: the updates
-    aggregated) and lost; asynchronous, the aggregated updates' mean staleness."""
-
-    start: float
-    end: float
-    online: int
-    selected: int
-    kept: tuple[int, ...]
-    lost: int
-    staleness: float | None = None
-
-    def metrics(self) -> dict[str, float]:
-        """The round's device-model metrics (:mod:`lcfed.metric_catalog`)."""
-        out = {"sim_clock_seconds": self.end, "sim_round_seconds": self.end - self.start,
-               "devices_online": float(self.online), "devices_selected": float(self.selected),
-               "devices_kept": float(len(self.kept)), "devices_dropped": float(self.lost)}
-        if self.staleness is not None:
-            out["staleness_mean"] = self.staleness
-        return out
 
 
 def samples_per_device(cfg: ExperimentConfig, fed: Federation) -> np.ndarray:

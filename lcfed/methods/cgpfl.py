@@ -28,8 +28,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from lcfed.clustering import assign_by_cosine, cluster_means, kmeans_labels
 from lcfed.errors import require
+from lcfed.learning.clustering import assign_by_cosine, cluster_means, kmeans_labels
 from lcfed.methods.base import DeviceContext, ModelMessage, PersonalModel, RoundPlan, RoundStats
 from lcfed.methods.clustered import ClusteredStrategy, require_clusters_per_round
 from lcfed.methods.fesem import span_coordinates

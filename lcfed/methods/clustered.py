@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from lcfed.errors import require
-from lcfed.local_update import Proximal
+from lcfed.learning.local_update import Proximal
 from lcfed.methods.base import (
     DeviceContext,
     M,

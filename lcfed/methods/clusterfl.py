@@ -33,11 +33,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from lcfed.clustering import cluster_means, kmeans_labels
 from lcfed.errors import require
+from lcfed.learning.clustering import cluster_means, kmeans_labels
+from lcfed.learning.similarity import cosine_matrix
 from lcfed.methods.base import DeviceContext, ModelMessage, PersonalModel, RoundPlan, RoundStats
 from lcfed.methods.clustered import ClusteredStrategy, require_clusters_per_round
-from lcfed.similarity import cosine_matrix
 
 if TYPE_CHECKING:  # annotations only: lcfed.config finds the methods through the registry
     from lcfed.config import ExperimentConfig

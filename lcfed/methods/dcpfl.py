@@ -75,7 +75,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from lcfed.clustering import cluster_means, weighted_mean
+from lcfed.learning.clustering import cluster_means, weighted_mean
 from lcfed.methods.base import DeviceContext, Federation, Message, RoundPlan, RoundStats, Strategy
 from lcfed.methods.dcpfl_steps import (
     DCPFLParams,

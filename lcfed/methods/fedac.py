@@ -65,11 +65,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from lcfed.clustering import assign_by_cosine
 from lcfed.errors import require
+from lcfed.learning.clustering import assign_by_cosine
+from lcfed.learning.similarity import Projector, sq_dist_matrix
 from lcfed.methods.base import RoundPlan, RoundStats
 from lcfed.methods.lcfed import LCFed, LCFedMessage, LCFedParams, LCFedState
-from lcfed.similarity import Projector, sq_dist_matrix
 
 if TYPE_CHECKING:  # annotations only: lcfed.config finds the methods through the registry
     from lcfed.config import ExperimentConfig

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from lcfed.clustering import weighted_mean
+from lcfed.learning.clustering import weighted_mean
 from lcfed.methods.base import Arrival, DeviceContext, ModelMessage, RoundPlan, RoundStats, Strategy, buffered_step
 
 if TYPE_CHECKING:  # annotations only: lcfed.config finds the methods through the registry

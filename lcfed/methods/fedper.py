@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from lcfed.clustering import weighted_mean
+from lcfed.learning.clustering import weighted_mean
 from lcfed.methods.base import DeviceContext, Message, RoundPlan, RoundStats, Strategy
 
 if TYPE_CHECKING:  # annotations only: lcfed.config finds the methods through the registry

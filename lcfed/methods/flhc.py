@@ -34,8 +34,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from lcfed.clustering import cluster_means
 from lcfed.errors import require
+from lcfed.learning.clustering import cluster_means
 from lcfed.methods.base import DeviceContext, ModelMessage, RoundPlan, RoundStats, Strategy
 
 if TYPE_CHECKING:  # annotations only: lcfed.config finds the methods through the registry

@@ -28,11 +28,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from lcfed.clustering import cluster_means
 from lcfed.errors import require
-from lcfed.local_update import DeviceData, evaluate
+from lcfed.learning.clustering import cluster_means
+from lcfed.learning.local_update import DeviceData, evaluate
+from lcfed.learning.models import Model, ParamSpec
 from lcfed.methods.base import Arrival, DeviceContext, Message, RoundPlan, RoundStats, Strategy, buffered_step
-from lcfed.models import Model, ParamSpec
 
 if TYPE_CHECKING:  # annotations only: lcfed.config finds the methods through the registry
     from lcfed.config import ExperimentConfig

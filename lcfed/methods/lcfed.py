@@ -22,9 +22,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from lcfed.clustering import assign_by_cosine, cluster_means, kmeans_labels, weighted_mean
 from lcfed.errors import require
-from lcfed.local_update import Proximal
+from lcfed.learning.clustering import assign_by_cosine, cluster_means, kmeans_labels, weighted_mean
+from lcfed.learning.local_update import Proximal
+from lcfed.learning.similarity import Projector, fit_projector
 from lcfed.methods.base import (
     Arrival,
     DeviceContext,
@@ -35,7 +36,6 @@ from lcfed.methods.base import (
     updates_per_aggregation,
 )
 from lcfed.methods.clustered import ClusteredStrategy, require_clusters_per_round
-from lcfed.similarity import Projector, fit_projector
 
 if TYPE_CHECKING:  # annotations only: lcfed.config finds the methods through the registry
     from lcfed.config import ExperimentConfig

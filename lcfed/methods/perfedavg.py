@@ -34,9 +34,9 @@ import torch
 import torch.nn.functional as F
 
 from lcfed.errors import require
-from lcfed.local_update import LocalWork, batch_rng, loss_and_grad, minibatches
+from lcfed.learning.local_update import LocalWork, batch_rng, loss_and_grad, minibatches
+from lcfed.learning.models import Model
 from lcfed.methods.base import DeviceContext, ModelMessage, RoundPlan, RoundStats, Strategy
-from lcfed.models import Model
 
 if TYPE_CHECKING:  # annotations only: lcfed.config finds the methods through the registry
     from lcfed.config import ExperimentConfig

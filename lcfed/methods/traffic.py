@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from lcfed.models import ParamSpec
+from lcfed.learning.models import ParamSpec
 
 
 def tensor_bytes(obj: Any) -> int:

@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 
 from lcfed.config import ExperimentConfig
-from lcfed.metric_catalog import LAYER_FAMILIES, PLOTTED
-from lcfed.run_result import RunResult
+from lcfed.run.metric_catalog import LAYER_FAMILIES, PLOTTED
+from lcfed.run.result import RunResult
 
 #: the plotted pair drawn as a band rather than as lines
 BAND = ("acc_p10", "acc_p90")

@@ -21,8 +21,8 @@ import yaml
 
 from lcfed.config import ExperimentConfig, drop_later_defaults, flatten, to_dict
 from lcfed.data.generated import GENERATED
-from lcfed.experiment import file_source
-from lcfed.methods.base import Federation
+from lcfed.methods.round import Federation
+from lcfed.run.sources import file_source
 
 
 def federation_facts(fed: Federation) -> dict[str, str]:

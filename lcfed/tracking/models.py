@@ -21,11 +21,11 @@ import torch
 from torch.func import functional_call
 
 from lcfed.config import ExperimentConfig
-from lcfed.contracts import MAX_PERSONAL_BYTES
+from lcfed.learning.models import ParamSpec
 from lcfed.logs import quiet_logger
-from lcfed.methods.base import Federation
-from lcfed.models import ParamSpec
-from lcfed.run_result import SERVER_MODELS, FinalModels, RunResult
+from lcfed.methods.round import Federation
+from lcfed.run.contracts import MAX_PERSONAL_BYTES
+from lcfed.run.result import SERVER_MODELS, FinalModels, RunResult
 from lcfed.tracking.raw_input import SELECTORS, ModelBundle, RawInputModel, signature
 
 
@@ -111,7 +111,7 @@ def bundle_models(cfg: ExperimentConfig, b: ModelBundle) -> dict[str, RawInputMo
     """Name -> the model a user loads (:class:`RawInputModel`: stored samples in, the run's scaling inside):
     :func:`final_modules` of the server's models and the personalized models as ``personal``, a stack
     addressed by device id."""
-    from lcfed.experiment import network  # the data layer, loaded when models are logged
+    from lcfed.run.sources import network  # the data layer, loaded when models are logged
 
     net, _ = network(cfg, tuple(b.input_shape), b.num_classes)
     modules = final_modules(net.module, net.spec, SimpleNamespace(**b.server))

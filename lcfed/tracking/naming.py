@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import PurePath
 from typing import Any
 
-from lcfed.metric_catalog import SECTIONS, section_of
+from lcfed.run.metric_catalog import SECTIONS, section_of
 
 #: what separates a name's parts: the method and its values, the data, the seed
 SEP = " · "
@@ -26,7 +26,7 @@ NAMED_ELSEWHERE = frozenset({"name", "seed", "method.name", "data.dataset", "dat
 
 
 def section(name: str) -> str | None:
-    """The run-page section of the per-round metric ``name`` (:data:`~lcfed.metric_catalog.SECTIONS`, from the
+    """The run-page section of the per-round metric ``name`` (:data:`~lcfed.run.metric_catalog.SECTIONS`, from the
     metric catalogue), None for a name of no section. ``best_<metric>`` (a sweep's parent run) goes with
     ``<metric>``."""
     return section_of(name.removeprefix("best_"))

@@ -19,13 +19,13 @@ from typing import Any
 
 import numpy as np
 
-from lcfed import provenance
 from lcfed.config import ExperimentConfig
-from lcfed.contracts import MAX_PERSONAL_BYTES
-from lcfed.faults import ClusterLost
-from lcfed.methods.base import Federation, RoundStats
-from lcfed.run_result import RunResult
-from lcfed.stop import STOP
+from lcfed.methods.round import Federation, RoundStats
+from lcfed.numerics import provenance
+from lcfed.run.contracts import MAX_PERSONAL_BYTES
+from lcfed.run.faults import ClusterLost
+from lcfed.run.result import RunResult
+from lcfed.run.stop import STOP
 from lcfed.tracking.artifacts import log_artifacts
 from lcfed.tracking.guard import RunGuard
 from lcfed.tracking.inputs import dataset_input, federation_facts, log_dataset, log_params
@@ -82,7 +82,7 @@ class MLflowObserver:
         self.system_metrics = wanted_by_env() if system_metrics is None else system_metrics
         self.monitor: Any = None  # mlflow's SystemMetricsMonitor while it runs
         self.wants_models = False  # read by the engine: collect the final models for on_end
-        self.max_personal_bytes = MAX_PERSONAL_BYTES  # (lcfed.contracts.PersonalLimit) none built past what is logged
+        self.max_personal_bytes = MAX_PERSONAL_BYTES  # (lcfed.run.contracts.PersonalLimit) none built past what is logged
         self.fed: Federation | None = None
         self.model_uris: dict[str, str] = {}
         self.model_seconds = 0.0  # time spent logging models (reported, kept small)
@@ -139,7 +139,7 @@ class MLflowObserver:
 
     def start(self, cfg: ExperimentConfig, facts: dict[str, str], provenance: dict[str, str] | None = None) -> None:
         """Create (or reopen, when resuming) the run; ``facts`` are logged as ``federation.*`` params,
-        ``provenance`` (what produces the numbers: :func:`lcfed.provenance.record`) as ``provenance.json`` and its
+        ``provenance`` (what produces the numbers: :func:`lcfed.numerics.provenance.record`) as ``provenance.json`` and its
         ``provenance.numerics`` / ``.fingerprint`` tags."""
         self.cfg = cfg
         self.experiment_id = get_or_create_experiment(self.client, cfg.tracking.experiment, self.uri)

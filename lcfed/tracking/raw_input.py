@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from lcfed import checkpoint
 from lcfed.data.sources import Scaling
+from lcfed.run import checkpoint
 
 #: the pyfunc param (and ``forward`` keyword) that picks one model of a stack, by the stack's logged name;
 #: not ``device``: MLflow's PyTorch flavour reserves that name for where the model runs
@@ -116,7 +116,7 @@ def signature(model: RawInputModel) -> Any:
 @dataclass(frozen=True)
 class ModelBundle:
     """What rebuilds a finished run's logged models: the server's model tensors (``weights``, ``centers``,
-    ``embedding``: :data:`lcfed.run_result.SERVER_MODELS`), each device's personalized weights, the sample shape,
+    ``embedding``: :data:`lcfed.run.result.SERVER_MODELS`), each device's personalized weights, the sample shape,
     the classes and the run's :class:`Scaling`. A Tune trial writes it beside its last checkpoint."""
 
     server: dict[str, torch.Tensor]

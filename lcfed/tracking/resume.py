@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from lcfed.checkpoint import CheckpointError
 from lcfed.errors import ConfigError
+from lcfed.run.checkpoint import CheckpointError
 from lcfed.tracking.store import is_server_uri, resolve_tracking_uri
 
 

@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from lcfed.metric_catalog import LAYER_FAMILIES, order_key
-from lcfed.metrics import cluster_sizes
+from lcfed.learning.metrics import cluster_sizes
+from lcfed.run.metric_catalog import LAYER_FAMILIES, order_key
 from lcfed.tracking.naming import mlflow_key
 from lcfed.tracking.store import METRICS_PER_BATCH, reachable
 from lcfed.tracking.unlogged import write_unlogged

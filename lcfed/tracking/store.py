@@ -18,7 +18,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from lcfed.errors import TrackingError, require
-from lcfed.output_paths import check_holds_files
+from lcfed.run.output_paths import check_holds_files
 
 #: the tracking client's retry budget against a server, unless the environment sets its own: MLflow's
 #: defaults (7 retries, backoff factor 2, 120 s timeout) spend minutes per call on a server that is gone,

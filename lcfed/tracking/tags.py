@@ -64,6 +64,6 @@ PROVENANCE_TAGS = ("numerics", "fingerprint")
 
 
 def provenance_tags(provenance: dict[str, str]) -> dict[str, str]:
-    """``provenance.<field>`` tags of :func:`lcfed.provenance.record`'s record, the fields of
+    """``provenance.<field>`` tags of :func:`lcfed.numerics.provenance.record`'s record, the fields of
     :data:`PROVENANCE_TAGS` only (MLflow caps a tag at 8000 characters)."""
     return {f"provenance.{k}": str(provenance[k])[:8000] for k in PROVENANCE_TAGS if k in provenance}

@@ -23,8 +23,8 @@ from ray.tune import Callback
 
 from lcfed.config import ExperimentConfig
 from lcfed.logs import progress_shown
-from lcfed.progress import is_tty
-from lcfed.run_result import RunResult
+from lcfed.run.progress import is_tty
+from lcfed.run.result import RunResult
 from lcfed.tracking import MLflowObserver, run_name
 from lcfed.tracking.naming import SEP, fit_name, named_values, short_names, values_label
 from tune_jobs.sweep.objective import METRIC

@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from lcfed.config import load_config
-from lcfed.output_paths import check_output_file
-from lcfed.overrides import parse_override
+from lcfed.config.overrides import parse_override
+from lcfed.run.output_paths import check_output_file
 from lcfed.tracking import check_tracking_store, ui_hint
 from tune_jobs.options import config_options, examples, verbosity_options
 from tune_jobs.sweep.options import add_no_track, add_sweep_options, sweep_options, tracking_of

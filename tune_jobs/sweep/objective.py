@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from lcfed.errors import require
-from lcfed.metric_catalog import objectives
+from lcfed.run.metric_catalog import objectives
 
 METRIC = "acc_mean"  # the default --metric
 

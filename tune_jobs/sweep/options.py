@@ -22,9 +22,9 @@ from typing import Any
 from lcfed.config import NAME_RULE, ExperimentConfig, safe_name
 from lcfed.engines import ENGINES
 from lcfed.errors import require
-from lcfed.metric_catalog import objectives
-from lcfed.output_paths import check_output_dir
-from lcfed.stop import Stopped
+from lcfed.run.metric_catalog import objectives
+from lcfed.run.output_paths import check_output_dir
+from lcfed.run.stop import Stopped
 from lcfed.tracking import check_registry
 from tune_jobs.sweep.objective import METRIC, SCHEDULERS, SEARCHES, Objective, check_finishes, resolve_objective
 

@@ -16,10 +16,10 @@ from ray import tune
 from ray.tune.search.sample import Categorical, Float, Integer, LogUniform, Quantized
 
 from lcfed.config import ExperimentConfig, field_types, flatten, from_dict, to_dict
-from lcfed.config_types import accepts, type_name
+from lcfed.config.overrides import apply_overrides
+from lcfed.config.types import accepts, type_name
+from lcfed.config.yaml_input import read_yaml
 from lcfed.errors import ConfigError, require
-from lcfed.overrides import apply_overrides
-from lcfed.yaml_input import read_yaml
 
 SPACES_DIR = Path(__file__).resolve().parent.parent / "spaces"
 

@@ -18,14 +18,16 @@ from typing import Any
 import ray
 from ray import tune
 
-from lcfed import checkpoint, engines, provenance
+from lcfed import engines
 from lcfed.config import ExperimentConfig, from_dict
-from lcfed.contracts import MAX_PERSONAL_BYTES, Engine
+from lcfed.config.overrides import apply_overrides
 from lcfed.data.formats import FileSource
 from lcfed.errors import ConfigError
-from lcfed.experiment import load, load_source, source_key
-from lcfed.loop import checkpoint_modules
-from lcfed.overrides import apply_overrides
+from lcfed.numerics import provenance
+from lcfed.run import checkpoint
+from lcfed.run.contracts import MAX_PERSONAL_BYTES, Engine
+from lcfed.run.loop import checkpoint_modules
+from lcfed.run.sources import load, load_source, source_key
 from lcfed.tracking import federation_facts, model_bundle, save_bundle
 from tune_jobs.sweep.objective import METRIC
 from tune_jobs.sweep.options import local_trial_cpus, trial_layout
@@ -48,8 +50,8 @@ class TuneReporter:
     (:data:`MODELS_FILE`), which the driver logs for the sweep's best trial.
     """
 
-    wants_models = True  # the engine hands the final models to on_end (lcfed.contracts.ModelsObserver)
-    max_personal_bytes = MAX_PERSONAL_BYTES  # (lcfed.contracts.PersonalLimit) none past what the best trial would log
+    wants_models = True  # the engine hands the final models to on_end (lcfed.run.contracts.ModelsObserver)
+    max_personal_bytes = MAX_PERSONAL_BYTES  # (lcfed.run.contracts.PersonalLimit) none past what the best trial would log
 
     def __init__(self, cfg: ExperimentConfig, placement: dict[str, Any] | None = None, metric: str = METRIC) -> None:
         self.cfg = cfg

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 from sklearn.cluster import AgglomerativeClustering
 
-from lcfed.clustering import weighted_mean
+from lcfed.learning.clustering import weighted_mean
 from lcfed.config import ExperimentConfig, require
 from lcfed.methods.base import DeviceContext, Message, RoundPlan, RoundStats, Strategy
 

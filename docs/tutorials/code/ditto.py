@@ -22,9 +22,9 @@ from dataclasses import dataclass
 
 import torch
 
-from lcfed.clustering import weighted_mean
+from lcfed.learning.clustering import weighted_mean
 from lcfed.config import ExperimentConfig, require
-from lcfed.local_update import Proximal, batch_rng, local_update
+from lcfed.learning.local_update import Proximal, batch_rng, local_update
 from lcfed.methods.base import DeviceContext, ModelMessage, RoundPlan, RoundStats, Strategy
 
 

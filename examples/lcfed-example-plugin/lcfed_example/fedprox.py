@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from lcfed.config import ExperimentConfig, require
-from lcfed.local_update import Proximal, batch_rng, local_update
+from lcfed.learning.local_update import Proximal, batch_rng, local_update
 from lcfed.methods.base import DeviceContext
 from lcfed.methods.fedavg import FedAvg, ModelMessage
 

@@ -198,7 +198,7 @@ def flatten_params(model: nn.Module, spec: ParamSpec) -> torch.Tensor:
 
 class Model(Protocol):
     """What device-side code calls: logits of a model at flat weights ``flat`` on inputs ``x``
-    (a :class:`Network`, or :class:`lcfed.vectorized.BatchedNet`, which batches gradients)."""
+    (a :class:`Network`, or :class:`lcfed.learning.vectorized.BatchedNet`, which batches gradients)."""
 
     def __call__(self, flat: torch.Tensor, x: torch.Tensor) -> torch.Tensor: ...
 
@@ -219,7 +219,7 @@ def build_network(model: str | Builder, input_shape: tuple[int, ...], num_classe
     """The model skeleton and its seeded initial flat weights (identical on every process).
 
     ``model`` is a built-in's name (:data:`MODELS`) or a builder: a plugin's comes from
-    :func:`lcfed.registry.model` (as :func:`lcfed.experiment.network` resolves ``model.name``); ``name``
+    :func:`lcfed.registry.model` (as :func:`lcfed.run.sources.network` resolves ``model.name``); ``name``
     is what an error calls it."""
     if isinstance(model, str):
         if model not in MODELS:

@@ -1,20 +1,14 @@
-"""Experiment configuration: frozen dataclasses, YAML loading, ``key=value`` overrides, validation.
-
-Every field is checked before any work starts; a bad value raises :class:`ConfigError` naming the
-field (dotted path), the value and what is allowed.
-
-This file is the one schema: every section's fields, types and defaults, in the order they print, and
-the conversions (plain data, dotted keys, digests). The long sections' checks live in
-:mod:`lcfed.config_rules` (each section's ``validate`` calls its function there), the override and
-name-resolution rules in :mod:`lcfed.overrides`, the typed conversion of values in
-:mod:`lcfed.config_types`.
-"""
+"""The whole config: :class:`ExperimentConfig` (its sections, the method's name and typed parameters, the
+seed), its checks across sections, and its conversions: from and to plain data (:func:`from_dict`,
+:func:`to_dict`), dotted keys (:func:`flatten`, :func:`field_types`), the digest of what determines the
+numbers, YAML loading with ``key=value`` overrides (:func:`load_config`)."""
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
 import json
+import math
 import re
 import typing
 from collections.abc import Iterable, Mapping
@@ -23,221 +17,33 @@ from pathlib import Path
 from typing import Any
 
 from lcfed import registry
-from lcfed.config_rules import (
-    check_data,
-    check_devices,
-    check_engine,
-    check_tracking,
-    check_train,
-    holdout_count,
-)
-from lcfed.config_types import build_dataclass, typed_value
-from lcfed.errors import (  # a leaf module (the methods import it); ConfigError and require: this API too
-    ConfigError,
-    did_you_mean,
-    require,
-)
-from lcfed.overrides import apply_overrides, parse_override, resolve
-from lcfed.yaml_input import read_yaml
+from lcfed.config.data import DataConfig
+from lcfed.config.devices import DevicesConfig, NetworkConfig
+from lcfed.config.engine import EngineConfig
+from lcfed.config.overrides import apply_overrides, parse_override, resolve
+from lcfed.config.tracking import CheckpointConfig, TrackingConfig
+from lcfed.config.train import ModelConfig, TrainConfig
+from lcfed.config.types import build_dataclass, typed_value
+from lcfed.config.yaml_input import read_yaml
+from lcfed.errors import did_you_mean, require
 
-#: what this module defines, and two names it re-exports on purpose: ``ConfigError`` and ``require``
-#: (:mod:`lcfed.errors`'s) are the plugin face (a strategy's ``validate`` raises through
-#: ``lcfed.config.require``, docs/plugins.md); the repository's own code imports them from lcfed.errors
-__all__ = [
-    "LATER_DEFAULTS", "MAX_SEED", "NAME_RULE", "CheckpointConfig", "ConfigError", "DataConfig", "DevicesConfig",
-    "EngineConfig",
-    "ExperimentConfig", "MethodConfig", "ModelConfig", "NetworkConfig", "TrackingConfig", "TrainConfig",
-    "drop_later_defaults", "field_types", "flatten", "from_dict", "load_config", "require", "safe_name", "to_dict",
-]
+__all__ = ["ExperimentConfig", "LATER_DEFAULTS", "MAX_SEED", "MethodConfig", "NAME_RULE", "devices_per_round", "drop_later_defaults", "field_types", "flatten", "from_dict", "load_config", "safe_name", "to_dict"]
+
 
 #: numpy, torch and scikit-learn all take it (seed + round stays below 2**32)
 MAX_SEED = 2**31 - 1
+
+
 NAME_RULE = ("must be 1-100 characters of letters, digits, '.', '_' or '-', starting with a letter or digit "
              "(it names directories: sweeps, checkpoints)")
+
+
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 
 
 def safe_name(name: Any) -> bool:
     """A name that is safe as one path component (no separators, no '..', no leading dot)."""
     return isinstance(name, str) and _NAME.fullmatch(name) is not None
-
-
-@dataclass(frozen=True)
-class DataConfig:
-    """Where the samples come from and how they are split across devices."""
-
-    dataset: str = "digits"
-    data_dir: str = "~/.cache/lcfed"
-    download: bool = False
-    partition: str = "dirichlet"
-    alpha: float = 0.5
-    classes_per_device: int = 2
-    num_devices: int = 20
-    min_samples: int = 10
-    test_fraction: float = 0.2
-    subset: int = 0
-    samples_per_device: tuple[int, ...] = ()
-    primary: tuple[float, ...] = (0.4, 0.6)
-    secondary: tuple[float, ...] = (0.2, 0.4)
-    dirichlet_convention: str = "rebalance"
-    min_test_samples: int = 0
-    normalize: str = "standardize"
-    val_fraction: float = 0.0
-    holdout_fraction: float = 0.0
-    path: str = ""
-    format: str = "auto"
-    label_column: str = "label"
-    device_column: str = "device"
-    group_column: str = ""
-    image_size: tuple[int, ...] = ()
-    user_selection: str = "largest"
-    testbed: str = "none"
-    testbed_groups: int = 4
-    synthetic_samples: int = 0
-    synthetic_alpha: float = 1.0
-    synthetic_beta: float = 1.0
-    synthetic_clusters: int = 0
-
-    @property
-    def training_devices(self) -> int:
-        """The devices rounds draw from: ``num_devices`` less the held-out ones."""
-        return self.num_devices - holdout_count(self.num_devices, self.holdout_fraction)
-
-    def validate(self, prefix: str = "data") -> None:
-        check_data(self, prefix)
-
-
-@dataclass(frozen=True)
-class ModelConfig:
-    """Which network every device trains."""
-
-    name: str = "lenet5"
-
-    def validate(self, prefix: str = "model") -> None:
-        resolve("model", f"{prefix}.name", self.name)
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    """The federation's budget: rounds, participation and local work, shared by every method."""
-
-    rounds: int = 20
-    lr: float = 0.05
-    batch_size: int = 32
-    local_steps: int | None = 10
-    local_epochs: int | None = None
-    participation: float = 1.0
-    eval_every: int = 1
-    eval_devices: int = 0
-    final_eval_devices: int = -1  # the last round's: -1 auto (a sample above FINAL_EVAL_AUTO devices), 0 all, N
-
-    def validate(self, prefix: str = "train") -> None:
-        check_train(self, prefix)
-
-
-@dataclass(frozen=True)
-class EngineConfig:
-    """How rounds execute: in-process, or on Ray with a pool of device actors."""
-
-    kind: str = "local"
-    num_actors: int = 0
-    devices_per_actor: int = 0
-    cpus_per_actor: float = 1.0
-    gpus_per_actor: float = -1.0
-    gpus: float = -1.0
-    actors_per_gpu: int = 2
-    placement_timeout_s: float = 300.0
-    torch_threads: int = 1
-    workers: int = 0
-    vectorize: str = "auto"
-    vectorize_max: int = 256
-    device: str = "auto"
-    address: str | None = None
-    num_cpus: int = 0
-    object_store_mb: int = 256
-    max_failures: int = 3
-    numerics: str = "portable"
-    state_memory_mb: float = 0.0
-    spill_dir: str = ""
-    data_reads: str = "auto"
-
-    def validate(self, prefix: str = "engine") -> None:
-        check_engine(self, prefix)
-
-
-@dataclass(frozen=True)
-class TrackingConfig:
-    """MLflow tracking: where runs go and what they are called; how many evaluations the end-of-run
-    summary averages (``summary_evals``; the table reproductions average 3 too); how long the end of a run
-    waits for a tracking server that is gone (``end_wait_s``: a restart takes seconds)."""
-
-    enabled: bool = True
-    uri: str | None = None
-    experiment: str = "lcfed"
-    run_name: str | None = None
-    summary_evals: int = 3
-    end_wait_s: float = 30.0
-
-    def validate(self, prefix: str = "tracking") -> None:
-        check_tracking(self, prefix)
-
-
-@dataclass(frozen=True)
-class CheckpointConfig:
-    """Where and how often the run's full state is saved (server, devices, history)."""
-
-    dir: str | None = None
-    every: int = 1
-
-    def validate(self, prefix: str = "checkpoint") -> None:
-        require(self.every >= 1, f"{prefix}.every", self.every, "must be >= 1 (rounds between checkpoints)")
-
-
-@dataclass(frozen=True)
-class NetworkConfig:
-    """The simulated deployment that prices a round in seconds: each device's link and compute speed.
-
-    Devices transfer in parallel on their own links; compute counts 3 forward passes (forward +
-    backward) per training sample at ``device_gflops``.
-    """
-
-    bandwidth_mbps: float = 2.0
-    device_gflops: float = 10.0
-
-    def validate(self, prefix: str = "network") -> None:
-        require(self.bandwidth_mbps > 0, f"{prefix}.bandwidth_mbps", self.bandwidth_mbps, "must be > 0 (Mbit/s per device link)")
-        require(self.device_gflops > 0, f"{prefix}.device_gflops", self.device_gflops, "must be > 0 (GFLOP/s per device)")
-
-
-@dataclass(frozen=True)
-class DevicesConfig:
-    """Devices that come and go (docs/devices.md): per-device speed, links, availability and dropouts on a
-    simulated clock, and the round's policies (deadline, over-commitment). Off (``simulate: false``) every
-    sampled device is online, finishes and answers at once, as before."""
-
-    simulate: bool = False
-    speed_sigma: float = 0.0  # lognormal log-sd of compute speeds around network.device_gflops
-    bandwidth_sigma: float = 0.0  # the same for links around network.bandwidth_mbps
-    latency_ms: float = 0.0  # added to each transfer, each way
-    availability: str = "always"  # always | diurnal | iid | trace
-    online_fraction: float = 1.0  # diurnal: the share of the day online; iid: each slot's chance to be online
-    period_hours: float = 24.0  # diurnal / iid: the pattern's period
-    slot_minutes: float = 60.0  # iid: the on/off slot
-    phase: str = "random"  # diurnal: random per device, or "groups" (follows data's true groups / users)
-    phase_jitter: float = 0.05  # phase: groups: each device's offset from its group's phase (share of a period)
-    dropout: float = 0.0  # chance that a selected device drops out during the round
-    capacity_trace: str = ""  # FedScale capacity trace: speeds and links per device
-    availability_trace: str = ""  # FedScale availability trace (with availability: trace)
-    trace_format: str = "auto"  # auto | json | csv | parquet | pickle
-    deadline_seconds: float = 0.0  # devices not back by then are dropped (0: the server waits)
-    overcommit: float = 0.0  # select ceil((1 + overcommit) * k), keep the first k to finish
-    target_acc: float = 0.0  # acc_mean for time_to_target (simulated seconds); 0: not reported
-    aggregation: str = "sync"  # sync: rounds; async: FedBuff, the server aggregates every async_buffer arrivals
-    async_buffer: int = 0  # async: B, the arrivals per aggregation (1 <= B <= devices in flight)
-    staleness: str = "sqrt"  # async: an update s versions old counts 1/sqrt(1 + s) (sqrt) or 1 (constant)
-
-    def validate(self, prefix: str = "devices") -> None:
-        check_devices(self, prefix)
 
 
 @dataclass(frozen=True)
@@ -280,8 +86,6 @@ class ExperimentConfig:
         self.network.validate()
         self.devices.validate()
         if self.devices.simulate and self.devices.aggregation == "async":
-            from lcfed.methods.base import devices_per_round  # (torch: the method resolved below loads it anyway)
-
             in_flight = devices_per_round(self)
             require(self.devices.async_buffer <= in_flight, "devices.async_buffer", self.devices.async_buffer,
                     f"must be <= the devices in flight (train.participation of the training devices = {in_flight})")
@@ -308,6 +112,12 @@ class ExperimentConfig:
     def replace(self, **overrides: Any) -> ExperimentConfig:
         """A copy with dotted-key overrides applied (``{"method.mu": 0.2}``), re-validated."""
         return from_dict(apply_overrides(to_dict(self), overrides))
+
+
+def devices_per_round(cfg: ExperimentConfig) -> int:
+    """How many devices a round selects: ``train.participation`` of the training devices, at least one
+    (as :func:`lcfed.methods.round.select_devices` counts them)."""
+    return max(1, math.ceil(cfg.train.participation * cfg.data.training_devices - 1e-9))
 
 
 _SECTIONS: dict[str, type] = {

@@ -9,7 +9,9 @@ them all: ATen and oneDNN at AVX2, which every x86-64 machine of the last decade
 ``COMPATIBLE`` branch, the only one MKL runs alike on Intel and other vendors' CPUs (its AVX2 branch is
 for Intel CPUs only: elsewhere MKL silently takes its own path, which gave AMD other numbers); OpenBLAS
 on its Haswell kernels; numpy's loops at x86-64-v3. ``native`` lets the libraries choose (faster on
-AVX-512 machines, numbers tied to the CPU). :mod:`lcfed.fingerprint` checks the result kernel by kernel.
+AVX-512 machines, numbers tied to the CPU). :mod:`lcfed.numerics.fingerprint` checks the result kernel by kernel
+(against the references shipped in ``fingerprints/``) and :mod:`lcfed.numerics.provenance` records what produced
+a run's numbers; this module, the profile, is a leaf that ``import lcfed`` loads (no torch, no numpy), they are not.
 
 Each library reads its variable once: torch's when the process runs its first kernel (not at ``import
 torch``), OpenBLAS's and numpy's when numpy is imported. So every process applies its profile before

@@ -1,7 +1,7 @@
 """Stopping a run on a signal: the process's stop request, the handler that sets it and the exception
 a stopped run ends with.
 
-The round loop (:func:`lcfed.loop.run_rounds`) checks :data:`STOP` after every round and raises
+The round loop (:func:`lcfed.run.loop.run_rounds`) checks :data:`STOP` after every round and raises
 :class:`Stopped` at the boundary, checkpointed; :func:`stop_on_signals` is what sets it.
 """
 

@@ -1,8 +1,9 @@
 """The round loop, written once. It drives a server and a device pool, in-process or on Ray.
 
-What it calls on them and on its observers is in :mod:`lcfed.contracts`; what it returns, in
-:mod:`lcfed.run_result`; import those names from there (this module defines only the loop and its helpers).
-It checks the stop flag (:mod:`lcfed.stop`) after every round.
+What it calls on them and on its observers is in :mod:`lcfed.run.contracts`; what it returns, in
+:mod:`lcfed.run.result`; what a round measures (the evaluation schedule, the round's metrics), in
+:mod:`lcfed.run.rounds`; import those names from there (this module defines only the loop and its resume).
+It checks the stop flag (:mod:`lcfed.run.stop`) after every round.
 """
 
 from __future__ import annotations
@@ -17,9 +18,14 @@ from typing import Any
 
 import numpy as np
 
-from lcfed import checkpoint, registry
+from lcfed import registry
 from lcfed.config import ExperimentConfig
-from lcfed.contracts import (
+from lcfed.devices.clock import SimClock
+from lcfed.errors import DivergenceError
+from lcfed.learning.local_update import EvalResult
+from lcfed.methods.round import Federation, RoundStats
+from lcfed.run import checkpoint
+from lcfed.run.contracts import (
     DevicePool,
     ErrorObserver,
     LocatingObserver,
@@ -29,20 +35,13 @@ from lcfed.contracts import (
     PlanT,
     Server,
 )
-from lcfed.devices.schedule import SimClock
-from lcfed.errors import DivergenceError
-from lcfed.faults import ClusterLost
-from lcfed.local_update import EvalResult
-from lcfed.methods.base import Federation, RoundStats
-from lcfed.metrics import accuracy_metrics, label_homogeneity
-from lcfed.recovery import adjusted_rand_index, normalized_mutual_info
-from lcfed.run_result import FinalModels, RunResult, newcomer, newcomer_metrics
-from lcfed.stop import STOP, Stopped
+from lcfed.run.faults import ClusterLost
+from lcfed.run.result import FinalModels, RunResult, newcomer, newcomer_metrics
+from lcfed.run.rounds import TOTALS, evaluate_round, round_metrics, should_evaluate, sim_clock, time_to_target
+from lcfed.run.stop import STOP, Stopped
 
-__all__ = [
-    "DivergenceError", "HostFailure", "checkpoint_modules", "checkpoint_path", "eval_sample", "evaluate_round",
-    "final_models", "load_resume", "run_rounds", "should_evaluate", "simulated_seconds",
-]
+__all__ = ["DivergenceError", "HostFailure", "checkpoint_modules", "checkpoint_path", "final_models", "load_resume",
+           "run_rounds"]
 
 
 class HostFailure(RuntimeError):
@@ -65,55 +64,6 @@ def _final_models_for(observers: Sequence[Observer], fed: Federation, server: Se
     return final_models(server, pool, personal=fed.num_devices * fed.spec.size * 4 <= limit)
 
 
-def should_evaluate(cfg: ExperimentConfig, rnd: int) -> bool:
-    last = rnd == cfg.train.rounds - 1
-    return last or (rnd + 1) % cfg.train.eval_every == 0
-
-
-#: the stream (with the seed and round) of ``train.eval_devices``' samples: no other draw uses it
-_EVAL_STREAM = 0xE7A1
-
-#: ``train.final_eval_devices: -1`` (auto): the last round scores every device of a federation up to this
-#: size, a seeded sample of this many above it. The final evaluation is O(m) (about 1 ms a device on a CPU
-#: core: 19 min at 10^6); a sample of 10^4 puts acc_mean within about +-0.4 points (95 %) at any m.
-FINAL_EVAL_AUTO = 10_000
-
-
-def eval_size(cfg: ExperimentConfig, rnd: int, devices: int) -> int:
-    """How many devices an evaluation in round ``rnd`` scores in a federation of ``devices``: 0 = every one.
-    Before the last round ``train.eval_devices``; in it ``train.final_eval_devices`` (-1: every device up to
-    :data:`FINAL_EVAL_AUTO`, that many above)."""
-    if rnd != cfg.train.rounds - 1:
-        return cfg.train.eval_devices
-    n = cfg.train.final_eval_devices
-    if n == -1:
-        return 0 if devices <= FINAL_EVAL_AUTO else FINAL_EVAL_AUTO
-    return n
-
-
-def eval_sample(cfg: ExperimentConfig, rnd: int, trained: np.ndarray) -> tuple[int, ...] | None:
-    """The devices an evaluation in round ``rnd`` scores: None (every device) when :func:`eval_size` is 0;
-    else that many of the devices that have trained (those the accuracy metrics count), sorted, drawn with
-    the seed and round (all of them when fewer have trained)."""
-    n = eval_size(cfg, rnd, len(trained))
-    if n == 0:
-        return None
-    candidates = np.flatnonzero(trained)
-    if len(candidates) <= n:
-        return tuple(int(d) for d in candidates)
-    rng = np.random.default_rng([cfg.seed, rnd, _EVAL_STREAM])
-    return tuple(sorted(int(d) for d in rng.choice(candidates, size=n, replace=False)))
-
-
-def evaluate_round(
-    cfg: ExperimentConfig, rnd: int, server: Server[Any], pool: DevicePool[Any], trained: np.ndarray
-) -> dict[int, EvalResult]:
-    """The round's evaluation: every device, or :func:`eval_sample`'s."""
-    sample = eval_sample(cfg, rnd, trained)
-    payload = server.eval_payload()
-    return pool.evaluate(payload) if sample is None else pool.evaluate(payload, sample)
-
-
 def checkpoint_path(cfg: ExperimentConfig) -> Path | None:
     return checkpoint.path(cfg.checkpoint.dir)
 
@@ -121,7 +71,7 @@ def checkpoint_path(cfg: ExperimentConfig) -> Path | None:
 def checkpoint_modules(cfg: ExperimentConfig) -> tuple[str, ...]:
     """The module, beyond lcfed's, whose state dataclasses the run's checkpoint may name: that of the strategy
     ``method.name`` names (a built-in's, a ``module:Attr`` path's, an entry point's), where a plugin keeps
-    its own server and device states (:func:`lcfed.checkpoint.load`); the strategy's base classes' modules
+    its own server and device states (:func:`lcfed.run.checkpoint.load`); the strategy's base classes' modules
     are not added."""
     return (registry.method(cfg.method.name).strategy.__module__,)
 
@@ -177,9 +127,6 @@ def run_rounds(
         raise
 
 
-TOTALS = ("bytes_up_total", "bytes_down_total", "sim_seconds_total")
-
-
 def _restore(
     result: RunResult, snap: checkpoint.Snapshot | None, trained: np.ndarray
 ) -> tuple[int, dict[str, float]]:
@@ -193,72 +140,6 @@ def _restore(
     result.assignment = getattr(snap.server_state, "assignment", None) if snap is not None else None
     last = result.history[-1] if result.history else {}
     return (snap.next_round if snap is not None else 0), {k: float(last.get(k, 0.0)) for k in TOTALS}
-
-
-def simulated_seconds(cfg: ExperimentConfig, fed: Federation, stats: RoundStats) -> tuple[float, float]:
-    """(communication, computation) seconds of a round on the simulated deployment (``cfg.network``).
-
-    Participants work in parallel, so a round costs one average participant's transfer over its
-    link plus its local training: ``samples x 3 x forward FLOPs`` (forward and backward) at
-    ``device_gflops``. Extra device-side passes a method makes (e.g. IFCA scoring K models) are
-    not priced.
-    """
-    n = max(stats.participants, 1)
-    comm = (stats.bytes_up + stats.bytes_down) / n * 8 / (cfg.network.bandwidth_mbps * 1e6)
-    t = cfg.train
-    if t.local_steps is not None:
-        samples = float(t.local_steps * t.batch_size)
-    else:
-        samples = (t.local_epochs or 0) * float(np.mean(fed.train_sizes))
-    compute = samples * 3 * fed.flops_per_sample / (cfg.network.device_gflops * 1e9) if stats.participants else 0.0
-    return comm, compute
-
-
-def _metrics(
-    cfg: ExperimentConfig,
-    rnd: int,
-    stats: RoundStats,
-    evaluation: dict[int, EvalResult] | None,
-    fed: Federation,
-    totals: dict[str, float],
-    trained: np.ndarray,
-) -> dict[str, float]:
-    comm, compute = simulated_seconds(cfg, fed, stats)
-    metrics: dict[str, float] = {
-        "round": float(rnd),
-        "train_loss": stats.train_loss,
-        "bytes_up": float(stats.bytes_up),
-        "bytes_down": float(stats.bytes_down),
-        "bytes_up_total": totals["bytes_up_total"] + stats.bytes_up,
-        "bytes_down_total": totals["bytes_down_total"] + stats.bytes_down,
-        "sim_comm_seconds": comm,
-        "sim_compute_seconds": compute,
-        "sim_seconds_total": totals["sim_seconds_total"] + comm + compute,
-    }
-    for layer, nbytes in sorted(stats.layers_up.items()):
-        metrics[f"bytes_up/{layer}"] = float(nbytes)
-    for layer, nbytes in sorted(stats.layers_down.items()):
-        metrics[f"bytes_down/{layer}"] = float(nbytes)
-    if stats.assignment is not None:
-        metrics["num_clusters"] = float(stats.num_clusters)
-        assigned = stats.assignment >= 0
-        if assigned.any():
-            truth, found = fed.groups[assigned], stats.assignment[assigned]
-            # against a testbed's true groups always (too few clusters is a score, not an excuse); against a
-            # label-skew proxy only where K clusters can express it (pathological class sets outnumber any K)
-            if fed.group_kind or len(np.unique(truth)) <= max(stats.num_clusters, len(np.unique(found))):
-                metrics["ari"] = adjusted_rand_index(found, truth)
-            if fed.group_kind:  # a testbed's true clusters: recovery also as normalized mutual information
-                metrics["nmi"] = normalized_mutual_info(found, truth)
-            if fed.label_dist is not None:
-                metrics["label_homogeneity"] = label_homogeneity(fed.label_dist[assigned], found)
-    # the share of the devices rounds can select that have trained (held-out ones never do)
-    training = np.ones(fed.num_devices, dtype=bool)
-    training[list(fed.held_out)] = False
-    metrics["coverage"] = float(trained[training].mean())
-    if evaluation is not None:
-        metrics.update(accuracy_metrics(evaluation, trained))
-    return metrics
 
 
 def _save(
@@ -293,18 +174,6 @@ class _Played:
     evaluation: dict[int, EvalResult] | None
 
 
-def sim_clock(fed: Federation, last: dict[str, float]) -> SimClock | None:
-    """The device model's clock at the start of the round after ``last`` (the previous round's metrics; {}
-    before the first), and each device's transfer: the last round's mean per kept device, one model each way
-    before the first round or after one that kept no one. None without the device model."""
-    if fed.fleet is None:
-        return None
-    kept = last.get("devices_kept", 0.0)
-    size = 4.0 * fed.spec.size
-    down, up = (last["bytes_down"] / kept, last["bytes_up"] / kept) if kept else (size, size)
-    return SimClock(float(last.get("sim_clock_seconds", 0.0)), down, up)
-
-
 def _play(
     cfg: ExperimentConfig, fed: Federation, server: Server[PlanT], pool: DevicePool[PlanT], rnd: int,
     trained: np.ndarray, totals: dict[str, float], clock: SimClock | None,
@@ -319,22 +188,13 @@ def _play(
     evaluation = evaluate_round(cfg, rnd, server, pool, now_trained) if should_evaluate(cfg, rnd) else None
     if plan.devices and not np.isfinite(stats.train_loss):
         raise DivergenceError(f"round {rnd}: training loss is {stats.train_loss}; lower train.lr or check the data")
-    metrics = _metrics(cfg, rnd, stats, evaluation, fed, totals, now_trained)
+    metrics = round_metrics(cfg, rnd, stats, evaluation, fed, totals, now_trained)
     if plan.timing is not None:
         metrics.update(plan.timing.metrics())
     if fed.held_out and rnd == cfg.train.rounds - 1:
         metrics.update(newcomer_metrics(pool.join(fed.held_out, newcomer(server.get_state(), fed.spec))))
     metrics["round_seconds"] = time.perf_counter() - t0
     return _Played(stats, metrics, now_trained, evaluation)
-
-
-def _time_to_target(cfg: ExperimentConfig, metrics: dict[str, float], history: list[dict[str, float]]) -> None:
-    """``sim_seconds_to_target`` into the round's ``metrics`` if its ``acc_mean`` is the first to reach
-    ``devices.target_acc`` (the simulated clock then)."""
-    target = cfg.devices.target_acc
-    if (target > 0 and metrics.get("acc_mean", -1.0) >= target and "sim_clock_seconds" in metrics
-            and not any("sim_seconds_to_target" in row for row in history)):
-        metrics["sim_seconds_to_target"] = metrics["sim_clock_seconds"]
 
 
 def _take(result: RunResult, rnd: int, played: _Played, history: list[dict[str, float]]) -> None:
@@ -369,7 +229,7 @@ def _loop(
         try:
             clock = sim_clock(fed, result.history[-1] if result.history else {})
             played = _play(cfg, fed, server, pool, rnd, trained, totals, clock)
-            _time_to_target(cfg, played.metrics, result.history)
+            time_to_target(cfg, played.metrics, result.history)
             history = [*result.history, played.metrics]
             if ckpt is not None and checkpoint.due(rnd, cfg.checkpoint.every, cfg.train.rounds):
                 last_snap = _save(ckpt, cfg, rnd + 1, server, pool, history, observers, played.trained)

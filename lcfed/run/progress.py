@@ -10,8 +10,8 @@ from typing import Any
 from tqdm import tqdm
 
 from lcfed.config import ExperimentConfig
-from lcfed.methods.base import Federation, RoundStats
-from lcfed.run_result import RunResult
+from lcfed.methods.round import Federation, RoundStats
+from lcfed.run.result import RunResult
 
 #: seconds between plain progress lines when rounds are quick (every round is printed otherwise)
 LINE_EVERY_S = 10.0

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from lcfed.models import Model
+from lcfed.learning.models import Model
 
 
 @dataclass(frozen=True)
@@ -95,7 +95,7 @@ def minibatches(n: int, work: LocalWork, rng: np.random.Generator) -> Iterator[n
 def loss_and_grad(net: Model, w: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> tuple[float, torch.Tensor]:
     """Mean cross-entropy of ``net`` at ``w`` on ``(x, y)`` and its gradient with respect to ``w``.
 
-    A ``net`` with its own ``loss_and_grad`` (:class:`lcfed.vectorized.BatchedNet`) computes it
+    A ``net`` with its own ``loss_and_grad`` (:class:`lcfed.learning.vectorized.BatchedNet`) computes it
     together with other devices'."""
     batched = getattr(net, "loss_and_grad", None)
     if batched is not None:

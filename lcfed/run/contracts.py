@@ -16,13 +16,13 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 import torch
 
 from lcfed.config import ExperimentConfig
-from lcfed.local_update import EvalResult
-from lcfed.methods.base import Federation, RoundStats
+from lcfed.learning.local_update import EvalResult
+from lcfed.methods.round import Federation, RoundStats
 
 if TYPE_CHECKING:  # annotations only: the results module is the loop's, not the contracts'
-    from lcfed.checkpoint import Snapshot
-    from lcfed.devices.schedule import RoundTiming, SimClock
-    from lcfed.run_result import Newcomer, RunResult
+    from lcfed.devices.clock import RoundTiming, SimClock
+    from lcfed.run.checkpoint import Snapshot
+    from lcfed.run.result import Newcomer, RunResult
 
 
 class Plan(Protocol):
@@ -59,7 +59,7 @@ class DevicePool(Protocol[PlanIn]):
     server's ``aggregate``), evaluates, and gives their states and personalized models.
 
     States go in and out a part at a time (``iter_states``; ``set_states`` and ``recover`` read a
-    checkpoint's :class:`~lcfed.checkpoint.StateParts` part by part): a checkpoint never gathers
+    checkpoint's :class:`~lcfed.run.checkpoint.StateParts` part by part): a checkpoint never gathers
     every device's state in the driver."""
 
     def train(self, plan: PlanIn) -> Any: ...

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from lcfed.local_update import EvalResult
+from lcfed.learning.local_update import EvalResult
 
 #: the standard normal quantile of a two-sided 95 % interval
 Z95 = 1.959963984540054

@@ -10,8 +10,8 @@ from typing import Any
 import yaml
 
 from lcfed import registry
+from lcfed.config.yaml_input import _Refused, _StrictLoader, _yaml_problem
 from lcfed.errors import ConfigError, did_you_mean, require
-from lcfed.yaml_input import _Refused, _StrictLoader, _yaml_problem
 
 
 def parse_override(text: str, flag: str = "--set") -> tuple[str, Any]:
@@ -56,7 +56,7 @@ def apply_overrides(raw: Mapping[str, Any], overrides: Mapping[str, Any] | Itera
     Switching ``method.name`` keeps only the file's method fields the new method accepts, so one
     config file can be run with every method.
     """
-    out = _deepcopy(raw)
+    out: dict[str, Any] = _deepcopy(raw)
     items = list(overrides.items()) if isinstance(overrides, Mapping) else list(overrides)
     for key, value in items:
         spec = _method_or_none(value) if key == "method.name" else None

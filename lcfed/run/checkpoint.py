@@ -17,152 +17,33 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import importlib
 import io
 import os
-import re
 import secrets
 import tempfile
-import warnings
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
-from lcfed.errors import CheckpointError
+from lcfed.run.checkpoint_codec import (
+    CheckpointError,
+    allowed_modules,
+    decode,
+    decode_allowed,
+    encode,
+    reason,
+    safe_load,
+)
 
-#: module prefixes whose dataclasses a checkpoint may name (a run's method adds its own module: :func:`load`)
-ALLOWED_MODULES = ("lcfed.",)
 #: 3: device states in part files; 2: the content as one byte tensor with its SHA-256; 1: the content itself
 FORMAT_VERSION = 3
+
+
 #: device states per part file when a snapshot's states are written from a mapping
 PART_DEVICES = 256
-
-
-#: longest reason a :class:`CheckpointError` quotes from the error underneath
-REASON_CHARS = 300
-
-
-def _safe_load(source: Any) -> Any:
-    """``torch.load`` with the safe loader (tensors and plain data only), quietly: a damaged file either
-    fails (a :class:`CheckpointError` says so) or loads what was written, so torch's warnings about an odd
-    pickle protocol (a flipped byte in a header) would only add lines to that one."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)
-        return torch.load(source, map_location="cpu", weights_only=True)
-
-
-def _reason(exc: BaseException) -> str:
-    """Why torch (or the decoder) could not read a file, in one line: the safe unpickler's own complaint
-    without torch's multi-line advice around it (which suggests loading with ``weights_only=False``: unsafe,
-    and no help for a damaged file), terminal escapes and line breaks dropped, at most :data:`REASON_CHARS`."""
-    text = str(exc)
-    if "WeightsUnpickler error:" in text:
-        text = text.split("WeightsUnpickler error:", 1)[1].split("Check the documentation", 1)[0]
-    elif text.startswith("Weights only load failed"):
-        text = "the safe loader (weights_only) refuses its content"
-    text = " ".join(re.sub(r"\x1b\[[0-9;]*m", "", text).split())
-    if len(text) > REASON_CHARS:
-        text = text[: REASON_CHARS - 3] + "..."
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-
-
-def encode(obj: Any) -> Any:
-    """Plain containers + tensors that ``torch.load(weights_only=True)`` accepts."""
-    # the exact types: a subclass (numpy's float64 and str_ are float's and str's) would be pickled as its class,
-    # which the safe loader refuses: a checkpoint written that no resume could read
-    if obj is None or type(obj) in (bool, int, float, str) or isinstance(obj, torch.Tensor):
-        return obj
-    if isinstance(obj, np.ndarray):
-        # np.array, not np.ascontiguousarray: that makes a 0-d array 1-d, and it would come back of shape (1,)
-        return {"__np__": torch.from_numpy(np.array(obj, order="C", copy=True)), "dtype": str(obj.dtype)}
-    if isinstance(obj, np.generic):
-        # a numeric numpy scalar stays one of its dtype (a float32 that came back a Python float would compute in
-        # float64 after a resume, and the run would no longer be bit-identical); others (str_, datetime64) as Python's
-        if obj.dtype.kind in "biufc":
-            try:
-                return {"__np__": torch.from_numpy(np.array(obj)), "dtype": str(obj.dtype), "scalar": True}
-            except TypeError:  # a dtype torch has no tensor of (longdouble): its Python value
-                pass
-        return obj.item()
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        cls = type(obj)
-        return {
-            "__dc__": f"{cls.__module__}:{cls.__qualname__}",
-            "fields": {f.name: encode(getattr(obj, f.name)) for f in dataclasses.fields(obj)},
-        }
-    if isinstance(obj, dict):
-        return {"__map__": [[encode(k), encode(v)] for k, v in obj.items()]}
-    if isinstance(obj, tuple):
-        return {"__tuple__": [encode(v) for v in obj]}
-    if isinstance(obj, list):
-        return [encode(v) for v in obj]
-    raise TypeError(f"cannot checkpoint a {type(obj).__name__}")
-
-
-def _modules(allowed: Iterable[str]) -> tuple[str, ...]:
-    """Extra allowed module names, as given (a trailing dot dropped; empty names and lcfed's, allowed anyway,
-    left out)."""
-    names = (m.rstrip(".") for m in allowed)
-    return tuple(dict.fromkeys(m for m in names if m and not (m + ".").startswith(ALLOWED_MODULES)))
-
-
-def _allowed(module: str, allowed: tuple[str, ...]) -> bool:
-    """Whether a checkpoint may rebuild a dataclass defined in ``module``: lcfed's (:data:`ALLOWED_MODULES`), or
-    one of ``allowed`` or a submodule of it (``ditto`` allows ``ditto`` and ``ditto.states``, never ``dittox``
-    or ``ditto``'s parent package)."""
-    return module.startswith(ALLOWED_MODULES) or any(module == m or module.startswith(m + ".") for m in allowed)
-
-
-def _dataclass(path: str, allowed: tuple[str, ...] = ()) -> type:
-    module, _, qualname = path.partition(":")
-    if not _allowed(module, allowed):
-        raise CheckpointError(f"checkpoint names {path!r}, outside the allowed modules {(*ALLOWED_MODULES, *allowed)}")
-    needs = "resuming needs the code that wrote it"
-    try:  # an allowed module only: lcfed's own, or the run's method's, whose code the run imports anyway
-        obj: Any = importlib.import_module(module)
-    except Exception as exc:  # a plugin renamed or not installed here: one line, not the import's traceback
-        why = _reason(exc)
-        raise CheckpointError(f"checkpoint names {path!r}, but its module {module!r} cannot be imported ({why}); "
-                              f"{needs}") from None
-    for part in qualname.split("."):
-        if not part.isidentifier() or not hasattr(obj, part):
-            raise CheckpointError(f"checkpoint names {path!r}, but module {module!r} has no class {qualname!r}; "
-                                  f"{needs}")
-        obj = getattr(obj, part)
-    if not (isinstance(obj, type) and dataclasses.is_dataclass(obj)):
-        raise CheckpointError(f"checkpoint names {path!r}, which is not a dataclass")
-    if not _allowed(obj.__module__, allowed):  # reached through an allowed module, defined in another
-        raise CheckpointError(f"checkpoint names {path!r}, a class of {obj.__module__!r}, outside the allowed "
-                              f"modules {(*ALLOWED_MODULES, *allowed)}")
-    return obj
-
-
-def decode(obj: Any, allowed: Iterable[str] = ()) -> Any:
-    """Inverse of :func:`encode`. Dataclasses are rebuilt from :data:`ALLOWED_MODULES` and from ``allowed``
-    (module names, each with its submodules: :func:`load`); any other class is refused."""
-    return _decode(obj, _modules(allowed))
-
-
-def _decode(obj: Any, allowed: tuple[str, ...]) -> Any:
-    if isinstance(obj, list):
-        return [_decode(v, allowed) for v in obj]
-    if isinstance(obj, dict):
-        if "__np__" in obj:
-            array = obj["__np__"].numpy().astype(obj["dtype"], copy=False)
-            return array[()] if obj.get("scalar") else array
-        if "__dc__" in obj:
-            cls = _dataclass(obj["__dc__"], allowed)
-            return cls(**{k: _decode(v, allowed) for k, v in obj["fields"].items()})
-        if "__map__" in obj:
-            return {_decode(k, allowed): _decode(v, allowed) for k, v in obj["__map__"]}
-        if "__tuple__" in obj:
-            return tuple(_decode(v, allowed) for v in obj["__tuple__"])
-        raise CheckpointError(f"unknown checkpoint node with keys {sorted(obj)}")
-    return obj
 
 
 def _sha256_of(path: Path) -> str:
@@ -192,7 +73,7 @@ class StateParts(Mapping[int, Any]):
     def __init__(self, folder: Path, parts: Iterable[Part], allowed: Iterable[str] = ()) -> None:
         self.folder = folder
         self.parts = tuple(parts)
-        self.allowed = _modules(allowed)
+        self.allowed = allowed_modules(allowed)
         self._where = {d: i for i, p in enumerate(self.parts) for d in p.devices}
         self._cached: tuple[int, dict[int, Any]] | None = None
 
@@ -202,12 +83,12 @@ class StateParts(Mapping[int, Any]):
         part = self.parts[i]
         path = self.folder / part.file
         try:
-            raw = _safe_load(path)
-            states = _decode(raw["states"], self.allowed)
+            raw = safe_load(path)
+            states = decode_allowed(raw["states"], self.allowed)
         except CheckpointError:
             raise
         except Exception as exc:
-            raise CheckpointError(f"cannot read checkpoint part {path}: {_reason(exc)}") from None
+            raise CheckpointError(f"cannot read checkpoint part {path}: {reason(exc)}") from None
         self._cached = (i, states)
         return states
 
@@ -355,7 +236,7 @@ def load(path: str | Path, allowed: Iterable[str] = ()) -> Snapshot:
     """Read a checkpoint written by :func:`save` (tensors and plain data only).
 
     Its dataclasses are rebuilt from lcfed's modules and from ``allowed``: the module of the run's
-    method when it is a plugin (:func:`lcfed.loop.checkpoint_modules`), which keeps its own state
+    method when it is a plugin (:func:`lcfed.run.loop.checkpoint_modules`), which keeps its own state
     classes there. Each allowed name allows its submodules too, since a plugin package may define its
     states beside its strategy (``ditto.states`` for ``ditto:Ditto``); nothing above or beside it (not
     the parent package, not ``dittox``), and a class must be defined in an allowed module, not merely
@@ -364,13 +245,13 @@ def load(path: str | Path, allowed: Iterable[str] = ()) -> Snapshot:
     lacks it (the plugin renamed or not installed) is a :class:`CheckpointError` naming both.
     """
     path = Path(path)
-    extra = _modules(allowed)
+    extra = allowed_modules(allowed)
     if not path.is_file():
         raise CheckpointError(f"no checkpoint at {path}")
     try:
-        raw = _safe_load(path)
+        raw = safe_load(path)
     except Exception as exc:
-        raise CheckpointError(f"cannot read checkpoint {path} (damaged or not a checkpoint): {_reason(exc)}") from None
+        raise CheckpointError(f"cannot read checkpoint {path} (damaged or not a checkpoint): {reason(exc)}") from None
     if not isinstance(raw, dict) or raw.get("format") not in (1, 2, FORMAT_VERSION):
         fmt = raw.get("format") if isinstance(raw, dict) else type(raw).__name__
         raise CheckpointError(f"checkpoint {path} has format {fmt!r}, expected {FORMAT_VERSION}")
@@ -382,21 +263,21 @@ def load(path: str | Path, allowed: Iterable[str] = ()) -> Snapshot:
         if hashlib.sha256(data).hexdigest() != raw.get("sha256"):
             raise CheckpointError(f"checkpoint {path} is damaged: its content does not match its SHA-256")
         try:
-            raw = _safe_load(io.BytesIO(data))
+            raw = safe_load(io.BytesIO(data))
         except Exception as exc:
-            raise CheckpointError(f"cannot read checkpoint {path}: {_reason(exc)}") from None
+            raise CheckpointError(f"cannot read checkpoint {path}: {reason(exc)}") from None
     try:
         return Snapshot(
             next_round=int(raw["next_round"]),
-            server_state=_decode(raw["server_state"], extra),
-            device_states=_parts(path, raw, extra) if "device_parts" in raw else _decode(raw["device_states"], extra),
+            server_state=decode_allowed(raw["server_state"], extra),
+            device_states=_parts(path, raw, extra) if "device_parts" in raw else decode_allowed(raw["device_states"], extra),
             history=decode(raw["history"]),
             config_digest=str(raw["config_digest"]),
             tracking=decode(raw["tracking"]),
             trained=tuple(int(d) for d in raw.get("trained", ())),
-            pending=_decode(raw["pending"], extra) if "pending" in raw else None,
+            pending=decode_allowed(raw["pending"], extra) if "pending" in raw else None,
         )
     except CheckpointError:
         raise
     except Exception as exc:  # well-formed file, wrong structure (e.g. crafted by hand)
-        raise CheckpointError(f"checkpoint {path} has an unexpected structure: {_reason(exc)}") from None
+        raise CheckpointError(f"checkpoint {path} has an unexpected structure: {reason(exc)}") from None

@@ -9,8 +9,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from lcfed.local_update import EvalResult
-from lcfed.models import ParamSpec
+from lcfed.learning.local_update import EvalResult
+from lcfed.learning.models import ParamSpec
 
 
 @dataclass

@@ -6,7 +6,7 @@ same bits on both. Each line of a fingerprint is ``name sha256[:16]`` of one ker
 kernels first (convolutions, linear layers, matmuls, reductions, transcendental functions, the LAPACK and
 BLAS routines that numpy, scipy and scikit-learn call), with the inputs and names of
 ``shared/numerics/fingerprint.py`` so that a line can be diffed against that script's reference outputs;
-then the project's own path: model initialisation, :func:`lcfed.local_update.local_update` with proximal
+then the project's own path: model initialisation, :func:`lcfed.learning.local_update.local_update` with proximal
 terms, the vectorized step, evaluation, LCFed's projector and assignments, k-means, the cluster means,
 the input scaling, the partitioner's draws and the generated data. The digest is a hash of all lines.
 
@@ -167,14 +167,14 @@ def _project(out: dict[str, str]) -> None:
     import numpy as np
     import torch
 
-    from lcfed.clustering import assign_by_cosine, cluster_means, kmeans_labels
     from lcfed.data.generated import leaf_synthetic
     from lcfed.data.partition import make_partition
     from lcfed.data.sources import Scaling
-    from lcfed.local_update import DeviceData, LocalWork, Proximal, batch_rng, evaluate, local_update
-    from lcfed.models import build_network
-    from lcfed.similarity import fit_projector, sq_dist_matrix, sq_l2_matrix
-    from lcfed.vectorized import StepBatcher
+    from lcfed.learning.clustering import assign_by_cosine, cluster_means, kmeans_labels
+    from lcfed.learning.local_update import DeviceData, LocalWork, Proximal, batch_rng, evaluate, local_update
+    from lcfed.learning.models import build_network
+    from lcfed.learning.similarity import fit_projector, sq_dist_matrix, sq_l2_matrix
+    from lcfed.learning.vectorized import StepBatcher
 
     rng = np.random.default_rng([0x5EED, 1])
     images = rng.integers(0, 256, (96, 1, 28, 28), dtype=np.uint8)
@@ -336,9 +336,9 @@ def _write(path: Path, fp: Fingerprint) -> None:
 
 
 def references() -> list[Fingerprint]:
-    """The reference fingerprints the project ships (``lcfed/fingerprints/*.json``), by name."""
+    """The reference fingerprints the project ships (``lcfed/numerics/fingerprints/*.json``), by name."""
     out = []
-    for entry in sorted(files("lcfed").joinpath("fingerprints").iterdir(), key=lambda e: e.name):
+    for entry in sorted(files("lcfed.numerics").joinpath("fingerprints").iterdir(), key=lambda e: e.name):
         if entry.name.endswith(".json"):
             out.append(Fingerprint.from_dict(json.loads(entry.read_text())))
     return out

@@ -1,5 +1,5 @@
 """What produced a run's numbers (its provenance): the numerics profile and the kernels in force
-(:mod:`lcfed.numerics`), the kernel fingerprint (:mod:`lcfed.fingerprint`), software, CPU, threads and GPU;
+(:mod:`lcfed.numerics`), the kernel fingerprint (:mod:`lcfed.numerics.fingerprint`), software, CPU, threads and GPU;
 and which runs can be compared bit for bit. Every run records it (``provenance`` in ``--json``,
 ``provenance.*`` tags in MLflow); ``lcfed table`` and ``lcfed compare`` read it back.
 """
@@ -13,8 +13,7 @@ from typing import Any
 
 import torch
 
-from lcfed import fingerprint
-from lcfed.numerics import cpu_isa, cpu_model, kernel_settings, state
+from lcfed.numerics import cpu_isa, cpu_model, fingerprint, kernel_settings, state
 
 
 @cache
@@ -39,7 +38,7 @@ def _onednn() -> str:
 
 def record(device: Any = None, threads: int | None = None) -> dict[str, str]:
     """What produced a run's numbers: software, CPU and the kernels in force, the kernel fingerprint
-    (:mod:`lcfed.fingerprint`), threads (``threads``: the hosts' intra-op threads where they are not this
+    (:mod:`lcfed.numerics.fingerprint`), threads (``threads``: the hosts' intra-op threads where they are not this
     process's), and the GPU and CUDA version when ``device`` is a CUDA device. Flat strings: MLflow tags
     and ``--json``."""
     s = state()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from lcfed.similarity import cosine_matrix
+from lcfed.learning.similarity import cosine_matrix
 
 
 def assign_by_cosine(points: torch.Tensor, centers: torch.Tensor) -> np.ndarray:

@@ -3,7 +3,7 @@
 On a GPU a LeNet-5 step on a batch of 32 is launch-bound: looping over 100 devices costs ~1 s a
 round on an H100, one vmapped call per step ~50 ms. Strategies stay written for one device: each
 device of a round runs its ``Strategy.local`` in a thread of its own, and every gradient it asks
-for (:func:`lcfed.local_update.loss_and_grad`) goes to a :class:`StepBatcher`. The batcher waits until
+for (:func:`lcfed.learning.local_update.loss_and_grad`) goes to a :class:`StepBatcher`. The batcher waits until
 every device still training has asked, then computes all the gradients in one vmapped call and
 hands them back. A tick holds the k-th request of each device, in device order, so the batches
 (and hence the numbers) do not depend on thread timing. Anything else a strategy computes (its
@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch.func import grad_and_value, vmap
 
-from lcfed.models import Network
+from lcfed.learning.models import Network
 
 
 class StepBatcher:
