@@ -112,7 +112,7 @@ COMMANDS: tuple[tuple[str, str, str], ...] = (
     ("check", "tune_jobs.catalog:add_parser",
      "check that a method keeps the Strategy contract (seeded, pure, priced, resumable, Ray = local)"),
     ("models", "tune_jobs.catalog:add_parser",
-     "list the models: built-in, installed plugins (entry points lcfed.learning.models) and where each comes from"),
+     "list the models: built-in, installed plugins (entry points lcfed.models) and where each comes from"),
     ("datasets", "tune_jobs.catalog:add_parser",
      "list the datasets: built-in, installed plugins (entry points lcfed.datasets) and where each comes from"),
     ("data", "tune_jobs.data_command:add_parser", "dataset utilities"),
