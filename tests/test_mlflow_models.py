@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import io
 import threading
+from pathlib import Path
 
 import mlflow
 import numpy as np
@@ -102,10 +103,14 @@ def _pyfunc_on_raw_test_images_reproduces_the_runs_accuracy(cfg, run):
 
 
 def test_fedavg_logs_its_global_model(tracking_uri, monkeypatch):
+    from mlflow.utils import requirements_utils
+
     monkeypatch.setenv("MLFLOW_TRACKING_URI", tracking_uri)
+    monkeypatch.setattr(requirements_utils, "_MODULES_TO_PACKAGES", None)  # as in a fresh process
     obs = MLflowObserver(tracking_uri, system_metrics=False)
     cfg = tiny_config("method.name=fedavg", "train.rounds=2", "tracking.enabled=true", f"tracking.uri={tracking_uri}")
     run_local(cfg, [obs])
+    unbuilt = requirements_utils._MODULES_TO_PACKAGES is None
     tags = mlflow.MlflowClient(tracking_uri).get_run(obs.run_id).data.tags
     model = mlflow.pytorch.load_model(tags["model.global"])
     assert type(model.net).__name__ == "LeNet5" and "model.clusters" not in tags
@@ -114,6 +119,11 @@ def test_fedavg_logs_its_global_model(tracking_uri, monkeypatch):
     with torch.no_grad():
         assert np.array_equal(logits, model(torch.from_numpy(ds.x[:5])).numpy())
     assert mlflow.models.get_model_info(tags["model.global"]).signature.params is None
+    # the requirements are the pins of the running versions (checked against them without MLflow's map of every
+    # installed package, which the run left unbuilt for any other caller to build whole)
+    assert unbuilt
+    requirements = Path(mlflow.pyfunc.get_model_dependencies(tags["model.global"])).read_text().split()
+    assert {f"torch=={torch.__version__.split('+')[0]}", f"numpy=={np.__version__}"} <= set(requirements)
 
 
 def test_system_metrics_when_asked_get_a_point_and_stop_when_the_run_fails(tracking_uri, monkeypatch):

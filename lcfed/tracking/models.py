@@ -172,8 +172,29 @@ def log_model(run_id: str, name: str, module: RawInputModel, step: int, method: 
     logged = client.create_logged_model(
         experiment_id=run.info.experiment_id, name=name, source_run_id=run_id, tags=tags,
         params={k: str(v) for k, v in run.data.params.items()}, model_type=None)
-    info = mlflow.pytorch.log_model(module, name=name, run_id=run_id, model_id=logged.model_id,
-                                    pip_requirements=requirements, serialization_format="pickle", step=step,
-                                    signature=signature(module), input_example=(x, params) if params else x,
-                                    tags=tags)
+    with _pins_checked_alone(("torch", "numpy")):
+        info = mlflow.pytorch.log_model(module, name=name, run_id=run_id, model_id=logged.model_id,
+                                        pip_requirements=requirements, serialization_format="pickle", step=step,
+                                        signature=signature(module), input_example=(x, params) if params else x,
+                                        tags=tags)
     return str(info.model_uri)
+
+
+@contextmanager
+def _pins_checked_alone(packages: tuple[str, ...]) -> Iterator[None]:
+    """MLflow checks a logged model's requirements against the installed packages through a map of every
+    installed distribution's modules (``importlib_metadata.packages_distributions``: every file of every
+    package read, 2-4 s in a CUDA torch environment, once per process). The requirements here are pins of
+    ``packages`` taken from the running versions, so inside this block the map holds only those; it is put
+    back unbuilt after, for any other caller in the process to build whole."""
+    from mlflow.utils import requirements_utils
+
+    if getattr(requirements_utils, "_MODULES_TO_PACKAGES", False) is not None:
+        yield  # already built (or MLflow keeps it elsewhere): nothing to save
+        return
+    requirements_utils._MODULES_TO_PACKAGES = {name: [name] for name in packages}
+    try:
+        yield
+    finally:
+        requirements_utils._MODULES_TO_PACKAGES = None
+        requirements_utils._PACKAGES_TO_MODULES = None
