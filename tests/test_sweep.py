@@ -185,7 +185,7 @@ def asha_sweep(shared_ray, tmp_path_factory):
 def test_a_diverging_trial_fails_alone_and_the_sweep_exits_1(asha_sweep):
     code, err, summary, _, children = asha_sweep
     assert code == 1
-    assert "1 of 3 trials failed; first: lcfed.run.loop.DivergenceError: round 0" in err
+    assert "1 of 3 trials failed; first: lcfed.errors.DivergenceError: round 0" in err
     assert summary["trials"] == 3 and summary["errors"] == 1
     assert summary["best_config"] == {"train.lr": 0.05}
     assert children["0.05"].info.status == "FINISHED" and children["1e-05"].info.status == "FINISHED"

@@ -1,6 +1,6 @@
 """The per-sample columns of a user's file, checked whatever the format (:mod:`lcfed.data.formats` decodes the
 formats): the labels (integers 0..C-1, or names numbered in sorted order), the device ids of a natural
-partition, and the true groups (``data.group_column``). Each problem is a :class:`~lcfed.data.dataset.DataError`
+partition, and the true groups (``data.group_column``). Each problem is a :class:`~lcfed.errors.DataError`
 naming the file, the column and the first offending sample.
 """
 
