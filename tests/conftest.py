@@ -80,11 +80,22 @@ FIXTURE_MARKS: dict[str, tuple[str, ...]] = {
 }
 
 
+#: rough seconds a test costs by what it starts: files are handed to the test processes heaviest first, so the
+#: longest ones do not start last and leave the other processes idle at the end
+MARK_COST = {"cluster": 30.0, "ray": 12.0, "server": 8.0, "subprocess": 5.0}
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         for name in getattr(item, "fixturenames", ()):
             for mark in FIXTURE_MARKS.get(name, ()):
                 item.add_marker(mark)
+    cost: dict[str, float] = {}
+    for item in items:
+        marks = {m.name for m in item.iter_markers()}
+        cost[item.nodeid.split("::")[0]] = cost.get(item.nodeid.split("::")[0], 0.0) + max(
+            [MARK_COST[m] for m in marks & MARK_COST.keys()] or [0.05])
+    items.sort(key=lambda item: -cost[item.nodeid.split("::")[0]])  # stable: a file's tests keep their order
 
 
 @pytest.fixture

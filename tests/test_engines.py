@@ -9,9 +9,7 @@ import threading
 import numpy as np
 import pytest
 import ray
-import torch
 
-from actors.hosts import _tensor_to_wire, fast_tensor_transfer
 from actors.nodes import alive_nodes_info, nodes_missing
 from actors.placement import NodeResources, cluster_layout, fits, pool_layout
 from actors.ray_engine import RayEngine, run_ray
@@ -80,87 +78,6 @@ def test_seed_changes_results():
     a = run_local(tiny_config())
     b = run_local(tiny_config("seed=1"))
     assert a.history[-1]["train_loss"] != b.history[-1]["train_loss"]
-
-
-@pytest.mark.parametrize(
-    "method,extra",
-    [
-        ("lcfed", ["engine.devices_per_actor=3", "train.participation=0.75"]),
-        ("fedavg", []),
-        ("standalone", ["engine.num_actors=1"]),
-        ("ifca", ["engine.num_actors=1", "engine.cpus_per_actor=2"]),  # one actor training on 2 threads
-        ("lcfed", ["engine.vectorize=always"]),  # vmapped steps: the batches differ from in-process (4 vs 8 devices)
-        ("ifca", ["data.holdout_fraction=0.25", "engine.devices_per_actor=3"]),  # newcomers join on their actors
-        # states of the devices that trained only, spilled past a tiny budget; evaluations of a sample
-        ("lcfed", ["train.participation=0.5", "train.eval_devices=2", "train.final_eval_devices=3",
-                   "engine.state_memory_mb=0.0001"]),
-        # the device model: the server schedules on the simulated clock, devices drop out, go offline, over-commit
-        ("ifca", ["train.participation=0.5", "devices.simulate=true", "devices.availability=diurnal",
-                  "devices.online_fraction=0.6", "devices.dropout=0.2", "devices.overcommit=0.5",
-                  "devices.speed_sigma=1.0", "devices.phase=groups"]),
-        # partial participation crossing actor blocks (2 actors of 4 devices, 6 of 8 devices per round)
-        ("ifca", ["train.rounds=2", "train.participation=0.75", "engine.devices_per_actor=4"]),
-        ("perfedavg", ["engine.num_actors=2"]),
-        # a validation split: the val_* metrics come from the actors as the test ones do
-        ("lcfed", ["data.val_fraction=0.25", "engine.devices_per_actor=4"]),
-        # asynchronous (FedBuff): the queue and the messages in flight live in the server actor
-        ("lcfed", ["train.participation=0.5", "method.num_clusters=2", "method.rank=2", "devices.simulate=true",
-                   "devices.aggregation=async", "devices.async_buffer=2", "devices.speed_sigma=1.0",
-                   "devices.dropout=0.2"]),
-    ],
-)
-def test_ray_engine_matches_in_process(ray_cluster, method, extra):
-    cfg = tiny_config(f"method.name={method}", *extra)
-    local = run_local(cfg)
-    engine = RayEngine(cfg.replace(**{"engine.kind": "ray"}))
-    try:
-        remote = engine.run()
-        info = engine.actor_info
-    finally:
-        engine.close()
-    same_history(local.history, remote.history)
-    assert (local.assignment is None) == (remote.assignment is None)
-    if local.assignment is not None:
-        assert np.array_equal(local.assignment, remote.assignment)
-    assert sum(i["devices"] for i in info) == cfg.data.num_devices
-    # fractional logical GPUs were handed out; torch sees no CUDA here so training ran on the CPU
-    assert all(i["gpu_ids"] == [0] and i["torch_device"] == "cpu" for i in info)
-    assert len({i["pid"] for i in info}) == len(info)
-    assert all(i["workers"] == max(1, min(int(engine.layout.cpus_per_actor), i["devices"])) for i in info)
-
-
-@ray.remote
-def _bump(tensors: dict) -> dict:
-    out = {}
-    for key, t in tensors.items():
-        if t.dtype == torch.bool:
-            out[key] = t.logical_not_()  # in place: what arrived must be writable
-        elif t.requires_grad:
-            out[key] = t.detach() + 1
-        else:
-            out[key] = t.add_(1)
-    return out
-
-
-def test_tensors_cross_ray_as_numpy_buffers(ray_cluster):
-    base = torch.arange(12, dtype=torch.float32)
-    sent = {
-        "view": base[2:8],
-        "int": torch.arange(5),
-        "bool": torch.tensor([True, False]),
-        "scalar": torch.tensor(3.5, dtype=torch.float64),
-        "bf16": torch.ones(3, dtype=torch.bfloat16),
-        "grad": torch.ones(2, requires_grad=True),
-    }
-    wire = {k: _tensor_to_wire(t) for k, t in sent.items()}
-    assert {k for k, w in wire.items() if isinstance(w, np.ndarray)} == {"view", "int", "bool", "scalar"}
-    assert wire["view"].shape == (6,)  # the view's elements only, not its whole storage
-    fast_tensor_transfer()
-    back = ray.get(_bump.remote(sent))
-    for key, t in sent.items():
-        expect = t.logical_not() if t.dtype == torch.bool else t.detach() + 1
-        assert back[key].dtype == t.dtype and torch.equal(back[key], expect), key
-    assert torch.equal(base, torch.arange(12, dtype=torch.float32))  # the sender's tensors are untouched
 
 
 def test_pool_layout():
