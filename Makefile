@@ -25,7 +25,7 @@ test: $(STAMP)
 
 # the fast core: no Ray, cluster, server or child process (tests/conftest.py says how tests are marked)
 test-core: $(STAMP)
-	$(BIN)/python -X faulthandler -m pytest -q -m "not slow and not ray and not cluster and not server and not subprocess" $(PYTEST_ARGS)
+	$(BIN)/python -X faulthandler -m pytest -q -m "not slow and not ray and not cluster and not server and not subprocess" $(XDIST) $(PYTEST_ARGS)
 
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -q -m slow -s $(PYTEST_ARGS)

@@ -1,8 +1,8 @@
 """Where a command's CPU time goes, by kind of process: runs the command (default: the CI suite, ``make test``)
 and samples every process of this machine once a second from /proc, each process's CPU time counted once (its
-last sample), by what it is: the test processes, ``lcfed`` commands and other Python children, Ray's workers
-(device, server and trial actors, idle workers), Ray's daemons (GCS, raylet, dashboard and its agents, log
-monitor), MLflow tracking servers, moto's S3 server, the rest.
+last sample), and counts the processes started, by what they are: the test processes, ``lcfed`` commands and
+other Python children, Ray's workers (device, server and trial actors, idle workers), Ray's daemons (GCS,
+raylet, dashboard and its agents, log monitor), MLflow tracking servers, moto's S3 server, the rest.
 
 A process that lives less than the sampling period may be missed; Ray's worker processes name themselves
 ``ray::<what they run>`` (a worker's CPU before it took its first task counts as ``ray::IDLE``).
@@ -80,13 +80,16 @@ def main() -> int:
     thread.join()
     sample(seen, os.getpid())
     totals: Counter[str] = Counter()
+    started: Counter[str] = Counter()
     for pid, (kind, cpu) in seen.items():
         totals[kind] += cpu - (before[pid][1] if pid in before else 0.0)
+        started[kind] += pid not in before
     cpu_all = sum(totals.values())
     print(f"\n{' '.join(command)}: exit {code}, wall {wall:.0f} s, CPU {cpu_all:.0f} s on {os.cpu_count()} cores "
           f"({cpu_all / wall / (os.cpu_count() or 1):.0%} busy)")
+    print(f"  {'CPU':>8}    {'share':>5}  {'processes':>9}  kind")
     for kind, cpu in totals.most_common():
-        print(f"  {cpu:8.0f} s  {cpu / cpu_all:5.1%}  {kind}")
+        print(f"  {cpu:8.0f} s  {cpu / cpu_all:5.1%}  {started[kind]:9d}  {kind}")
     return code
 
 
