@@ -192,7 +192,7 @@ def _pins_checked_alone(packages: tuple[str, ...]) -> Iterator[None]:
     if getattr(requirements_utils, "_MODULES_TO_PACKAGES", False) is not None:
         yield  # already built (or MLflow keeps it elsewhere): nothing to save
         return
-    requirements_utils._MODULES_TO_PACKAGES = {name: [name] for name in packages}
+    requirements_utils._MODULES_TO_PACKAGES = {name: [name] for name in packages}  # type: ignore[assignment]
     try:
         yield
     finally:
