@@ -645,6 +645,7 @@ ROWS += [
     ("server-timeout-nan", "mlflow-server --timeout nan", {}, "--timeout"),
     ("server-store-file", "mlflow-server --store-dir inputs/afile", {"inputs/afile": "x"}, "--store-dir"),
     ("server-backend-scheme", "mlflow-server --backend-store-uri foo://x", {}, "--backend-store-uri"),
+    ("check-set-method-name", "check fedavg --set method.name=standalone", {}, "--set method.name: got 'standalone'"),
     # submit / job
     ("submit-no-entrypoint", "submit --address http://127.0.0.1:9 --", {}, "entrypoint"),
     ("submit-env-syntax", "submit --address http://127.0.0.1:9 --env NOEQUALS -- lcfed methods", {}, "--env"),

@@ -96,6 +96,9 @@ def cmd_check(args: argparse.Namespace) -> int:
             f"must be in [2, {MAX_CHECK_ROUNDS}] (resuming needs a round before the last; the check runs the method "
             "about four times)")
     sets = dict(parse_override(text) for text in args.set)  # a malformed one: one line, exit 2
+    # the report is named by METHOD: a --set of another method would check that one under this name
+    require("method.name" not in sets, "--set method.name", sets.get("method.name"),
+            "lcfed check takes the methods it checks from its METHOD arguments (lcfed check NAME ...); drop this --set")
     configs = [conformance.small_config(name, **{"train.rounds": args.rounds, **sets}) for name in args.methods]
     for cfg in configs:  # (--set train.rounds=N bypasses --rounds' check)
         require(2 <= cfg.train.rounds <= MAX_CHECK_ROUNDS, "train.rounds", cfg.train.rounds,
