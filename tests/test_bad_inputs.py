@@ -645,6 +645,9 @@ ROWS += [
     ("server-timeout-nan", "mlflow-server --timeout nan", {}, "--timeout"),
     ("server-store-file", "mlflow-server --store-dir inputs/afile", {"inputs/afile": "x"}, "--store-dir"),
     ("server-backend-scheme", "mlflow-server --backend-store-uri foo://x", {}, "--backend-store-uri"),
+    ("numerics-threads-big", "numerics --threads 100000", {}, "--threads: got 100000; must be in [1, "),
+    ("numerics-threads-0", "numerics --threads 0", {}, "--threads: got 0; must be in [1, "),
+    ("numerics-json-dir", "numerics --json inputs", {"inputs/afile": "x"}, "--json: got 'inputs'; is a directory"),
     ("check-set-method-name", "check fedavg --set method.name=standalone", {}, "--set method.name: got 'standalone'"),
     # submit / job
     ("submit-no-entrypoint", "submit --address http://127.0.0.1:9 --", {}, "entrypoint"),

@@ -12,8 +12,10 @@ from pathlib import Path
 from typing import Any
 
 from lcfed import numerics
+from lcfed.config.engine import THREADS_PER_CPU, machine_limits
 from lcfed.errors import require
 from lcfed.numerics import fingerprint
+from lcfed.run.output_paths import check_output_file
 from tune_jobs.options import examples
 
 
@@ -40,7 +42,10 @@ def add_parser(sub: Any) -> None:
 
 
 def cmd_numerics(args: argparse.Namespace) -> int:
-    require(args.threads >= 1, "--threads", args.threads, "must be >= 1")
+    cpus, max_threads, _ = machine_limits()  # engine.torch_threads' bounds
+    require(1 <= args.threads <= max_threads, "--threads", args.threads,
+            f"must be in [1, {max_threads}] ({THREADS_PER_CPU} x this machine's {cpus} CPUs, as engine.torch_threads)")
+    check_output_file(args.json, "--json")  # before the fingerprint's minute of work, not after
     if args.profile != numerics.env_profile():
         # numpy and OpenBLAS took this process's profile when they loaded: a child with the asked one
         argv = ["numerics", "--profile", args.profile, "--threads", str(args.threads)]
