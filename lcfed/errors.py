@@ -19,11 +19,17 @@ class ConfigError(ValueError):
         self.field = field_name
         self.value = value
         self.allowed = allowed
-        super().__init__(f"{field_name}: got {value!r}; {allowed}")
+        super().__init__(f"{printable(field_name)}: got {value!r}; {allowed}")
 
     def __reduce__(self) -> tuple[Any, ...]:
         # rebuilt from its three fields, so it crosses processes (Ray tasks, Tune trials) intact
         return (type(self), (self.field, self.value, self.allowed))
+
+
+def printable(text: str) -> str:
+    """``text``, or with control characters escaped (``\\r``, ``\\x1f``) where it has any: a field name typed
+    with them (a YAML key, a ``--set``) keeps the message on one line."""
+    return text if text.isprintable() else text.encode("unicode_escape").decode("ascii")
 
 
 def require(cond: bool, field_name: str, value: Any, allowed: str) -> None:

@@ -49,7 +49,7 @@ from lcfed.config import ExperimentConfig, field_types, from_dict, load_config, 
 from lcfed.config.overrides import apply_overrides
 from lcfed.data import DataError, Dataset
 from lcfed.engines.local import run_local
-from lcfed.errors import ConfigError
+from lcfed.errors import ConfigError, printable
 from lcfed.run import checkpoint
 from lcfed.run.loop import load_resume
 from lcfed.run.sources import check_against_data, load, load_source
@@ -177,8 +177,8 @@ def _validates_or_names_a_field(build: Callable[[], ExperimentConfig], keys: lis
         note(f"refused: {message}")
         top = exc.field.split(".")[0]
         event(f"refused: {top if top in SECTIONS or top in FLAGS else 'an unknown section'}")
-        assert "\n" not in message and "\r" not in message, message
-        assert message.startswith(f"{exc.field}: "), message
+        assert "\n" not in message and "\r" not in message, message  # a typed key's control characters escaped
+        assert message.startswith(f"{printable(exc.field)}: "), message
         assert _named(exc, keys), message
         return None
     assert isinstance(cfg, ExperimentConfig)

@@ -112,7 +112,7 @@ def test_eval_sample_is_seeded_among_trained_devices_and_every_device_last():
     assert a == eval_sample(cfg, 1, trained) and len(a) == 3 and set(a) <= {1, 2, 4, 6, 7} and list(a) == sorted(a)
     assert eval_sample(cfg, 4, trained) is None  # the last round scores every device
     assert eval_sample(cfg.replace(**{"train.eval_devices": 0}), 1, trained) is None
-    assert eval_sample(cfg.replace(**{"train.eval_devices": 9}), 1, trained) == (1, 2, 4, 6, 7)
+    assert eval_sample(cfg.replace(**{"train.eval_devices": 8}), 1, trained) == (1, 2, 4, 6, 7)
 
 
 def test_final_evaluation_scores_every_device_up_to_the_threshold_a_sample_above_or_as_told():

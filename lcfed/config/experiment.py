@@ -85,6 +85,11 @@ class ExperimentConfig:
         self.checkpoint.validate()
         self.network.validate()
         self.devices.validate()
+        for sample in ("eval_devices", "final_eval_devices"):  # a sample of more devices than there are is none
+            count = getattr(self.train, sample)
+            require(count <= self.data.training_devices, f"train.{sample}", count,
+                    f"must be at most the training devices ({self.data.training_devices}: data.num_devices less "
+                    "the held-out ones); 0 evaluates every device")
         if self.devices.simulate and self.devices.aggregation == "async":
             in_flight = devices_per_round(self)
             require(self.devices.async_buffer <= in_flight, "devices.async_buffer", self.devices.async_buffer,
