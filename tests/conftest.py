@@ -20,6 +20,7 @@ import re
 import secrets
 import subprocess
 import sys
+from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -61,6 +62,17 @@ def tiny_config(*extra: str) -> ExperimentConfig:
     return from_dict(apply_overrides(TINY, [parse_override(e) for e in extra]))
 
 
+@pytest.fixture(scope="module")
+def ray_cluster() -> Iterator[None]:
+    """One small Ray for the module (:func:`start_test_ray`) with one logical GPU: actors get fractional GPUs on
+    this CPU machine, and torch still runs on the CPU."""
+    import ray
+
+    start_test_ray(num_gpus=1)
+    yield
+    ray.shutdown()
+
+
 def start_test_ray(**resources: float) -> None:
     """A test's own small Ray (``num_cpus=2`` unless given). ``address="local"``, as the product's private
     start: never an attach to a cluster named by Ray's address file, which a killed ``ray start --head``
@@ -90,12 +102,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         for name in getattr(item, "fixturenames", ()):
             for mark in FIXTURE_MARKS.get(name, ()):
                 item.add_marker(mark)
-    cost: dict[str, float] = {}
+    cost: dict[Path, float] = defaultdict(float)
     for item in items:
-        marks = {m.name for m in item.iter_markers()}
-        cost[item.nodeid.split("::")[0]] = cost.get(item.nodeid.split("::")[0], 0.0) + max(
-            [MARK_COST[m] for m in marks & MARK_COST.keys()] or [0.05])
-    items.sort(key=lambda item: -cost[item.nodeid.split("::")[0]])  # stable: a file's tests keep their order
+        marks = {m.name for m in item.iter_markers()} & MARK_COST.keys()
+        cost[item.path] += max((MARK_COST[m] for m in marks), default=0.05)
+    items.sort(key=lambda item: -cost[item.path])  # stable: a file's tests keep their order
 
 
 @pytest.fixture

@@ -23,16 +23,8 @@ from lcfed.run import checkpoint
 from lcfed.run.setup import prepare
 from lcfed.run.shards import FileShard
 from lcfed.run.sources import load
-from tests.conftest import same_history, same_metrics, start_test_ray, tiny_config
+from tests.conftest import same_history, same_metrics, tiny_config
 from tune_jobs.run_command import placement_line
-
-
-@pytest.fixture(scope="module")
-def ray_cluster():
-    # one logical GPU on this CPU machine: actors get fractional GPUs, torch still runs on the CPU
-    start_test_ray(num_gpus=1)
-    yield
-    ray.shutdown()
 
 
 def test_in_process_run_is_deterministic():

@@ -11,15 +11,7 @@ import torch
 from actors.hosts import _tensor_to_wire, fast_tensor_transfer
 from actors.ray_engine import RayEngine
 from lcfed.engines.local import run_local
-from tests.conftest import same_history, start_test_ray, tiny_config
-
-
-@pytest.fixture(scope="module")
-def ray_cluster():
-    # one logical GPU on this CPU machine: actors get fractional GPUs, torch still runs on the CPU
-    start_test_ray(num_gpus=1)
-    yield
-    ray.shutdown()
+from tests.conftest import same_history, tiny_config
 
 
 @pytest.mark.parametrize(
