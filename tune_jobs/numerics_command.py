@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from lcfed import numerics
-from lcfed.config.engine import THREADS_PER_CPU, machine_limits
+from lcfed.config.engine import machine_limits, threads_why
 from lcfed.errors import require
 from lcfed.numerics import fingerprint
 from lcfed.run.output_paths import check_output_file
@@ -44,7 +44,7 @@ def add_parser(sub: Any) -> None:
 def cmd_numerics(args: argparse.Namespace) -> int:
     cpus, max_threads, _ = machine_limits()  # engine.torch_threads' bounds
     require(1 <= args.threads <= max_threads, "--threads", args.threads,
-            f"must be in [1, {max_threads}] ({THREADS_PER_CPU} x this machine's {cpus} CPUs, as engine.torch_threads)")
+            f"must be in [1, {max_threads}] ({threads_why(cpus)}, as engine.torch_threads)")
     check_output_file(args.json, "--json")  # before the fingerprint's minute of work, not after
     if args.profile != numerics.env_profile():
         # numpy and OpenBLAS took this process's profile when they loaded: a child with the asked one

@@ -15,7 +15,8 @@ from lcfed.errors import require
 from lcfed.numerics import PROFILES
 from lcfed.registry import ENGINES
 
-__all__ = ["DATA_READS", "EngineConfig", "PLACEMENT_TIMEOUT_MAX_S", "THREADS_PER_CPU", "check_engine", "machine_limits"]
+__all__ = ["DATA_READS", "EngineConfig", "PLACEMENT_TIMEOUT_MAX_S", "THREADS_PER_CPU", "check_engine", "machine_limits",
+           "threads_why"]
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,11 @@ def machine_limits() -> tuple[int, int, int]:
     return cpus, THREADS_PER_CPU * cpus, psutil.virtual_memory().total // 2**20
 
 
+def threads_why(cpus: int) -> str:
+    """Where the most threads a field may ask for comes from, for its message: ``4 x this machine's 2 CPUs``."""
+    return f"{THREADS_PER_CPU} x this machine's {cpus} CPUs"
+
+
 def check_engine(engine: EngineConfig, prefix: str = "engine") -> None:
     """``engine.*``: the actor pool's resources, then each host's threads, memory and numerics."""
     require(engine.kind in ENGINES, f"{prefix}.kind", engine.kind, f"one of {list(ENGINES)}")
@@ -100,7 +106,7 @@ def _check_host(engine: EngineConfig, prefix: str) -> None:
     require(engine.torch_threads >= 1, f"{prefix}.torch_threads", engine.torch_threads, "must be >= 1")
     cpus, max_threads, memory_mb = machine_limits()
     require(engine.torch_threads <= max_threads, f"{prefix}.torch_threads", engine.torch_threads,
-            f"must be <= {max_threads} ({THREADS_PER_CPU} x this machine's {cpus} CPUs)")
+            f"must be <= {max_threads} ({threads_why(cpus)})")
     require(
         engine.workers >= 0,
         f"{prefix}.workers",
@@ -117,7 +123,7 @@ def _check_host(engine: EngineConfig, prefix: str) -> None:
     require(engine.device in ("auto", "cpu", "cuda"), f"{prefix}.device", engine.device, "one of ['auto', 'cpu', 'cuda']")
     require(engine.num_cpus >= 0, f"{prefix}.num_cpus", engine.num_cpus, "must be >= 0 (0 = all)")
     require(engine.num_cpus <= max_threads, f"{prefix}.num_cpus", engine.num_cpus,
-            f"must be <= {max_threads} ({THREADS_PER_CPU} x this machine's {cpus} CPUs)")
+            f"must be <= {max_threads} ({threads_why(cpus)})")
     require(engine.object_store_mb >= 64, f"{prefix}.object_store_mb", engine.object_store_mb, "must be >= 64")
     require(engine.object_store_mb <= memory_mb, f"{prefix}.object_store_mb", engine.object_store_mb,
             f"must be <= {memory_mb} (this machine's memory in MB; Ray refuses more)")
