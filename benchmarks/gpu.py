@@ -79,6 +79,49 @@ def run_local(args: argparse.Namespace, vectorize: str) -> dict[str, Any]:
     return summarize(f"local {'vmap' if vectorize == 'always' else 'loop'}", res, total - sum(r["round_seconds"] for r in res.history), args)
 
 
+def profile_local(args: argparse.Namespace) -> str:
+    """The in-process vmapped run under torch's profiler: where a round's time goes (ops by self CPU time and
+    by GPU time, and the GPU's busy share of the wall time)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from lcfed.engines.local import run_local as run
+
+    cfg = workload(args, "local", "always").replace(**{"train.rounds": 3, "train.eval_every": 3})
+    from lcfed.learning import vectorized
+
+    inside = [0.0]
+    plain = vectorized.StepBatcher._run_if_complete
+
+    def timed(self: Any) -> None:  # the batched ticks' own time, synchronized, against the round's wall
+        t, ticks = time.perf_counter(), self.ticks
+        plain(self)
+        if self.ticks != ticks:  # only calls that ran a tick (most calls just queue a request)
+            if args.device == "cuda":
+                torch.cuda.synchronize()
+            inside[0] += time.perf_counter() - t
+
+    vectorized.StepBatcher._run_if_complete = timed  # type: ignore[method-assign]
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if args.device == "cuda" else [])
+    t0 = time.perf_counter()
+    with profile(activities=acts) as prof:
+        res = run(cfg)
+        if args.device == "cuda":
+            torch.cuda.synchronize()
+    wall = time.perf_counter() - t0
+    vectorized.StepBatcher._run_if_complete = plain  # type: ignore[method-assign]
+    avg = prof.key_averages()
+    gpu_us = sum(e.self_device_time_total for e in avg) if args.device == "cuda" else 0.0
+    rounds_s = [r["round_seconds"] for r in res.history]
+    text = [f"profiled: 3 rounds in-process vmap, wall {wall:.2f} s (rounds {', '.join(f'{s:.3f}' for s in rounds_s)}); "
+            f"GPU busy {gpu_us / 1e6:.3f} s = {100 * gpu_us / 1e6 / wall:.1f} % of the wall; inside the batcher's ticks "
+            f"(synchronized) {inside[0]:.3f} s = {100 * inside[0] / wall:.1f} %"]
+    text.append(avg.table(sort_by="self_cpu_time_total", row_limit=30))
+    if args.device == "cuda":
+        text.append(avg.table(sort_by="self_cuda_time_total", row_limit=20))
+    return "\n".join(text)
+
+
 def run_ray(args: argparse.Namespace, actors: int, vectorize: str) -> dict[str, Any]:
     from actors.ray_engine import RayEngine
 
@@ -106,6 +149,8 @@ def main() -> None:
     ap.add_argument("--actors", default="1,4,8", help="device actor counts for the Ray rows")
     ap.add_argument("--ray-loop", action="store_true", help="also the Ray rows with the loop inside the actors")
     ap.add_argument("--cpus-per-actor", type=float, default=1.0)
+    ap.add_argument("--profile", action="store_true", help="also profile the in-process vmapped run (profile.txt)")
+    ap.add_argument("--only-local", action="store_true", help="only the in-process rows")
     ap.add_argument("--quick", action="store_true", help="20 devices, 2 timed rounds, actors 1,2")
     ap.add_argument("--out", default=os.environ.get("OUT") or str(ROOT / "benchmarks" / "results"))
     args = ap.parse_args()
@@ -118,10 +163,20 @@ def main() -> None:
     gpu = torch.cuda.get_device_name(0) if args.device == "cuda" else "none"
 
     rows = [run_local(args, "never"), run_local(args, "always")]
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if args.profile:
+        report = profile_local(args)
+        print(report)
+        (out / "profile.txt").write_text(report + "\n")
+    if args.only_local:
+        args.actors = ""
     import ray
 
-    ray.init(address="local", num_cpus=os.cpu_count(), num_gpus=1 if args.device == "cuda" else 0, include_dashboard=False,
-             object_store_memory=2 * 1024**3 if args.device == "cuda" else 512 * 1024**2, log_to_driver=False)
+    if args.actors:
+        ray.init(address="local", num_cpus=os.cpu_count(), num_gpus=1 if args.device == "cuda" else 0,
+                 include_dashboard=False, log_to_driver=False,
+                 object_store_memory=2 * 1024**3 if args.device == "cuda" else 512 * 1024**2)
     try:
         for n in [int(a) for a in args.actors.split(",") if a]:
             rows.append(run_ray(args, n, "always"))
@@ -144,8 +199,6 @@ def main() -> None:
               f"{ref['s_round'] / r['s_round']:>7.1f}x {1e3 * r['target_s']:>10.0f} {r['startup_s']:>8.1f} "
               f"{r['max_loss_diff_vs_loop']:>10.1e}")
     print("anchors (hand-written, same H100): " + ", ".join(f"{k} {1e3 * v:.0f} ms" for k, v in ANCHORS_S.items()))
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     meta = {"device": args.device, "gpu": gpu, "torch": torch.__version__, "ray": ray.__version__,
             "python": platform.python_version(), "cpus": os.cpu_count(), "args": vars(args), "anchors_s": ANCHORS_S}
     (out / "gpu.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")

@@ -1,7 +1,7 @@
 """Many virtual devices' SGD steps in one kernel launch: ``torch.func.vmap`` over their weights.
 
-On a GPU a LeNet-5 step on a batch of 32 is launch-bound: looping over 100 devices costs ~1 s a
-round on an H100, one vmapped call per step ~50 ms. Strategies stay written for one device: each
+On a GPU a LeNet-5 step on a batch of 32 is launch-bound: looping over 100 devices costs 1.7 s a
+round on an H200, vmapped steps 0.23 s (benchmarks/README.md, gpu.py). Strategies stay written for one device: each
 device of a round runs its ``Strategy.local`` in a thread of its own, and every gradient it asks
 for (:func:`lcfed.learning.local_update.loss_and_grad`) goes to a :class:`StepBatcher`. The batcher waits until
 every device still training has asked, then computes all the gradients in one vmapped call and
