@@ -115,7 +115,7 @@ def main() -> None:
     if args.device == "cuda" and not torch.cuda.is_available():
         sys.exit("no CUDA device visible to torch; run with --device cpu for a smoke run")
     methods = [m for m in args.methods.split(",") if m] or sorted(METHODS)
-    cases = [(m, m, []) for m in methods]
+    cases: list[tuple[str, str, list[str]]] = [(m, m, []) for m in methods]
     cases += [(f"fedavg {s}", "fedavg", sets) for s, sets in SCENARIOS.items()]
     cases += [("lcfed devices-sync", "lcfed", SCENARIOS["devices-sync"])]
     if not args.no_ray:
