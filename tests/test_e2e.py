@@ -18,7 +18,7 @@ from tune_jobs.cli import main
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = str(ROOT / "configs" / "demo.yaml")
 # 2-class pathological digits with a weak pull to the cluster: where one FedAvg model clearly loses
-FAST = ["train.rounds=12", "data.num_devices=16", "data.partition=pathological", "data.classes_per_device=2",
+FAST = ["train.rounds=6", "train.local_steps=5", "data.num_devices=16", "data.partition=pathological", "data.classes_per_device=2",
         "data.test_fraction=0.25"]
 
 
@@ -43,7 +43,7 @@ def test_run_logs_to_mlflow_and_lcfed_beats_fedavg(tmp_path, tracking_uri, capfd
     assert len(printed.splitlines()) == 1 + 1 + 2 + rows + 3 + 3, printed
     assert "  evaluated      every trained device (16)" in printed.splitlines()
     assert lc["final_eval"] == {"devices": 16, "trained": 16, "sampled": False}
-    assert printed.splitlines()[1] == "demo: lcfed on digits (pathological), 16 devices, 12 rounds, engine local"
+    assert printed.splitlines()[1] == "demo: lcfed on digits (pathological), 16 devices, 6 rounds, engine local"
     assert err == "", err
     fa = _run(tmp_path, tracking_uri, "method.name=fedavg", "tracking.run_name=fedavg")
     margin = lc["acc_mean"] - fa["acc_mean"]
@@ -80,13 +80,13 @@ def test_run_logs_to_mlflow_and_lcfed_beats_fedavg(tmp_path, tracking_uri, capfd
     assert {k.split("/")[0] for k in run.data.metrics} == {"accuracy", "loss", "server", "time", "traffic"}
     assert next(iter(run.data.metrics)).startswith("accuracy/")  # first logged: the run page lists it first
     history = client.get_metric_history(lc["run_id"], "accuracy/acc_mean")
-    assert [m.step for m in history] == list(range(12))
+    assert [m.step for m in history] == list(range(6))
     assert run.data.metrics["accuracy/acc_mean"] == lc["acc_mean"]
     sizes = sum(run.data.metrics[f"server/cluster_size_{k}"] for k in range(5))
     assert sizes == 16
     assert run.data.metrics["traffic/bytes_up"] > 16 * 61_706 * 4  # every device uploads its model (+ code)
     # named for what ran (the --set values, the data, the seed) and tagged to group the runs table by
-    assert run.info.run_name == "lcfed rounds=12 num_devices=16 test_fraction=0.25 mu=0.1 · digits path2 · s0"
+    assert run.info.run_name == "lcfed rounds=6 local_steps=5 num_devices=16 test_fraction=0.25 mu=0.1 · digits path2 · s0"
     assert {k: run.data.tags[k] for k in ("method", "dataset", "partition", "seed")} == {
         "method": "lcfed", "dataset": "digits", "partition": "path2", "seed": "0"}
     assert client.get_run(fa["run_id"]).info.run_name == "fedavg"  # tracking.run_name wins
@@ -95,7 +95,7 @@ def test_run_logs_to_mlflow_and_lcfed_beats_fedavg(tmp_path, tracking_uri, capfd
     assignment = (local / "clusters" / "assignment.csv").read_text().splitlines()
     assert assignment[0] == "device,cluster" and len(assignment) == 17
     assert (local / "plots" / "accuracy.png").read_bytes()[:4] == b"\x89PNG"
-    assert len((local / "clusters" / "assignment_history.csv").read_text().splitlines()) == 12 + 1
+    assert len((local / "clusters" / "assignment_history.csv").read_text().splitlines()) == 6 + 1
     assert (local / "metrics" / "history.csv").exists()
     # the store and its artifacts live where the URI says, not in the working directory
     assert str(tmp_path) in run.info.artifact_uri
@@ -111,7 +111,7 @@ def test_run_logs_to_mlflow_and_lcfed_beats_fedavg(tmp_path, tracking_uri, capfd
     # the per-layer traffic is a table and one chart, not a flat line per layer
     assert not any(k.startswith(("traffic/bytes_up/", "traffic/bytes_down/")) for k in run.data.metrics)
     layers = (local / "traffic" / "layers.csv").read_text().splitlines()
-    assert layers[0] == "round,layer,bytes_up,bytes_down" and len(layers) == 1 + 12 * 6  # conv1..fc3, other
+    assert layers[0] == "round,layer,bytes_up,bytes_down" and len(layers) == 1 + 6 * 6  # conv1..fc3, other
     assert (local / "plots" / "traffic_layers.png").read_bytes()[:4] == b"\x89PNG"
 
 
