@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import mlflow
@@ -129,3 +130,12 @@ def test_progress_without_a_terminal_is_plain_lines_and_quiet_is_silent():
     assert "\r" not in out.getvalue() and quiet.getvalue() == ""
     assert lines[0].startswith("round 0 (1/3)  acc_mean ") and lines[-1].startswith("round 2 (3/3)  acc_mean ")
     assert all("train_loss" in line and "eta" in line for line in lines) and 2 <= len(lines) <= 3
+    # rounds that are not evaluated show the last evaluation and its round, never nan
+    bar = ProgressBar(file=io.StringIO())
+    bar.lines, bar.rounds = True, 3
+    shown = []
+    for rnd, acc in enumerate([math.nan, 0.5, math.nan]):
+        bar.last_line = -1e9  # every round prints
+        bar.on_round(rnd, {"acc_mean": acc, "train_loss": 1.0}, None)  # type: ignore[arg-type]
+        shown.append(bar.file.getvalue().splitlines()[-1].split("  ")[1])
+    assert shown == ["acc_mean not evaluated yet", "acc_mean 0.5000", "acc_mean 0.5000 (round 1)"]

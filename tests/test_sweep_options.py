@@ -253,3 +253,19 @@ def test_a_trials_name_leads_with_its_swept_values():
     assert trial_run_name(cfg, {}, {}) == "lcfed · digits path2 · s0"
     # a seeds sweep (lcfed compare's phase 2): the seed stays where the name shows it
     assert trial_run_name(cfg, {"seed": 1}, {"method.mu": 0.1}) == "lcfed mu=0.1 · digits path2 · s0"
+
+
+def test_a_trials_progress_line_carries_its_last_evaluation_never_nan():
+    import io
+    import math
+    from types import SimpleNamespace
+
+    from tune_jobs.sweep.callbacks import SweepProgress
+
+    out = io.StringIO()
+    progress = SweepProgress(["method.mu"], "acc_mean", "max", rounds=3, file=out, lines=True)
+    trial = SimpleNamespace(trial_id="a_00000", config={"method.mu": 0.1}, experiment_tag="0_method.mu=0.1")
+    for rnd, acc in enumerate([math.nan, 0.5, math.nan]):
+        progress.on_trial_result(rnd, [trial], trial, {"round": rnd, "acc_mean": acc})
+    assert [line.split("  ")[-1] for line in out.getvalue().splitlines()] == [
+        "acc_mean not evaluated yet", "acc_mean 0.5", "acc_mean 0.5 (round 1)"]

@@ -3,6 +3,7 @@ round, accuracy, loss, elapsed and ETA."""
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 from typing import Any
@@ -40,6 +41,7 @@ class ProgressBar:
         self.file = file or sys.stderr
         self.bar: tqdm | None = None
         self.acc = float("nan")
+        self.acc_round = -1  # the round acc was evaluated in (-1: none yet)
         self.lines = disable is None and not is_tty(self.file)
         self.t0 = self.last_line = 0.0
         self.rounds = 0
@@ -59,12 +61,14 @@ class ProgressBar:
         )
 
     def on_round(self, rnd: int, metrics: dict[str, float], stats: RoundStats) -> None:
-        self.acc = metrics.get("acc_mean", self.acc)
+        acc = metrics.get("acc_mean", math.nan)
+        if not math.isnan(acc):  # NaN: this round was not evaluated; keep the last evaluation
+            self.acc, self.acc_round = acc, rnd
         if self.lines:
             self._line(rnd, metrics)
             return
         assert self.bar is not None
-        self.bar.set_postfix(acc=f"{self.acc:.4f}", loss=f"{metrics['train_loss']:.4f}", refresh=False)
+        self.bar.set_postfix(acc=self._acc(rnd), loss=f"{metrics['train_loss']:.4f}", refresh=False)
         self.bar.update(1)
 
     def _line(self, rnd: int, metrics: dict[str, float]) -> None:
@@ -75,8 +79,13 @@ class ProgressBar:
         self.last_line = now
         elapsed = now - self.t0
         eta = elapsed / (rnd + 1) * (self.rounds - rnd - 1)
-        print(f"round {rnd} ({rnd + 1}/{self.rounds})  acc_mean {self.acc:.4f}  train_loss {metrics['train_loss']:.4f}  "
+        print(f"round {rnd} ({rnd + 1}/{self.rounds})  acc_mean {self._acc(rnd)}  train_loss {metrics['train_loss']:.4f}  "
               f"elapsed {elapsed:.0f} s  eta {eta:.0f} s", file=self.file, flush=True)
+
+    def _acc(self, rnd: int) -> str:
+        if self.acc_round < 0:
+            return "not evaluated yet"
+        return f"{self.acc:.4f}" + ("" if self.acc_round == rnd else f" (round {self.acc_round})")
 
     def on_end(self, result: RunResult) -> None:
         if self.bar is not None:

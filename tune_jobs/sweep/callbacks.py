@@ -167,6 +167,14 @@ def _value(v: Any) -> str:
     return str(v)
 
 
+def _carried(row: dict[str, Any], rnd: int) -> str:
+    """The metric's latest evaluated value, with its round when that was an earlier one; never ``nan``."""
+    if math.isnan(row["metric"]):
+        return "not evaluated yet"
+    at = row.get("metric_round", rnd)
+    return _value(row["metric"]) + ("" if at == rnd else f" (round {at})")
+
+
 def trial_index(trial: Any) -> int | None:
     """The trial's creation index (Tune's experiment tag starts with it), None if the tag has none: a
     seeded search's order, where trial ids are random."""
@@ -229,12 +237,12 @@ class SweepProgress(Callback):
         row["status"] = "running"
         row["round"] = int(result.get("round", row["round"] - 1)) + 1
         value = result.get(self.metric)
-        if isinstance(value, (int, float)):
-            row["metric"] = float(value)
+        if isinstance(value, (int, float)) and not math.isnan(value):  # NaN: a round that was not evaluated
+            row["metric"], row["metric_round"] = float(value), row["round"] - 1
         self.changed = True
         if self.lines:
             self._print(f"{self._label(trial.trial_id)}: round {row['round'] - 1} ({row['round']}/{self.rounds})  "
-                        f"{self.metric} {_value(row['metric'])}")
+                        f"{self.metric} {_carried(row, row['round'] - 1)}")
 
     def _ended(self, trial: Any, status: str) -> None:
         row = self._row(trial)
