@@ -269,3 +269,19 @@ def test_a_trials_progress_line_carries_its_last_evaluation_never_nan():
         progress.on_trial_result(rnd, [trial], trial, {"round": rnd, "acc_mean": acc})
     assert [line.split("  ")[-1] for line in out.getvalue().splitlines()] == [
         "acc_mean not evaluated yet", "acc_mean 0.5", "acc_mean 0.5 (round 1)"]
+
+
+def test_the_sweeps_pages_space_example_loads_and_a_display_form_is_refused_with_the_files_form(tmp_path):
+    import re
+
+    from tune_jobs.sweep.space import DOMAINS, load_space
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "sweeps.md").read_text()
+    (example,) = [b for b in re.findall(r"```yaml\n(.*?)```", page, re.S) if "loguniform" in b]
+    (tmp_path / "space.yaml").write_text(example)
+    space = load_space(tmp_path / "space.yaml", tiny_config("data.num_devices=20"))
+    assert {type(space[k]).__name__ for k in space} >= {"Float", "Categorical", "Integer"} and space["train.rounds"] == 20
+    assert {k for line in example.splitlines() for k in DOMAINS if f"{{{k}:" in line} == set(DOMAINS)  # every domain
+    (tmp_path / "bad.yaml").write_text("method.mu: loguniform(0.001, 1)\n")
+    with pytest.raises(ConfigError, match=r"space\.method\.mu: .*display form.*\{loguniform: \[0\.001, 1\]\}"):
+        load_space(tmp_path / "bad.yaml", tiny_config())

@@ -8,6 +8,7 @@ up among the bundled spaces (``tune_jobs/spaces/``).
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -71,9 +72,21 @@ def load_space(path: str | Path, base: ExperimentConfig) -> dict[str, Any]:
                     raise ConfigError(f"space.{key}", v, f"gives an invalid config: {exc}") from None
             space[key] = DOMAINS[kind](args)
         else:
+            display_form_hint(key, spec)
             from_dict(apply_overrides(base_raw, {key: spec}))
             space[key] = spec
     return space
+
+
+def display_form_hint(key: str, spec: Any) -> None:
+    """A domain written as it is displayed (``loguniform(0.001, 1)``) is a string to YAML, not a domain: name the
+    file's form instead of a type error about the string."""
+    match = re.fullmatch(r"\s*(\w+)\s*\((.*)\)\s*", spec) if isinstance(spec, str) else None
+    if match and match.group(1) in DOMAINS:
+        kind, inner = match.group(1), match.group(2).strip()
+        args = inner if inner.startswith("[") else f"[{inner}]"
+        raise ConfigError(f"space.{key}", spec, f"is a domain's display form, which YAML reads as a string; "
+                                                f"write it as {{{kind}: {args}}}")
 
 
 def finite_number(v: Any) -> bool:
