@@ -285,3 +285,28 @@ def test_the_sweeps_pages_space_example_loads_and_a_display_form_is_refused_with
     (tmp_path / "bad.yaml").write_text("method.mu: loguniform(0.001, 1)\n")
     with pytest.raises(ConfigError, match=r"space\.method\.mu: .*display form.*\{loguniform: \[0\.001, 1\]\}"):
         load_space(tmp_path / "bad.yaml", tiny_config())
+
+
+def test_a_methods_compare_space_is_read_next_to_its_module_and_a_module_class_method_names_its_class(
+        tmp_path, monkeypatch):
+    from tune_jobs.compare import method_space
+
+    pkg = tmp_path / "plug"
+    pkg.mkdir()
+    (pkg / "space.yaml").write_text("train.lr: {loguniform: [0.01, 0.1]}\n")
+    (pkg / "strat.py").write_text("from lcfed.methods.fedavg import FedAvg\n\n\n"
+                                  "class Mine(FedAvg):\n    compare_space = 'space.yaml'\n\n\n"
+                                  "class Lost(FedAvg):\n    compare_space = 'nowhere.yaml'\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    elsewhere = tmp_path / "cwd"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)  # a relative compare_space is not read from the working directory
+    assert method_space("plug.strat:Mine", None) == pkg / "space.yaml"
+    with pytest.raises(ConfigError, match=r"nowhere\.yaml, which is not a file \(a relative path is read next to"):
+        method_space("plug.strat:Lost", None)
+    spaces = tmp_path / "spaces"
+    spaces.mkdir()
+    with pytest.raises(ConfigError, match=r"write .*spaces/Mine\.yaml or .*spaces/plug\.strat:Mine\.yaml"):
+        method_space("plug.strat:Mine", spaces)
+    (spaces / "Mine.yaml").write_text("train.lr: 0.05\n")
+    assert method_space("plug.strat:Mine", spaces) == spaces / "Mine.yaml"

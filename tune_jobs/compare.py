@@ -18,6 +18,7 @@ interrupted sweep resumes from Tune's state: rerun the same command to continue.
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import math
 import re
@@ -64,23 +65,46 @@ COMPARE_HELP = {
 DEFAULT_VAL_FRACTION = 0.2
 
 
+def space_names(method: str) -> list[str]:
+    """The file names a method's space may have in a spaces directory: ``<method>.yaml``; for a method given as
+    ``module:Class``, ``<Class>.yaml`` first (a colon has no place in a portable file name)."""
+    names = [f"{method}.yaml"]
+    if ":" in method:
+        names.insert(0, f"{method.rpartition(':')[2]}.yaml")
+    return names
+
+
+def shipped_space(strategy: type) -> Path | None:
+    """The YAML a strategy names as its ``compare_space``: an absolute path, or one relative to the directory of
+    the strategy's module (not the working directory: the plugin's files travel with it)."""
+    shipped = getattr(strategy, "compare_space", None)
+    if shipped is None:
+        return None
+    path = Path(shipped)
+    if not path.is_absolute():
+        path = Path(inspect.getfile(strategy)).resolve().parent / path
+    return path
+
+
 def method_space(method: str, space_dir: str | Path | None) -> Path:
-    """``<space_dir>/<method>.yaml`` (default: the bundled compare spaces, then the space a plugin method
-    ships as its strategy's ``compare_space``: a YAML file's path)."""
+    """``<space_dir>/<method>.yaml`` (``<Class>.yaml`` for a ``module:Class`` method); default: the bundled compare
+    spaces, then the space a method ships as its strategy's ``compare_space`` (:func:`shipped_space`)."""
     where = Path(space_dir) if space_dir is not None else COMPARE_SPACES
-    path = where / f"{method}.yaml"
-    shipped = getattr(registry.method(method).strategy, "compare_space", None)
+    candidates = [where / name for name in space_names(method)]
+    path = next((p for p in candidates if p.is_file()), candidates[-1])
+    shipped = shipped_space(registry.method(method).strategy)
     if space_dir is None and not path.is_file() and shipped is not None:
-        path = Path(shipped)
-        require(path.is_file(), "--methods", method, f"its strategy's compare_space names {shipped}, which is not a "
-                "file (give it the YAML's path, e.g. str(Path(__file__).with_name('space.yaml')))")
+        require(shipped.is_file(), "--methods", method, f"its strategy's compare_space names {shipped}, which is not a "
+                "file (a relative path is read next to the strategy's module)")
+        return shipped
     if space_dir is not None:
-        require(path.is_file(), "--methods", method, f"has no search space in --space-dir: write {path}")
+        require(path.is_file(), "--methods", method,
+                f"has no search space in --space-dir: write {' or '.join(str(p) for p in candidates)}")
     bundled = sorted(p.stem for p in COMPARE_SPACES.glob("*.yaml"))
     require(path.is_file(), "--methods", method,
             f"method {method} has no search space among the built-in ones ({', '.join(bundled)}): give its "
-            "strategy a compare_space attribute (the path of a search-space YAML next to its module) or pass "
-            f"--space-dir DIR with DIR/{method}.yaml")
+            "strategy a compare_space attribute (a search-space YAML's path, relative to its module's directory) or "
+            f"pass --space-dir DIR with DIR/{space_names(method)[0]}")
     return path
 
 
