@@ -27,6 +27,19 @@ def test_a_run_is_named_for_its_method_values_data_and_seed():
     assert len(run_name(cfg, {f"method.x{i}": "v" * 20 for i in range(20)})) == 250
 
 
+def test_a_device_model_run_says_how_its_rounds_wait_or_that_it_is_fedbuff():
+    sync = tiny_config("method.name=fedavg", "devices.simulate=true", "devices.deadline_seconds=60",
+                       "devices.overcommit=0.3", "devices.availability=diurnal")
+    values = {"devices.simulate": True, "devices.deadline_seconds": 60, "devices.overcommit": 0.3,
+              "devices.availability": "diurnal", "devices.dropout": 0.1}
+    assert run_name(sync, values) == "fedavg dropout=0.1 · digits path2 · sync deadline 60s over 0.3 diurnal · s0"
+    fedbuff = tiny_config("method.name=fedavg", "devices.simulate=true", "devices.aggregation=async",
+                          "devices.async_buffer=4")
+    assert run_name(fedbuff) == "fedavg · digits path2 · FedBuff B=4 · s0"
+    assert run_tags(fedbuff)["devices"] == "FedBuff B=4" and "devices" not in run_tags(tiny_config())
+    assert run_name(tiny_config("devices.simulate=true")) == "lcfed · digits path2 · sync · s0"
+
+
 def test_tags_group_the_runs_table_by_method_dataset_partition_and_seed():
     cfg = tiny_config("data.partition=dirichlet", "data.alpha=0.3", "seed=7")
     assert run_tags(cfg) == {"method": "lcfed", "dataset": "digits", "partition": "dir0.3", "seed": "7"}

@@ -85,14 +85,41 @@ def data_label(cfg: Any) -> str:
     return f"{dataset} {part}{testbed}"
 
 
+#: the ``devices.*`` keys the device-model part of a name shows (:func:`devices_label`)
+DEVICES_NAMED = frozenset({"devices.simulate", "devices.aggregation", "devices.async_buffer", "devices.deadline_seconds",
+                           "devices.overcommit", "devices.availability"})
+
+
+def devices_label(cfg: Any) -> str:
+    """The device model's part of a name: ``FedBuff B=4`` (asynchronous), ``sync deadline 60s over 0.3`` (rounds that
+    wait, with their policies), and the availability unless always online; "" with the device model off."""
+    d = getattr(cfg, "devices", None)
+    if d is None or not d.simulate:
+        return ""
+    if d.aggregation == "async":
+        parts = [f"FedBuff B={d.async_buffer}"]
+    else:
+        parts = ["sync"]
+        if d.deadline_seconds > 0:
+            parts.append(f"deadline {d.deadline_seconds:g}s")
+        if d.overcommit > 0:
+            parts.append(f"over {d.overcommit:g}")
+    if d.availability != "always":
+        parts.append(d.availability)
+    return " ".join(parts)
+
+
 def named_values(values: Mapping[str, Any]) -> dict[str, Any]:
     """The ``values`` (dotted config keys, e.g. ``--set`` overrides) a run's name shows: not those its other
     parts show (:data:`NAMED_ELSEWHERE`) nor where it runs and logs (:data:`UNNAMED_PREFIXES`)."""
-    return {k: v for k, v in values.items() if k not in NAMED_ELSEWHERE and not k.startswith(UNNAMED_PREFIXES)}
+    return {k: v for k, v in values.items()
+            if k not in NAMED_ELSEWHERE and k not in DEVICES_NAMED and not k.startswith(UNNAMED_PREFIXES)}
 
 
 def run_name(cfg: Any, values: Mapping[str, Any] | None = None) -> str:
     """A run's default name: ``lcfed mu=1 lam=0.1 · digits dir0.15 · s0``, the method, the ``values`` set
-    for it (:func:`named_values`), the data and the seed; at most 250 characters (MLflow's limit)."""
+    for it (:func:`named_values`), the data, the device model when it is on (``FedBuff B=4``,
+    :func:`devices_label`) and the seed; at most 250 characters (MLflow's limit)."""
+    devices = devices_label(cfg)
     return fit_name(SEP.join([method_label(cfg.method.name, named_values(values or {})), data_label(cfg),
-                              f"s{cfg.seed}"]))
+                              *([devices] if devices else []), f"s{cfg.seed}"]))

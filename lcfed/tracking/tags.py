@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from lcfed.tracking.naming import data_label
+from lcfed.tracking.naming import data_label, devices_label
 
 
 @functools.cache
@@ -36,6 +36,9 @@ def run_tags(cfg: Any, seed: bool = True) -> dict[str, str]:
     run whose children differ in it)."""
     tags = {"method": str(cfg.method.name), "dataset": str(cfg.data.dataset),
             "partition": data_label(cfg).split(" ", 1)[1]}
+    devices = devices_label(cfg)
+    if devices:
+        tags["devices"] = devices
     if seed:
         tags["seed"] = str(cfg.seed)
     return tags
