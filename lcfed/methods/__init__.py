@@ -15,11 +15,13 @@ from lcfed.methods.fedac import FedAC, FedACParams
 from lcfed.methods.fedavg import FedAvg, FedAvgParams
 from lcfed.methods.fedgroup import FedGroup, FedGroupParams
 from lcfed.methods.fedper import FedPer, FedPerParams
+from lcfed.methods.fedprox import FedProx, FedProxParams
 from lcfed.methods.fesem import FeSEM, FeSEMParams
 from lcfed.methods.flhc import FLHC, FLHCParams
 from lcfed.methods.ifca import IFCA, IFCAParams
 from lcfed.methods.lcfed import LCFed, LCFedParams
 from lcfed.methods.perfedavg import PerFedAvg, PerFedAvgParams
+from lcfed.methods.scaffold import Scaffold, ScaffoldParams
 from lcfed.methods.standalone import Standalone, StandaloneParams
 
 METHODS: dict[str, MethodSpec] = {
@@ -36,6 +38,8 @@ METHODS: dict[str, MethodSpec] = {
     "clusterfl": MethodSpec(ClusterFL, ClusterFLParams),
     "fedac": MethodSpec(FedAC, FedACParams),
     "dcpfl": MethodSpec(DCPFL, DCPFLParams),
+    "fedprox": MethodSpec(FedProx, FedProxParams),
+    "scaffold": MethodSpec(Scaffold, ScaffoldParams),
 }
 
 __all__ = ["METHODS", "MethodSpec", "Strategy"]
