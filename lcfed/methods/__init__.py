@@ -7,15 +7,18 @@ an assignment) and :mod:`~lcfed.methods.traffic` (bytes moved, per layer).
 
 from __future__ import annotations
 
+from lcfed.methods.apfl import APFL, APFLParams
 from lcfed.methods.base import MethodSpec, Strategy
 from lcfed.methods.cgpfl import CGPFL, CGPFLParams
 from lcfed.methods.clusterfl import ClusterFL, ClusterFLParams
 from lcfed.methods.dcpfl import DCPFL, DCPFLParams
+from lcfed.methods.ditto import Ditto, DittoParams
 from lcfed.methods.fedac import FedAC, FedACParams
 from lcfed.methods.fedavg import FedAvg, FedAvgParams
 from lcfed.methods.fedgroup import FedGroup, FedGroupParams
 from lcfed.methods.fedper import FedPer, FedPerParams
 from lcfed.methods.fedprox import FedProx, FedProxParams
+from lcfed.methods.fedrep import FedRep, FedRepParams
 from lcfed.methods.fesem import FeSEM, FeSEMParams
 from lcfed.methods.flhc import FLHC, FLHCParams
 from lcfed.methods.ifca import IFCA, IFCAParams
@@ -40,6 +43,9 @@ METHODS: dict[str, MethodSpec] = {
     "dcpfl": MethodSpec(DCPFL, DCPFLParams),
     "fedprox": MethodSpec(FedProx, FedProxParams),
     "scaffold": MethodSpec(Scaffold, ScaffoldParams),
+    "ditto": MethodSpec(Ditto, DittoParams),
+    "apfl": MethodSpec(APFL, APFLParams),
+    "fedrep": MethodSpec(FedRep, FedRepParams),
 }
 
 __all__ = ["METHODS", "MethodSpec", "Strategy"]
