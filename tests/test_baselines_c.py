@@ -1,4 +1,4 @@
-"""Baselines FedProx, SCAFFOLD, Ditto, APFL and FedRep: each defining step by hand on a tiny model, then
+"""Baselines FedProx, SCAFFOLD, Ditto, APFL, FedRep and CFL: each defining step by hand on a tiny model, then
 seeded end-to-end runs on digits (their conformance: tests/test_conformance.py, which takes every built-in)."""
 
 from __future__ import annotations
@@ -10,13 +10,15 @@ import pytest
 import torch
 from torch import nn
 
+from lcfed import conformance
 from lcfed.config import load_config
 from lcfed.engines.local import run_local
 from lcfed.learning.local_update import DeviceData, LocalWork
 from lcfed.learning.models import Network, param_spec
 from lcfed.methods import METHODS
 from lcfed.methods.apfl import APFLDevice
-from lcfed.methods.base import DeviceContext, Federation, PersonalModel, Strategy
+from lcfed.methods.base import DeviceContext, Federation, PersonalModel, RoundPlan, Strategy
+from lcfed.methods.cfl import CFLState, UpdateMessage, bipartition, should_split
 from lcfed.methods.fedper import PersonalHead
 from lcfed.methods.scaffold import ControlVariate, ScaffoldMessage, ScaffoldPayload, ScaffoldState, option_two
 from tests.conftest import same_history, tiny_config
@@ -191,6 +193,54 @@ def test_fedrep_trains_the_head_then_the_body_by_hand():
     assert (twice.decision - M1[1:]).abs().sum() > (head - M1[1:]).abs().sum()
 
 
+# --- CFL -----------------------------------------------------------------------------------------
+
+
+def test_cfl_split_criterion_and_bipartition_by_hand():
+    # two pairs pulling in opposite directions: mean (0, 0), norms √1.01 ≈ 1.005 each
+    updates = torch.tensor([[1.0, 0.1], [1.0, -0.1], [-1.0, 0.1], [-1.0, -0.1]])
+    assert should_split(updates, eps1=0.1, eps2=1.0)  # ‖mean‖ = 0 < 0.1 and max 1.005 > 1
+    assert not should_split(updates, eps1=0.1, eps2=1.01)  # nobody pulls hard enough
+    # all agree: ‖mean‖ = ‖(1, 0)‖ = 1, not a stationary point of the joint objective
+    assert not should_split(updates.abs() * torch.tensor([1.0, 0.0]), eps1=0.5, eps2=0.5)
+    # cos between the pairs' members is (1 - .01)/1.01 ≈ .98, across them ≈ -.98: complete linkage splits by sign
+    assert list(bipartition(updates)) == [0, 0, 1, 1]
+    assert list(bipartition(updates[[2, 0, 3, 1]])) == [0, 1, 0, 1]  # the first row's half is 0
+
+
+def test_cfl_aggregate_splits_then_averages_each_half():
+    strategy = _strategy("cfl", 5, "method.eps1=0.1", "method.eps2=1.0", "method.warmup=1")
+    state = CFLState(torch.zeros(1, 2), np.zeros(5, dtype=np.int64))
+    ups = [[1.0, 0.1], [1.0, -0.1], [-1.0, 0.1], [-1.0, -0.1]]
+    msgs = [UpdateMessage(d, 1 + d, 0.5, torch.tensor(u)) for d, u in enumerate(ups)]  # device 4 sits out
+    warm, _ = strategy.aggregate(state, RoundPlan(0, (0, 1, 2, 3), None), msgs)
+    assert warm.centers.shape[0] == 1  # round 0 < warmup: no split, one FedAvg step
+    new, stats = strategy.aggregate(state, RoundPlan(1, (0, 1, 2, 3), None), msgs)
+    assert list(new.assignment) == [0, 0, 1, 1, 0] and stats.num_clusters == 2
+    # each half: the old model plus its sample-weighted mean update (weights 1, 2 and 3, 4)
+    assert torch.allclose(new.centers, torch.tensor([[1.0, (0.1 - 0.2) / 3], [-1.0, (0.3 - 0.4) / 7]]))
+    assert list(state.assignment) == [0] * 5 and torch.equal(state.centers, torch.zeros(1, 2))
+
+
+def test_cfl_recovers_the_rotated_groups():
+    # thresholds that split at the first chance (round 1): on 2 rotated groups the cosine of the updates
+    # separates them, ARI 1 against the true groups; the same numbers run after run
+    cfg = tiny_config("method.name=cfl", "train.rounds=2", "train.local_steps=5", "train.lr=0.1", "data.testbed=rotated",
+                      "data.testbed_groups=2", "data.partition=iid", "method.eps1=1e9", "method.eps2=0", "method.warmup=1")
+    a, b = run_local(cfg), run_local(cfg)
+    same_history(a.history, b.history)
+    assert [row["num_clusters"] for row in a.history] == [1, 2]
+    assert a.history[0]["ari"] == 0.0 and a.history[-1]["ari"] == 1.0
+
+
+def test_cfl_keeps_the_contract_while_it_splits():
+    # the default thresholds never split on the check's small federation: force splits, so that the
+    # checkpoint after round 1 holds two clusters and the resumed round must still match
+    cfg = conformance.small_config("cfl", **{"method.eps1": 1e9, "method.eps2": 0.0, "method.warmup": 0})
+    findings = conformance.check("cfl", cfg=cfg)
+    assert all(f.ok for f in findings), conformance.report("cfl", findings)
+
+
 # --- end to end on digits ------------------------------------------------------------------------
 
 E2E = [
@@ -230,6 +280,6 @@ def test_asynchronous_aggregation_runs(method):
     assert math.isfinite(result.final["train_loss"]) and result.final["staleness_mean"] >= 0
 
 
-@pytest.mark.parametrize("method", ["scaffold", "fedrep"])
+@pytest.mark.parametrize("method", ["scaffold", "fedrep", "cfl"])
 def test_no_asynchronous_aggregation(method):
     assert not METHODS[method].strategy.supports_async

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from lcfed.methods.apfl import APFL, APFLParams
 from lcfed.methods.base import MethodSpec, Strategy
+from lcfed.methods.cfl import CFL, CFLParams
 from lcfed.methods.cgpfl import CGPFL, CGPFLParams
 from lcfed.methods.clusterfl import ClusterFL, ClusterFLParams
 from lcfed.methods.dcpfl import DCPFL, DCPFLParams
@@ -46,6 +47,7 @@ METHODS: dict[str, MethodSpec] = {
     "ditto": MethodSpec(Ditto, DittoParams),
     "apfl": MethodSpec(APFL, APFLParams),
     "fedrep": MethodSpec(FedRep, FedRepParams),
+    "cfl": MethodSpec(CFL, CFLParams),
 }
 
 __all__ = ["METHODS", "MethodSpec", "Strategy"]
