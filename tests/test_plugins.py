@@ -59,7 +59,7 @@ def run_json(tmp_path: Path, name: str, *sets: str) -> dict:
 def test_listings_show_the_plugins_and_where_they_come_from(installed, capsys):
     assert main(["methods"]) == 0
     out = capsys.readouterr().out
-    assert "fedprox      FedProx (Li et al., MLSys 2020)" in out
+    assert "fedprox_demo FedProx (Li et al., MLSys 2020)" in out
     assert "from: entry point lcfed_example.fedprox:FedProx (lcfed-example-plugin 0.1.0)" in out
     assert "params: mu=0.01" in out
     assert main(["models"]) == 0
@@ -69,17 +69,17 @@ def test_listings_show_the_plugins_and_where_they_come_from(installed, capsys):
 
 
 def test_fedprox_with_mu_0_is_fedavg_number_for_number(installed, tmp_path):
-    prox = run_json(tmp_path, "prox", "method.name=fedprox", "method.mu=0")
+    prox = run_json(tmp_path, "prox", "method.name=fedprox_demo", "method.mu=0")
     avg = run_json(tmp_path, "avg", "method.name=fedavg")
     keys = ("acc_mean", "acc_weighted", "train_loss", "test_loss", "bytes_up", "bytes_down")
     assert [prox[k] for k in keys] == [avg[k] for k in keys]
-    assert prox["method"] == "fedprox"
-    pulled = run_json(tmp_path, "pulled", "method.name=fedprox", "method.mu=1")
+    assert prox["method"] == "fedprox_demo"
+    pulled = run_json(tmp_path, "pulled", "method.name=fedprox_demo", "method.mu=1")
     assert pulled["train_loss"] != avg["train_loss"]  # the proximal term is there
     # FedProx inherits FedAvg's asynchronous aggregation (FedBuff): with mu = 0, the same numbers again
     fedbuff = ["train.participation=0.5", "devices.simulate=true", "devices.aggregation=async", "devices.async_buffer=2",
                "devices.speed_sigma=1.0"]
-    prox = run_json(tmp_path, "prox-async", "method.name=fedprox", "method.mu=0", *fedbuff)
+    prox = run_json(tmp_path, "prox-async", "method.name=fedprox_demo", "method.mu=0", *fedbuff)
     avg = run_json(tmp_path, "avg-async", "method.name=fedavg", *fedbuff)
     assert [prox[k] for k in (*keys, "sim_clock_seconds", "staleness_mean")] == \
         [avg[k] for k in (*keys, "sim_clock_seconds", "staleness_mean")]
@@ -99,14 +99,14 @@ def test_a_compare_of_the_plugin_against_fedavg(installed, tmp_path):
     cfg = tmp_path / "tiny.yaml"
     cfg.write_text(yaml.safe_dump(TINY))
     out = tmp_path / "cmp"
-    cmp = lcfed(installed, tmp_path, "compare", "-c", str(cfg), "--methods", "fedprox,fedavg", "--budget", "2",
+    cmp = lcfed(installed, tmp_path, "compare", "-c", str(cfg), "--methods", "fedprox_demo,fedavg", "--budget", "2",
                 "--seeds", "1", "--scheduler", "fifo", "--out", str(out))
     assert cmp.returncode == 0, cmp.stderr[-3000:]
     rows = {r["method"]: r for r in csv.DictReader((out / "compare.csv").open())}
-    assert set(rows) == {"fedprox", "fedavg"}
+    assert set(rows) == {"fedprox_demo", "fedavg"}
     phase1 = {m: json.loads((out / "phase1" / f"{m}.json").read_text()) for m in rows}
     assert all(p["trials"] == 2 and p["errors"] == 0 for p in phase1.values())
-    assert set(phase1["fedprox"]["best_config"]) == {"train.lr", "train.local_steps", "method.mu"}
+    assert set(phase1["fedprox_demo"]["best_config"]) == {"train.lr", "train.local_steps", "method.mu"}
     assert set(phase1["fedavg"]["best_config"]) == {"train.lr", "train.local_steps"}
 
 

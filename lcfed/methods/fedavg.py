@@ -2,6 +2,9 @@
 
 McMahan et al., "Communication-Efficient Learning of Deep Networks from Decentralized Data",
 AISTATS 2017.
+
+Its server side is :class:`GlobalModel`, generic over the device state, which the methods that keep one
+global model and something on the device as well (Ditto, APFL) build on.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from lcfed.learning.clustering import weighted_mean
-from lcfed.methods.base import Arrival, DeviceContext, ModelMessage, RoundPlan, RoundStats, Strategy, buffered_step
+from lcfed.methods.base import Arrival, D, DeviceContext, ModelMessage, RoundPlan, RoundStats, Strategy, buffered_step
 
 if TYPE_CHECKING:  # annotations only: lcfed.config finds the methods through the registry
     from lcfed.config import ExperimentConfig
@@ -32,8 +35,10 @@ class FedAvgState:
     weights: torch.Tensor
 
 
-class FedAvg(Strategy[FedAvgState, None, ModelMessage, torch.Tensor]):
-    name = "fedavg"
+class GlobalModel(Strategy[FedAvgState, D, ModelMessage, torch.Tensor]):
+    """FedAvg's server: one global model broadcast to the round's devices, which upload their trained copy;
+    the device side (and what a device keeps, ``D``) is the subclass's."""
+
     supports_async = True
 
     def init(self) -> FedAvgState:
@@ -42,10 +47,6 @@ class FedAvg(Strategy[FedAvgState, None, ModelMessage, torch.Tensor]):
     def configure(self, state: FedAvgState, rnd: int) -> RoundPlan:
         devices = self.participants(rnd)
         return self.plan(rnd, devices, state.weights, downlink=[(state.weights, len(devices))])
-
-    def local(self, ctx: DeviceContext, dev: None, payload: torch.Tensor, instruction: None) -> tuple[None, ModelMessage]:
-        res = ctx.local_update(payload)
-        return None, ModelMessage(ctx.device, ctx.data.num_train, res.loss, res.weights.cpu())
 
     def aggregate(self, state: FedAvgState, plan: RoundPlan, msgs: Sequence[ModelMessage]) -> tuple[FedAvgState, RoundStats]:
         models = torch.stack([m.weights for m in msgs])
@@ -63,6 +64,14 @@ class FedAvg(Strategy[FedAvgState, None, ModelMessage, torch.Tensor]):
 
     def eval_payload(self, state: FedAvgState) -> torch.Tensor:
         return state.weights
+
+
+class FedAvg(GlobalModel[None]):
+    name = "fedavg"
+
+    def local(self, ctx: DeviceContext, dev: None, payload: torch.Tensor, instruction: None) -> tuple[None, ModelMessage]:
+        res = ctx.local_update(payload)
+        return None, ModelMessage(ctx.device, ctx.data.num_train, res.loss, res.weights.cpu())
 
     def personalized(self, ctx: DeviceContext, dev: None, payload: torch.Tensor) -> torch.Tensor:
         return payload
