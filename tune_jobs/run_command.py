@@ -280,15 +280,17 @@ def checked_partition_stats(cfg: ExperimentConfig) -> dict[str, float]:
 
 def placement_line(placement: dict[str, Any]) -> str:
     """E.g. ``4 device actors {CPU 0.5, GPU 0.5} on 2 node(s) [3f2a1b: 2, 9c0d4e: 2]; server on 77ab12; samples
-    read on the nodes`` (``engine.data_reads``; or ``sent by the driver``)."""
+    read on the nodes`` (``engine.data_reads``; or ``sent by the driver``, or each for some actors)."""
     actors = placement["device_actors"]
     per_node: dict[str, int] = {}
     for a in actors:
         per_node[a["node_id"][:6]] = per_node.get(a["node_id"][:6], 0) + 1
     ask = f"CPU {actors[0]['cpus']:g}" + (f", GPU {actors[0]['gpus']:g}" if actors[0]["gpus"] else "")
     nodes = ", ".join(f"{n}: {c}" for n, c in per_node.items())
-    reads = {"nodes": "; samples read on the nodes", "driver": "; samples sent by the driver"}.get(
-        placement.get("data_reads", ""), "")
+    on_nodes = sum(a.get("samples") == "node" for a in actors)
+    reads = {"nodes": "; samples read on the nodes", "driver": "; samples sent by the driver",
+             "mixed": f"; samples read on the nodes by {on_nodes} actor(s), sent by the driver to "
+                      f"{len(actors) - on_nodes}"}.get(placement.get("data_reads", ""), "")
     return (f"{len(actors)} device actors {{{ask}}} on {len(per_node)} node(s) [{nodes}]; "
             f"server on {placement['server']['node_id'][:6]}{reads}")
 
