@@ -3,6 +3,7 @@ arithmetic of what fits where is :mod:`actors.placement`, which does not import 
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -11,7 +12,9 @@ from ray.util.placement_group import placement_group, placement_group_table, rem
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from actors.connect import ClusterError
+from actors.feasibility import Ask, Bundle, judge, known_cluster
 from actors.placement import NodeResources, PoolLayout, fits
+from lcfed import logs
 from lcfed.data.cache import file_version
 
 
@@ -118,7 +121,9 @@ def place_pool(layout: PoolLayout, timeout_s: float, can_grow: bool) -> Any:
     """Reserve every device actor's bundle at once (all or nothing), or raise :class:`PlacementError`.
 
     A cluster that cannot grow (a private local Ray) fails at once when its nodes cannot hold the
-    bundles; one that may (an autoscaler starting workers for the pending demand) gets ``timeout_s``.
+    bundles; one that may (an autoscaler starting workers for the pending demand) gets ``timeout_s``, once
+    its known node types (:func:`actors.feasibility.known_cluster`) are seen to hold them: which it waits for
+    is said in one line, and an ask they never hold fails at once.
     """
     bundles = layout.bundles()
     ask = (f"{len(bundles)} device actor(s) x {{CPU: {layout.cpus_per_actor:g}"
@@ -128,6 +133,15 @@ def place_pool(layout: PoolLayout, timeout_s: float, can_grow: bool) -> Any:
     if not can_grow and not fits(layout, alive_nodes()):
         raise PlacementError(f"cannot place the federation: asked for {ask}, more than the nodes hold; "
                              f"the cluster has {_describe_cluster()}; {fix}")
+    cluster = known_cluster() if can_grow else None
+    if cluster is not None:  # before waiting: an ask no node type holds would wait for nothing
+        live = [Bundle(n.cpus, n.gpus) for n in alive_nodes()]
+        verdict = judge(Ask("the federation", tuple(Bundle(b["CPU"], b.get("GPU", 0.0)) for b in bundles)), cluster,
+                        live)
+        if verdict.error is not None:
+            raise PlacementError(verdict.error)
+        if verdict.waits_for and logs.progress_shown():
+            print(f"lcfed: {verdict.line} (engine.placement_timeout_s {timeout_s:g})", file=sys.stderr, flush=True)
     pg = placement_group(bundles, strategy="PACK")
     try:
         ray.get(pg.ready(), timeout=timeout_s)

@@ -28,6 +28,7 @@ from lcfed.run.sources import check_against_data, load
 from lcfed.run.stop import stop_on_signals
 from lcfed.tracking import MLflowObserver, check_tracking_store, run_name, ui_hint
 from lcfed.tracking.resume import check_resume_store
+from tune_jobs.feasible import check_run, cluster_option, use_cluster
 from tune_jobs.options import config_options, examples, verbosity_options
 
 
@@ -47,6 +48,7 @@ def add_parser(sub: Any) -> None:
     config_options(run)
     run.add_argument("--engine", choices=engines.names(), help="execution engine (overrides engine.kind)")
     run.add_argument("--no-track", action="store_true", help="do not log to MLflow")
+    cluster_option(run)
     run.add_argument("--private-ray", action="store_true",
                      help="with engine.kind=ray, start a Ray of this run's own even when `lcfed head start` left a "
                           "head running on this machine (which the run otherwise attaches to)")
@@ -113,6 +115,7 @@ def attach_to_head(cfg: ExperimentConfig, private: bool) -> ExperimentConfig:
 def cmd_run(args: argparse.Namespace) -> int:
     overrides = list(args.set) + ([f"engine.kind={args.engine}"] if args.engine else [])
     cfg = attach_to_head(load_config(args.config, overrides), args.private_ray)
+    check_run(cfg, use_cluster(args.cluster))  # an ask no node type holds: one line, before anything starts
     numerics.activate(cfg.engine.numerics)  # before this process's first tensor op
     check_output_file(args.json, "--json", protect=[args.config])
     check_output_dir(cfg.checkpoint.dir, "checkpoint.dir")
