@@ -10,8 +10,10 @@ import sys
 
 import pytest
 
+from actors.connect import ClusterError
 from actors.feasibility import Ask, Bundle, cluster_from, in_flight, judge, load_cluster
 from tests.raycluster import ROOT
+from tune_jobs.feasible import check_entrypoint
 
 CLUSTER = load_cluster(ROOT / "cluster.yaml")
 HEAD, GPU_WORKER = Bundle(6, 0), Bundle(4, 1)
@@ -106,3 +108,13 @@ def test_a_sweep_no_node_type_holds_is_refused_in_one_line_before_anything_start
     assert err.startswith("lcfed: cluster error: the federation asks for 5 x {CPU: 1, GPU: 1}, more than the cluster "
                           "holds at its largest (the head {CPU: 6}; at most 4 workers of gpu_worker {CPU: 4, GPU: 1} "
                           "x 4;"), err
+
+
+def test_submit_checks_a_run_or_sweep_entrypoint_before_shipping(tmp_path, monkeypatch):
+    monkeypatch.delenv("LCFED_CLUSTER", raising=False)
+    sweep = ["--", "lcfed", "sweep", "--space", "mu_lambda.yaml", "--gpus-per-trial", "2", "--trial-engine", "ray"]
+    with pytest.raises(ClusterError, match=r"a trial asks for a bundle \{CPU: 1, GPU: 2\}"):
+        check_entrypoint(sweep, str(tmp_path), str(ROOT / "cluster.yaml"))
+    assert "LCFED_CLUSTER" not in os.environ  # a file of this machine: not the job's
+    check_entrypoint([*sweep[:-3], "1"], str(tmp_path), str(ROOT / "cluster.yaml"))  # 1 GPU a trial fits a worker
+    check_entrypoint(["--", "lcfed", "methods"], str(tmp_path), str(ROOT / "cluster.yaml"))  # no ask: nothing to check
