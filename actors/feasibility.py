@@ -145,7 +145,7 @@ def judge(ask: Ask, cluster: Cluster, live: Sequence[Bundle] = ()) -> Verdict:
                                  "--gpus-per-trial) or add a larger node type")
     added = _pack(ask, cluster, live)
     if added is None:
-        return Verdict(error=f"{ask.what} asks for {_summary(ask)}, more than the cluster holds at its largest "
+        return Verdict(error=f"{ask.what} asks for {summary(ask)}, more than the cluster holds at its largest "
                              f"({_capacity(cluster, given)}; {cluster.source or 'cluster'}): ask for less "
                              "(engine.num_actors, --gpus-per-trial) or raise max_workers")
     if not added:
@@ -153,7 +153,7 @@ def judge(ask: Ask, cluster: Cluster, live: Sequence[Bundle] = ()) -> Verdict:
     counts = {name: added.count(name) for name in dict.fromkeys(added)}
     types = ", ".join(f"{k} x {name} {_size(cluster, name)}" for name, k in counts.items())
     return Verdict(waits_for=tuple(counts),
-                   line=f"{ask.what} ({_summary(ask)}) fits only once the autoscaler adds {types}: waiting for it")
+                   line=f"{ask.what} ({summary(ask)}) fits only once the autoscaler adds {types}")
 
 
 def in_flight(ask: Ask, cluster: Cluster, live: Sequence[Bundle] = (), cap: int = 1000) -> int:
@@ -193,7 +193,8 @@ def _pack(ask: Ask, cluster: Cluster, live: Sequence[Bundle]) -> list[str] | Non
     return added
 
 
-def _summary(ask: Ask) -> str:
+def summary(ask: Ask) -> str:
+    """E.g. ``1 x {CPU: 0.5} + 2 x {CPU: 1, GPU: 0.5}``."""
     counts = {str(b): ask.bundles.count(b) for b in dict.fromkeys(ask.bundles)}
     return " + ".join(f"{k} x {b}" for b, k in counts.items())
 

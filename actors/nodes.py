@@ -141,7 +141,8 @@ def place_pool(layout: PoolLayout, timeout_s: float, can_grow: bool) -> Any:
         if verdict.error is not None:
             raise PlacementError(verdict.error)
         if verdict.waits_for and logs.progress_shown():
-            print(f"lcfed: {verdict.line} (engine.placement_timeout_s {timeout_s:g})", file=sys.stderr, flush=True)
+            print(f"lcfed: {verdict.line}: waiting up to {timeout_s:g} s (engine.placement_timeout_s)", file=sys.stderr,
+                  flush=True)
     pg = placement_group(bundles, strategy="PACK")
     try:
         ray.get(pg.ready(), timeout=timeout_s)

@@ -13,6 +13,7 @@ import pytest
 from actors.connect import ClusterError
 from actors.feasibility import Ask, Bundle, cluster_from, in_flight, judge, load_cluster
 from tests.raycluster import ROOT
+from tune_jobs.cli import main
 from tune_jobs.feasible import check_entrypoint
 
 CLUSTER = load_cluster(ROOT / "cluster.yaml")
@@ -32,7 +33,7 @@ def test_an_ask_that_needs_a_gpu_waits_for_the_gpu_worker_type():
     verdict = judge(TRIAL, CLUSTER)
     assert verdict.error is None and verdict.waits_for == ("gpu_worker",)
     assert verdict.line == ("a trial (1 x {CPU: 0.5} + 2 x {CPU: 1, GPU: 0.5}) fits only once the autoscaler adds "
-                            "1 x gpu_worker {CPU: 4, GPU: 1}: waiting for it")
+                            "1 x gpu_worker {CPU: 4, GPU: 1}")
     assert judge(TRIAL, CLUSTER, [HEAD, GPU_WORKER]).fits_now  # with a GPU worker up it fits now
     # 3 bundles of GPU 0.5 need 2 workers (1.5 GPUs)
     assert judge(Ask("x", (Bundle(1, 0.5),) * 3), CLUSTER).waits_for == ("gpu_worker",)
@@ -118,3 +119,17 @@ def test_submit_checks_a_run_or_sweep_entrypoint_before_shipping(tmp_path, monke
     assert "LCFED_CLUSTER" not in os.environ  # a file of this machine: not the job's
     check_entrypoint([*sweep[:-3], "1"], str(tmp_path), str(ROOT / "cluster.yaml"))  # 1 GPU a trial fits a worker
     check_entrypoint(["--", "lcfed", "methods"], str(tmp_path), str(ROOT / "cluster.yaml"))  # no ask: nothing to check
+
+
+def test_check_prints_the_plan_on_a_cluster(capsys, monkeypatch):
+    monkeypatch.delenv("LCFED_CLUSTER", raising=False)
+    path = str(ROOT / "cluster.yaml")
+    assert main(["check", "--cluster", path, "--gpus-per-trial", "1", "--set", "engine.num_actors=2"]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        f"cluster {path}: head head {{CPU: 6}}; workers gpu_worker {{CPU: 4, GPU: 1}} x 4 (max_workers 4)",
+        "a trial (1 x {CPU: 0.5} + 2 x {CPU: 1, GPU: 0.5}) fits only once the autoscaler adds 1 x gpu_worker "
+        "{CPU: 4, GPU: 1}",
+        # lcfed run sizes a federation to the GPUs up: at 4 workers, 2 actors take one GPU each
+        "the federation (2 x {CPU: 1, GPU: 1}) fits only once the autoscaler adds 2 x gpu_worker {CPU: 4, GPU: 1}",
+        "trials (ray trial engine, --gpus-per-trial 1) per node: head 0, gpu_worker 1",
+        "trials in flight at max_workers: 4"]

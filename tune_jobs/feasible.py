@@ -15,7 +15,18 @@ import sys
 from pathlib import Path
 
 from actors.connect import ClusterError
-from actors.feasibility import CLUSTER_ENV, Ask, Bundle, Cluster, Verdict, judge, known_cluster, load_cluster
+from actors.feasibility import (
+    CLUSTER_ENV,
+    Ask,
+    Bundle,
+    Cluster,
+    Verdict,
+    in_flight,
+    judge,
+    known_cluster,
+    load_cluster,
+    summary,
+)
 from actors.placement import NodeResources, cluster_layout
 from lcfed import logs
 from lcfed.config import ExperimentConfig
@@ -84,7 +95,8 @@ def refuse(verdict: Verdict) -> Verdict:
     if verdict.error is not None:
         raise ClusterError(verdict.error)
     if verdict.waits_for and logs.progress_shown():
-        print(f"lcfed: {verdict.line}", file=sys.stderr, flush=True)
+        print(f"lcfed: {verdict.line}: waiting for it (each federation up to engine.placement_timeout_s)",
+              file=sys.stderr, flush=True)
     return verdict
 
 
@@ -135,3 +147,21 @@ def check_entrypoint(words: list[str], working_dir: str, path: str) -> None:
         check_run(cfg, cluster)
     else:
         check_sweep(cfg, args.gpus_per_trial, args.trial_engine, cluster)
+
+
+def plan_lines(cfg: ExperimentConfig, cluster: Cluster, gpus_per_trial: float, trial_engine: str) -> list[str]:
+    """``lcfed check --cluster``: the node types, what one trial and one federation ask and whether they fit,
+    trials per node of each type and trials in flight at ``max_workers``."""
+    types = "; ".join(f"{t.name} {t.size} x {t.max_workers}" for t in cluster.workers) or "none"
+    lines = [f"cluster {cluster.source}: head {cluster.head.name} {cluster.head.size}; workers {types} "
+             f"(max_workers {cluster.max_workers})"]
+    engine = sweep_engine(trial_engine, gpus_per_trial, cluster)
+    for ask in (sweep_ask(cfg, gpus_per_trial, engine), federation_ask(cfg, largest_nodes(cluster))):
+        verdict = judge(ask, cluster)
+        lines.append(verdict.error or verdict.line or f"{ask.what} ({summary(ask)}) fits the head as it starts")
+    trial = sweep_ask(cfg, gpus_per_trial, engine)
+    alone = {t.name: in_flight(trial, Cluster(t, (), 0)) for t in (cluster.head, *cluster.workers)}
+    lines.append(f"trials ({engine} trial engine, --gpus-per-trial {gpus_per_trial:g}) per node: "
+                 + ", ".join(f"{name} {k}" for name, k in alone.items()))
+    lines.append(f"trials in flight at max_workers: {in_flight(trial, cluster)}")
+    return lines
