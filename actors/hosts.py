@@ -21,7 +21,7 @@ import torch
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
 from actors.liveness import alive, check_cluster, get
-from actors.nodes import head_node_id, workers_start_with
+from actors.nodes import bundle_nodes, head_node_id, nodes_without, workers_start_with
 from actors.placement import PoolLayout
 from lcfed import numerics
 from lcfed.config import ExperimentConfig
@@ -85,6 +85,8 @@ class DeviceActor(DeviceHost):
         self._file: tuple[Dataset, Partition] | None = None  # read before the setup, to count its pixels
         if isinstance(shard, FileShard) and setup is None:
             self._file = shard.build()
+        elif isinstance(shard, tuple) and setup is None:  # rows a driver read for this node, to count first
+            self._file = shard
         elif setup is None:
             assert isinstance(shard, NodeShard)
             self._node, self._generated = shard, shard.generate()
@@ -96,11 +98,13 @@ class DeviceActor(DeviceHost):
         numerics.activate(setup.cfg.engine.numerics)
         fast_tensor_transfer()
         workers = auto_workers(setup.cfg, self.cpus, setup.torch_device())
-        if isinstance(shard, NodeShard):  # the samples and lists made before the setup, if any
+        if self._file is not None:  # its rows, counted before the setup
+            ds, part = self._file
+            self._file = None
+        elif isinstance(shard, NodeShard):  # the samples and lists made before the setup, if any
             ds, part = shard.build(self._generated, self._lists)
         elif isinstance(shard, FileShard):  # its rows, read here from the dataset's cache file
-            ds, part = self._file or shard.build()
-            self._file = None
+            ds, part = shard.build()
         else:
             ds, part = shard  # this actor's devices' samples, from the process that loaded the dataset
         self._generated = self._split = self._lists = self._rows = None
@@ -226,14 +230,16 @@ class Hosts:
     def __init__(
         self, cfg: ExperimentConfig, setup_ref: Any, layout: PoolLayout, shard_refs: Sequence[Any],
         placement: Any = None, common: dict[str, Any] | None = None, generating: Sequence[Any] = (),
-        file: tuple[str, tuple[int, int]] | None = None,
+        file: tuple[str, tuple[int, int, str]] | None = None, reads: Sequence[bool] = (),
     ) -> None:
         """``generating``: device actors already started without a setup (:meth:`generate`), which start
         hosting their devices here; a restarted one generates its shard again from its :class:`NodeShard`.
-        ``file``: the path and version (size, mtime) of the file the actors read their rows of
-        (:class:`FileShard`), which a lost actor is restarted to read only if it is still that version."""
+        ``file``: the path and version (size, mtime, hash) of the file the actors whose ``reads`` is true read
+        their rows of (:class:`FileShard`), which a lost actor is restarted to read only if it is still that
+        version, on a node that sees it."""
         self.cfg = cfg
         self.file = file
+        self.reads = list(reads)
         self.common = dict(common or {})
         self.setup_ref = setup_ref
         self.layout = layout
@@ -257,9 +263,9 @@ class Hosts:
         return {"runtime_env": {"env_vars": env}} if env and not workers_start_with(env) else {}
 
     @classmethod
-    def generate(cls, layout: PoolLayout, shards: Sequence[NodeShard] | Sequence[FileShard], placement: Any = None,
+    def generate(cls, layout: PoolLayout, shards: Sequence[Any], placement: Any = None,
                  common: dict[str, Any] | None = None) -> list[Any]:
-        """Device actors that generate (or read) their devices' samples on their nodes and wait for a setup."""
+        """Device actors that generate (or read, or are sent) their devices' samples and wait for a setup."""
         return [new_device(layout, placement, common or {}, i, None, shard) for i, shard in enumerate(shards)]
 
     def _new_server(self) -> Any:
@@ -301,4 +307,17 @@ class Hosts:
             if not self._alive(actor):
                 if self.file is not None:  # its rows are read again: from the file the run partitioned
                     check_version(*self.file)
+                    if self.reads and self.reads[i] and not self._node_reads(i):
+                        self.shard_refs[i] = ray.put(ray.get(self.shard_refs[i]).build())
+                        self.reads[i] = False
                 self.devices[i] = self._new_device(i)
+
+    def _node_reads(self, i: int) -> bool:
+        """Whether the node of device actor ``i``'s bundle (which Ray may have moved with a lost node) still sees
+        the run's file; unknown (not placed again yet, or a trial's group) counts as yes only in a trial, whose
+        nodes were all checked."""
+        assert self.file is not None
+        if self.placement is None:
+            return True
+        node = bundle_nodes(self.placement)[i]
+        return node is not None and not nodes_without(*self.file, [node])

@@ -18,6 +18,7 @@ while; then Ray marks the node dead after missed health checks (~15 s) and fails
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -25,7 +26,8 @@ from typing import Any
 import ray
 from ray._private import ray_constants
 
-from actors.connect import answers
+from actors.connect import ClusterError, answers
+from lcfed.errors import DataError
 from lcfed.run.faults import ClusterLost
 
 #: seconds a ``ray.get`` waits before the driver looks at the cluster again
@@ -186,15 +188,46 @@ def cluster_lost() -> bool:
     return _lost is not None
 
 
+class ActorStartError(ClusterError):
+    """An actor raised in its ``__init__``: what it raised, not a lost node (CLI: one line, exit 2)."""
+
+
+#: the last line of a creation task's traceback: ``module.ErrorClass: message``
+_RAISED = re.compile(r"^([A-Za-z_][\w.]*): (.*)$", re.M)
+
+
+def start_failure(exc: ray.exceptions.RayActorError) -> Exception | None:
+    """What an actor that failed in its ``__init__`` raised, as this process's error (a :class:`DataError` as
+    itself, anything else as :class:`ActorStartError`); None for an actor that died
+    otherwise (a lost process or node, which a restart may cure)."""
+    if not exc.actor_init_failed:
+        return None
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(exc))
+    where = re.search(r"ray::(\w+)\.__init__", text)
+    last = list(_RAISED.finditer(text))
+    kind, why = (last[-1].group(1), last[-1].group(2).strip()) if last else ("", text.strip().splitlines()[-1])
+    name = kind.rsplit(".", 1)[-1]
+    if name == "DataError":
+        return DataError(why)
+    actor = where.group(1) if where else "an actor"
+    return ActorStartError(f"{actor} could not start: {name + ': ' if name else ''}{why}")
+
+
 def get(refs: Any) -> Any:
     """``ray.get(refs)``, checking between slices of :data:`POLL_S` that the cluster is still there
     (:func:`check_cluster`): a lost private Ray is :class:`ClusterLost` within about a second, an attached
-    cluster's lost head within :data:`HEAD_GRACE_S` and a second."""
+    cluster's lost head within :data:`HEAD_GRACE_S` and a second. An actor that failed in its ``__init__`` is
+    what it raised (:func:`start_failure`)."""
     while True:
         try:
             return ray.get(refs, timeout=POLL_S)
         except ray.exceptions.GetTimeoutError:
             check_cluster()
+        except ray.exceptions.RayActorError as exc:
+            failure = start_failure(exc)
+            if failure is None:
+                raise
+            raise failure from None
 
 
 def alive(actor: Any, timeout: float) -> bool:

@@ -17,18 +17,18 @@ from typing import Any
 import numpy as np
 import ray
 import torch
-from ray.util.placement_group import remove_placement_group
+from ray.util.placement_group import get_current_placement_group, remove_placement_group
 
 from actors.connect import ensure_ray
 from actors.handles import ActorHosts, RayPool, RayServer
 from actors.hosts import Hosts, fast_tensor_transfer
 from actors.liveness import cluster_lost, get, watch
-from actors.nodes import alive_nodes, alive_nodes_info, nodes_missing, place_pool
+from actors.nodes import alive_nodes, alive_nodes_info, bundle_nodes, node_address, nodes_without, place_pool
 from actors.placement import cluster_layout, pool_layout
 from lcfed import numerics
 from lcfed.config import ExperimentConfig
 from lcfed.data import DataError, Dataset, Partition, Scaling
-from lcfed.data.cache import size_and_mtime
+from lcfed.data.cache import file_version
 from lcfed.engines import run_closed
 from lcfed.methods.round import Federation
 from lcfed.numerics import fingerprint, provenance
@@ -68,8 +68,10 @@ class RayEngine:
         self.group = None
         self.hosts: Hosts | None = None
         self._generating: list[Any] = []
-        #: who read the devices' samples: the driver (which sent them), or each device actor on its node
+        #: who read the devices' samples: the driver (which sent them), each device actor on its node, or mixed
         self.data_reads = "driver"
+        #: per device actor, whether it reads its rows of the dataset's cache file on its node
+        self.reads: list[bool] = []
         #: seconds of each start-up phase and, after :meth:`close`, of the shutdown (where a start goes)
         self.timings: dict[str, float] = {}
         clock = time.perf_counter()
@@ -109,51 +111,78 @@ class RayEngine:
             if ds is None:
                 generating, shards = self._generate_on_nodes(cfg)
             elif file is not None:
-                self.data_reads = "nodes"
                 cut = [FileShard.cut(ds, part, block, file[1]) for block in self.layout.blocks]
                 del ds
+                self.reads = self._node_reads(cfg, file[0], file[1])
+                # the driver reads the rows of the blocks whose node does not see its file, and sends them
+                shards = [ray.put(sh if here else sh.build()) for sh, here in zip(cut, self.reads, strict=True)]
+                self.data_reads = "nodes" if all(self.reads) else "mixed" if any(self.reads) else "driver"
                 if counting:
-                    generating = self._scale_on_hosts(cfg, part, fed, cut)
-                shards = [ray.put(sh) for sh in cut]
+                    generating = self._scale_on_hosts(cfg, part, fed, shards)
             else:
                 shards = [ray.put(shard(ds, part, block)) for block in self.layout.blocks]
                 del ds
-            lap("data_on_nodes" if self.data_reads == "nodes" else "shards")
+            lap("shards" if self.data_reads == "driver" else "data_on_nodes")
             # each device actor's partition comes with its shard: the setup every actor gets holds none (at
             # m = 10^6 the whole partition is 2 x 10^6 index arrays, which each actor would unpickle)
             shared = replace(self.setup, partition=Partition((), (), np.zeros(0, dtype=np.int64)))
             # the driver's fingerprint first: actors on this machine then read it from the disk cache
             fingerprint.for_process(cfg.engine.torch_threads)
             self.hosts = Hosts(cfg, ray.put(shared), self.layout, shards, self.group, common=self.common,
-                               generating=generating, file=file)
+                               generating=generating, file=file, reads=self.reads)
             self.actor_info = get([a.info.remote() for a in self.hosts.devices])
             lap("actors")
         except BaseException:
             self.close()
             raise
 
-    def _file_reads(self, cfg: ExperimentConfig, ds: Dataset) -> tuple[str, tuple[int, int]] | None:
-        """The dataset's cache file and its version (size, mtime) when each device actor is to read its rows
-        there (``engine.data_reads``), or None when this process sends them their samples."""
+    def _file_reads(self, cfg: ExperimentConfig, ds: Dataset) -> tuple[str, tuple[int, int, str]] | None:
+        """The dataset's cache file and the version it was read as (:func:`file_version`) when device actors may
+        read their rows there (``engine.data_reads`` not ``driver``), or None when this process sends every actor
+        its samples: also where this process (a Tune trial on another node than the sweep's driver, which loaded
+        the dataset) does not see that version itself."""
         path = ds.x_file if cfg.engine.data_reads != "driver" else None
         if path is None:
             return None
-        stamp = size_and_mtime(path)
-        # a private Ray's one node is this machine; a cluster's nodes elsewhere are asked whether they see the file
-        missing = [] if self.started_ray else nodes_missing(path, stamp)
-        if missing and cfg.engine.data_reads == "nodes":
-            raise DataError(f"engine.data_reads=nodes: node(s) {', '.join(missing)} do not see {path} as the "
-                            "driver does (the same size and mtime): put data.data_dir on storage every node "
-                            "reaches, at the same path, or set engine.data_reads=auto (the driver sends the "
-                            "samples of such a cluster) or driver")
-        return None if missing else (path, stamp)
+        try:
+            here = file_version(path)
+        except OSError:
+            here = None
+        if here is None or ds.x_version is not None and here != ds.x_version:
+            if cfg.engine.data_reads == "nodes":
+                raise DataError(f"engine.data_reads=nodes: {path} is not here as the process that loaded the "
+                                "dataset read it: put data.data_dir on storage every node reaches, at the same path, "
+                                "or set engine.data_reads=auto or driver")
+            return None
+        return path, here
 
-    def _scale_on_hosts(self, cfg: ExperimentConfig, part: Partition, fed: Federation, files: list[FileShard]
-                        ) -> list[Any]:
-        """Device actors that read their rows of the file and count their training pixels, from which the
-        input scaling is fitted (the same counts as :meth:`Scaling.fit`'s here, so the same bits): this process
-        reads no sample. Returns the actors, which wait for the setup."""
-        actors = Hosts.generate(self.layout, files, self.group, self.common)
+    def _node_reads(self, cfg: ExperimentConfig, path: str, version: tuple[int, int, str]) -> list[bool]:
+        """Per device actor: whether its node sees the driver's version of the file (decided per node, once the
+        pool is placed: an autoscaler's workers join only then). Inside a Tune trial an actor takes any bundle of
+        the trial's group, so all of that group's nodes must see it. ``engine.data_reads=nodes`` requires every
+        one to (:class:`DataError` naming the others, before any actor starts)."""
+        where: list[set[str | None]]
+        if self.group is not None:
+            where = [{node} for node in bundle_nodes(self.group)]
+        else:
+            trial = get_current_placement_group()
+            pool = bundle_nodes(trial) if trial is not None else [m["NodeID"] for m in alive_nodes_info()]
+            where = [set(pool)] * len(self.layout.blocks)
+        without = set(nodes_without(path, version, sorted({m for w in where for m in w if m})))
+        reads = [None not in w and not w & without for w in where]
+        if cfg.engine.data_reads == "nodes" and not all(reads):
+            names = ", ".join(node_address(m) for m in sorted(without)) or "not yet placed"
+            raise DataError(f"engine.data_reads=nodes: node(s) {names} do not see {path} as the driver does (the "
+                            "same size, mtime and hash): put data.data_dir on storage every node reaches, at the same "
+                            "path, or set engine.data_reads=auto (the driver sends the samples of those nodes' "
+                            "actors) or driver")
+        return reads
+
+    def _scale_on_hosts(self, cfg: ExperimentConfig, part: Partition, fed: Federation, shards: list[Any]) -> list[Any]:
+        """Device actors that read their rows of the file (or got them from this process: ``shards`` are refs) and
+        count their training pixels, from which the input scaling is fitted (the same counts as
+        :meth:`Scaling.fit`'s here, so the same bits). Returns the actors, which wait for the setup."""
+        actors = Hosts.generate(self.layout, shards, self.group, self.common)
         self._generating = actors  # closed with the engine if setting up fails
         counts = get([a.pixel_counts.remote(list(fed.held_out)) for a in actors])
         self.setup = finish_setup(cfg, fed, part, Scaling.from_counts(np.sum(counts, axis=0)))
@@ -178,8 +207,8 @@ class RayEngine:
         return actors, [ray.put(sh) for sh in done]
 
     def placement(self) -> dict[str, Any]:
-        """Where the federation runs: each device actor's node (with that node's resources), GPU ids,
-        ask and device count, and the server's node."""
+        """Where the federation runs: each device actor's node (with that node's resources), GPU ids, ask,
+        device count and who read its samples (``samples``: its ``node`` or the ``driver``), and the server's node."""
         assert self.hosts is not None
         nodes = {n["NodeID"]: n for n in alive_nodes_info()}
 
@@ -190,7 +219,8 @@ class RayEngine:
         server_node = get(self.hosts.server.node_id.remote())
         actors = [{"actor": i, **node(info["node_id"]), "gpu_ids": info["gpu_ids"], "devices": info["devices"],
                    "cpus": self.layout.cpus_per_actor, "gpus": self.layout.gpus_per_actor,
-                   "torch_device": info["torch_device"]}
+                   "torch_device": info["torch_device"],
+                   "samples": "node" if self.reads and self.reads[i] or self.data_reads == "nodes" else "driver"}
                   for i, info in enumerate(self.actor_info)]
         return {"device_actors": actors, "server": node(server_node), "data_reads": self.data_reads}
 

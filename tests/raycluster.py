@@ -2,7 +2,9 @@
 
 Each node is `ray start --block` in its own process group with its own ports, `HOME` and
 environment, so a test can give worker nodes an empty data directory (``~/data`` resolves per
-node), logical GPUs, or a Python path that makes importing some module fail there. All nodes share
+node), logical GPUs, or a Python path that makes importing some module fail there. Workers may also
+start in a mount namespace of their own with an empty tmpfs over some of the head's directories
+(``worker_hidden``): the same absolute path is then empty there, as on a machine without that disk. All nodes share
 one auth token file whose path (``RAY_AUTH_TOKEN_PATH``) is in every process's environment: it marks
 this cluster's processes, so stopping it signals only them (never ``ray stop``).
 """
@@ -13,6 +15,7 @@ import contextlib
 import json
 import os
 import secrets
+import shlex
 import shutil
 import signal
 import socket
@@ -21,7 +24,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -82,19 +85,25 @@ class LocalCluster:
     gcs: str = ""
     dashboard: str = ""
     object_store_mb: int = 100
+    hidden: tuple[Path, ...] = ()  # directories the workers see empty
 
     @classmethod
     def start(cls, head_cpus: float, workers: list[tuple[float, float]], worker_env: Mapping[str, str] | None = None,
               env: Mapping[str, str] | None = None, timeout: float = 180.0, dashboard: bool = True,
-              object_store_mb: int = 100) -> LocalCluster:
+              object_store_mb: int = 100, worker_hidden: Sequence[str] = ()) -> LocalCluster:
         """A head (``head_cpus``, no GPU) and one worker per (CPUs, GPUs); ``env`` goes to every node,
-        ``worker_env`` to the workers only; each node's object store has ``object_store_mb``. The head's temp dir is ``base/ray``, so with
+        ``worker_env`` to the workers only; each node's object store has ``object_store_mb``. ``worker_hidden``:
+        folders under ``base`` (e.g. ``home-head/data``, the head's ``~/data``), made here, that the workers see
+        empty (an empty tmpfs over each in the workers' own mount namespace: needs root). The head's temp dir is ``base/ray``, so with
         ``RAY_TMPDIR=base`` its address file is where Ray looks after a plain ``ray start --head``."""
         base = Path(tempfile.mkdtemp(prefix="rc", dir="/tmp"))  # short: Ray's unix sockets live under it
         token = base / "auth_token"
         token.write_text(secrets.token_hex(32))
         token.chmod(0o600)
-        cluster = cls(base, token, object_store_mb=object_store_mb)
+        cluster = cls(base, token, object_store_mb=object_store_mb,
+                      hidden=tuple(base / h for h in worker_hidden))
+        for folder in cluster.hidden:
+            folder.mkdir(parents=True, exist_ok=True)
         try:
             cluster._start_head(head_cpus, dict(env or {}), timeout, dashboard)
             # one at a time: nodes started together race for log file names and ports
@@ -120,9 +129,11 @@ class LocalCluster:
     def node_env(self, home: Path, extra: Mapping[str, str]) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items()
                if k not in ("RAY_ADDRESS", "RAY_AUTH_TOKEN", "RAY_TMPDIR", "PYTHONPATH")}
+        # the code under test (this checkout, which may not be the installed one) on every node, after extra's path
+        path = os.pathsep.join(p for p in (extra.get("PYTHONPATH", ""), str(ROOT)) if p)
         return {**env, "HOME": str(home), "PATH": f"{BIN}{os.pathsep}{env.get('PATH', '')}",
                 "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(self.token), "RAY_USAGE_STATS_ENABLED": "0",
-                "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0", **extra}
+                "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0", **extra, "PYTHONPATH": path}
 
     def client_env(self, home: Path | None = None, **extra: str) -> dict[str, str]:
         """The environment of a driver on the head (e.g. an ``lcfed`` command), attached via ``RAY_ADDRESS``
@@ -138,6 +149,9 @@ class LocalCluster:
         ports = [x for flag, port in chosen.items() for x in (flag, str(port))]
         cmd = [str(BIN / "ray"), "start", "--block", *args, "--num-cpus", str(cpus), "--num-gpus", str(gpus),
                "--object-store-memory", str(self.object_store_mb * 2**20), "--disable-usage-stats", *ports]
+        if self.hidden and not name.startswith("head"):  # `unshare` makes mounts private to the new namespace
+            mounts = " ".join(f"mount -t tmpfs none {shlex.quote(str(h))} &&" for h in self.hidden)
+            cmd = ["unshare", "--mount", "sh", "-c", f'{mounts} exec "$@"', "sh", *cmd]
         log = self.base / f"{name}.log"
         with open(log, "wb") as out:
             proc = subprocess.Popen(cmd, env=self.node_env(home, extra), stdout=out, stderr=subprocess.STDOUT,

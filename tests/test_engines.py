@@ -5,22 +5,25 @@ from __future__ import annotations
 import os
 import pickle
 import threading
+from dataclasses import replace
 
 import numpy as np
 import pytest
 import ray
 
-from actors.nodes import alive_nodes_info, nodes_missing
+from actors.hosts import Hosts
+from actors.liveness import ActorStartError, get, start_failure
+from actors.nodes import alive_nodes_info, nodes_without
 from actors.placement import NodeResources, cluster_layout, fits, pool_layout
 from actors.ray_engine import RayEngine, run_ray
 from lcfed.config import EngineConfig
 from lcfed.data import DataError
-from lcfed.data.cache import read_rows, size_and_mtime
+from lcfed.data.cache import file_version, read_rows
 from lcfed.engines.hosted import HostedDevices
 from lcfed.engines.local import run_local
 from lcfed.errors import ConfigError
 from lcfed.run import checkpoint
-from lcfed.run.setup import prepare
+from lcfed.run.setup import partitioned, prepare
 from lcfed.run.shards import FileShard
 from lcfed.run.sources import load
 from tests.conftest import same_history, same_metrics, tiny_config
@@ -264,19 +267,41 @@ def test_a_lost_actor_is_not_restarted_on_a_file_that_changed(ray_cluster, tmp_p
 def test_a_node_reads_only_the_version_of_the_file_the_driver_partitioned(ray_cluster, tmp_path):
     path = tmp_path / "x.npy"
     np.save(path, np.arange(12, dtype=np.uint8).reshape(6, 2))
-    stamp = size_and_mtime(str(path))
-    assert read_rows(str(path), stamp, np.array([1, 4])).tolist() == [[2, 3], [8, 9]]
-    assert nodes_missing(str(path), stamp) == []  # this machine's nodes are not asked: they share its files
-    node = alive_nodes_info()  # asked all the same, they see it; another version or path they do not
-    assert nodes_missing(str(path), stamp, node) == []
-    assert len(nodes_missing(str(path), (stamp[0], stamp[1] + 1), node)) == len(node) == 1
-    assert len(nodes_missing(str(tmp_path / "elsewhere.npy"), stamp, node)) == 1
-    os.utime(path, ns=(stamp[1] + 10**9, stamp[1] + 10**9))
+    version = file_version(str(path))
+    assert read_rows(str(path), version, np.array([1, 4])).tolist() == [[2, 3], [8, 9]]
+    node = [n["NodeID"] for n in alive_nodes_info()]
+    assert nodes_without(str(path), version, node) == []  # the driver's node is not asked: it sees the driver's file
+    with pytest.MonkeyPatch.context() as mp:  # asked as another node would be, it sees it; another version or path not
+        mp.setattr("ray.runtime_context.RuntimeContext.get_node_id", lambda self: "elsewhere")
+        assert nodes_without(str(path), version, node) == []
+        assert nodes_without(str(path), (*version[:2], "0" * 16), node) == node  # same size and mtime, other bytes
+        assert nodes_without(str(path), (version[0], version[1] + 1, version[2]), node) == node
+        assert nodes_without(str(tmp_path / "elsewhere.npy"), version, node) == node
+    os.utime(path, ns=(version[1] + 10**9, version[1] + 10**9))
     with pytest.raises(DataError, match="changed since the run read it"):
-        read_rows(str(path), stamp, np.array([1]))
+        read_rows(str(path), version, np.array([1]))
     path.unlink()
     with pytest.raises(DataError, match="engine.data_reads=driver"):
-        read_rows(str(path), stamp, np.array([1]))
+        read_rows(str(path), version, np.array([1]))
+
+
+def test_an_actor_that_cannot_start_is_its_error_not_a_lost_node(ray_cluster, tmp_path):
+    """A device actor whose node cannot read its rows dies in its creation: the driver gets the DataError's text
+    (the CLI's one line), not Ray's ActorDiedError taken for a lost process; another error names the actor."""
+    ds = load(tiny_config())
+    part, _ = partitioned(tiny_config(), ds)
+    gone = FileShard.cut(replace(ds, x_file=str(tmp_path / "x.npy")), part, range(2), (1, 1, "0"))
+    layout = pool_layout(EngineConfig(), 2, 1, 0)
+    (actor,) = Hosts.generate(replace(layout, blocks=layout.blocks[:1]), [gone])
+    with pytest.raises(DataError, match=r"x.npy: cannot be read here .*engine.data_reads=driver"):
+        get(actor.pixel_counts.remote([]))
+    died = ray.exceptions.RayActorError(actor_init_failed=True, error_msg=(
+        "The actor died because of an error raised in its creation task, \x1b[36mray::DeviceActor.__init__()\x1b[39m "
+        "(pid=1, ip=10.0.0.2)\n  File \"x.py\", line 1, in __init__\nValueError: no such model: lenet7"))
+    failure = start_failure(died)
+    assert isinstance(failure, ActorStartError)
+    assert str(failure) == "DeviceActor could not start: ValueError: no such model: lenet7"
+    assert start_failure(ray.exceptions.RayActorError()) is None  # died otherwise: a restart may cure it
 
 
 #: generated data, built on the actors' nodes: 1,000 devices (40,000 samples) over 3 actors, so the input

@@ -1,7 +1,8 @@
 """The cluster path on a real multi-node Ray cluster on this machine, shaped like ``cluster.yaml``.
 
 One cluster for the module: a CPU-only head (2 CPUs, the dataset in its ``~/data``) and three
-workers with 1 CPU and 1 logical GPU each, whose ``~/data`` is empty and where importing ``mlflow``
+workers with 1 CPU and 1 logical GPU each, which do not see the head's data directory (an empty tmpfs
+over it in their own mount namespace, as on machines without the head's disk), where importing ``mlflow``
 fails (so a trial or actor that tried to talk to MLflow would error), and whose environment asks torch
 for baseline kernels (``OTHER_CPU``, as another CPU would pick other kernels than the head's). ``lcfed`` commands run as
 drivers on the head, attached through ``RAY_ADDRESS`` as inside a submitted job, without
@@ -81,7 +82,7 @@ def env(tmp_path_factory: pytest.TempPathFactory, mlflow_server: str) -> Iterato
     blocker.mkdir(parents=True)
     (blocker / "__init__.py").write_text("raise ImportError('mlflow imported on a worker node')\n")
     with S3Server() as s3:
-        cluster = LocalCluster.start(2, [(1, 1)] * 3, env=s3.env,
+        cluster = LocalCluster.start(2, [(1, 1)] * 3, env=s3.env, worker_hidden=["home-head/data"],
                                      worker_env={"PYTHONPATH": str(blocker.parent), **OTHER_CPU})
         try:
             assert cluster.head is not None
@@ -113,14 +114,44 @@ def test_run_places_device_actors_on_gpu_workers_and_matches_in_process(env: Env
     assert sum(a["devices"] for a in actors) == CONFIG["data"]["num_devices"]
     assert summary["placement"]["server"]["node_gpus"] == 0  # the server stays on the head, by the driver
     assert "placement" in proc.stdout and "device actors" in proc.stdout
-    # the workers' ~/data is empty: their actors read their rows of the head's cache file (this machine's, so every
-    # node sees it), and the numbers are the same; the workers' environment asks for baseline kernels, and their
-    # actors run the portable ones all the same
-    assert summary["placement"]["data_reads"] == "nodes" and "samples read on the nodes" in proc.stdout
+    # the workers do not see the head's data: the driver sends their actors' samples (engine.data_reads=auto), and
+    # the numbers are the same; the workers' environment asks for baseline kernels, and their actors run the
+    # portable ones all the same
+    assert summary["placement"]["data_reads"] == "driver" and "samples sent by the driver" in proc.stdout
     assert summary["provenance"]["kernels"] == numerics.kernel_level() and "numerics_note" not in summary["provenance"]
     local = _in_process(env)
     for key in ("acc_mean", "acc_weighted", "train_loss", "test_loss"):
         assert summary[key] == local.final[key], key
+
+
+def test_data_on_the_head_only_is_read_there_and_sent_to_the_workers_actors(env: Env, tmp_path: Path):
+    """CPU-only actors on the head and on the workers, which do not see the head's data directory: with
+    ``engine.data_reads=auto`` the head's actors read their rows of its cache file and the driver sends the
+    workers' actors theirs; with ``driver`` it sends them all; the numbers are the in-process run's either way.
+    ``nodes`` is refused in one line naming the workers, before any actor starts."""
+    sets = ["train.rounds=2", "engine.gpus_per_actor=0"]
+    local = _in_process(env, *sets)
+    names = env.cluster.node_names()
+    for reads, expect in (("auto", "mixed"), ("driver", "driver")):
+        out = tmp_path / f"{reads}.json"
+        proc = env.lcfed("run", "--config", str(env.config), "--no-track", "-q", "--json", str(out),
+                         *[a for s in [*sets, f"engine.data_reads={reads}"] for a in ("--set", s)])
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+        place = json.loads(out.read_text())["placement"]
+        assert place["data_reads"] == expect, place
+        by_node = {(names[a["node_id"]], a["samples"]) for a in place["device_actors"]}
+        if reads == "auto":
+            assert ("head", "node") in by_node and len(by_node) > 1, by_node  # 2 actors on the head, 2 on workers
+            assert all(s == ("node" if w == "head" else "driver") for w, s in by_node), by_node
+        for key in ("acc_mean", "acc_weighted", "train_loss", "test_loss"):
+            assert json.loads(out.read_text())[key] == local.final[key], (reads, key)
+    refused = env.lcfed("run", "--config", str(env.config), "--no-track", "-q",
+                        *[a for s in [*sets, "engine.data_reads=nodes"] for a in ("--set", s)])
+    err = refused.stderr.strip()
+    assert refused.returncode == 2 and len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert "engine.data_reads=nodes" in err and "do not see" in err, err
+    named = {n for i, n in names.items() if i[:8] in err}
+    assert named and "head" not in named, (named, err)
 
 
 def test_the_device_model_schedules_the_same_on_a_multi_node_cluster(env: Env, tmp_path: Path):

@@ -39,8 +39,15 @@ def _add_check(sub: Any) -> None:
         "resuming from a checkpoint bit-identical, and (--ray) the Ray engine giving the in-process numbers. "
         "Exit 1 when a property fails; the report names it.",
         epilog=examples("lcfed check fedavg", "lcfed check mypackage.strategies:FedProx --ray",
-                        "lcfed check lcfed fedac --rounds 6", "lcfed check fedavg --set train.lr=0.01"))
-    check.add_argument("methods", nargs="+", metavar="METHOD", help="a method name or a package.module:attr path")
+                        "lcfed check lcfed fedac --rounds 6", "lcfed check fedavg --set train.lr=0.01",
+                        "lcfed check --cluster cluster.yaml --config configs/demo.yaml --gpus-per-trial 0.5"))
+    check.add_argument("methods", nargs="*", metavar="METHOD", help="a method name or a package.module:attr path")
+    check.add_argument("--cluster", metavar="FILE",
+                       help="instead, print the plan of --config on this cluster launcher config: whether a trial "
+                            "and a federation fit its node types, trials per node type and in flight at max_workers")
+    check.add_argument("--config", "-c", metavar="FILE", help="with --cluster: the experiment config")
+    check.add_argument("--gpus-per-trial", type=float, default=0.0, help="with --cluster: as lcfed sweep's")
+    check.add_argument("--trial-engine", default="auto", help="with --cluster: as lcfed sweep's")
     check.add_argument("--ray", action="store_true", help="also compare the Ray engine with the in-process one")
     check.add_argument("--rounds", type=int, default=2,
                        help=f"rounds of the small federation, 2-{MAX_CHECK_ROUNDS} (default: %(default)s)")
@@ -91,7 +98,17 @@ MAX_CHECK_ROUNDS = 500
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    """The conformance report of each method; exit 1 when a property fails."""
+    """The conformance report of each method; exit 1 when a property fails. With ``--cluster``: the plan."""
+    if args.cluster:
+        from lcfed.config import load_config
+        from tune_jobs.feasible import plan_lines, use_cluster
+
+        cluster = use_cluster(args.cluster)
+        assert cluster is not None  # (a path given: read, or ConfigError)
+        print("\n".join(plan_lines(load_config(args.config, args.set), cluster, args.gpus_per_trial,
+                                    args.trial_engine)))
+        return 0
+    require(bool(args.methods), "METHOD", "", "name a method to check (lcfed check fedavg), or give --cluster FILE")
     require(2 <= args.rounds <= MAX_CHECK_ROUNDS, "--rounds", args.rounds,
             f"must be in [2, {MAX_CHECK_ROUNDS}] (resuming needs a round before the last; the check runs the method "
             "about four times)")

@@ -28,6 +28,7 @@ from lcfed.run.sources import check_against_data, load
 from lcfed.run.stop import stop_on_signals
 from lcfed.tracking import MLflowObserver, check_tracking_store, run_name, ui_hint
 from lcfed.tracking.resume import check_resume_store
+from tune_jobs.feasible import check_run, cluster_option, use_cluster
 from tune_jobs.options import config_options, examples, verbosity_options
 
 
@@ -47,6 +48,7 @@ def add_parser(sub: Any) -> None:
     config_options(run)
     run.add_argument("--engine", choices=engines.names(), help="execution engine (overrides engine.kind)")
     run.add_argument("--no-track", action="store_true", help="do not log to MLflow")
+    cluster_option(run)
     run.add_argument("--private-ray", action="store_true",
                      help="with engine.kind=ray, start a Ray of this run's own even when `lcfed head start` left a "
                           "head running on this machine (which the run otherwise attaches to)")
@@ -113,6 +115,7 @@ def attach_to_head(cfg: ExperimentConfig, private: bool) -> ExperimentConfig:
 def cmd_run(args: argparse.Namespace) -> int:
     overrides = list(args.set) + ([f"engine.kind={args.engine}"] if args.engine else [])
     cfg = attach_to_head(load_config(args.config, overrides), args.private_ray)
+    check_run(cfg, use_cluster(args.cluster))  # an ask no node type holds: one line, before anything starts
     numerics.activate(cfg.engine.numerics)  # before this process's first tensor op
     check_output_file(args.json, "--json", protect=[args.config])
     check_output_dir(cfg.checkpoint.dir, "checkpoint.dir")
@@ -280,15 +283,17 @@ def checked_partition_stats(cfg: ExperimentConfig) -> dict[str, float]:
 
 def placement_line(placement: dict[str, Any]) -> str:
     """E.g. ``4 device actors {CPU 0.5, GPU 0.5} on 2 node(s) [3f2a1b: 2, 9c0d4e: 2]; server on 77ab12; samples
-    read on the nodes`` (``engine.data_reads``; or ``sent by the driver``)."""
+    read on the nodes`` (``engine.data_reads``; or ``sent by the driver``, or each for some actors)."""
     actors = placement["device_actors"]
     per_node: dict[str, int] = {}
     for a in actors:
         per_node[a["node_id"][:6]] = per_node.get(a["node_id"][:6], 0) + 1
     ask = f"CPU {actors[0]['cpus']:g}" + (f", GPU {actors[0]['gpus']:g}" if actors[0]["gpus"] else "")
     nodes = ", ".join(f"{n}: {c}" for n, c in per_node.items())
-    reads = {"nodes": "; samples read on the nodes", "driver": "; samples sent by the driver"}.get(
-        placement.get("data_reads", ""), "")
+    on_nodes = sum(a.get("samples") == "node" for a in actors)
+    reads = {"nodes": "; samples read on the nodes", "driver": "; samples sent by the driver",
+             "mixed": f"; samples read on the nodes by {on_nodes} actor(s), sent by the driver to "
+                      f"{len(actors) - on_nodes}"}.get(placement.get("data_reads", ""), "")
     return (f"{len(actors)} device actors {{{ask}}} on {len(per_node)} node(s) [{nodes}]; "
             f"server on {placement['server']['node_id'][:6]}{reads}")
 

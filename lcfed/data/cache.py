@@ -52,26 +52,46 @@ def write_arrays(cache: Path, arrays: Mapping[str, np.ndarray], stamp: Any) -> N
 
 
 def size_and_mtime(path: str) -> tuple[int, int]:
-    """The file's size and modification time (ns): which version of it a reader is about to read."""
+    """The file's size and modification time (ns)."""
     st = os.stat(path)
     return st.st_size, st.st_mtime_ns
 
 
-def read_rows(path: str, stamp: tuple[int, int], rows: np.ndarray) -> np.ndarray:
-    """Rows ``rows`` (sorted) of the ``.npy`` array at ``path``, which must still be the version ``stamp``
-    (:func:`size_and_mtime`) that its reader was given: only those rows' pages are read."""
-    check_version(path, stamp)
+#: blocks of the file that :func:`file_version` hashes: a copy of another version on another node (a cache
+#: rewritten there, an rsync that kept the mtime) differs in them, and 1 MiB is read whatever the file's size
+_HASH_BLOCKS, _HASH_BLOCK = 16, 64 * 1024
+
+
+def file_version(path: str) -> tuple[int, int, str]:
+    """Which version of the file a reader is about to read: its size, mtime (ns) and a hash of its header and
+    :data:`_HASH_BLOCKS` blocks spread over it (the whole file when small). Raises OSError where it is unreadable."""
+    size, mtime = size_and_mtime(path)
+    h = hashlib.blake2b(digest_size=8)
+    with open(path, "rb") as f:
+        if size <= _HASH_BLOCKS * _HASH_BLOCK * 2:
+            h.update(f.read())
+        else:
+            for i in range(_HASH_BLOCKS + 1):
+                f.seek(i * (size - _HASH_BLOCK) // _HASH_BLOCKS)
+                h.update(f.read(_HASH_BLOCK))
+    return size, mtime, h.hexdigest()
+
+
+def read_rows(path: str, version: tuple[int, int, str], rows: np.ndarray) -> np.ndarray:
+    """Rows ``rows`` (sorted) of the ``.npy`` array at ``path``, which must still be the version ``version``
+    (:func:`file_version`) that its reader was given: only those rows' pages are read."""
+    check_version(path, version)
     return np.ascontiguousarray(np.load(path, mmap_mode="r")[rows])
 
 
-def check_version(path: str, stamp: tuple[int, int]) -> None:
-    """:class:`DataError` unless ``path`` is here, as the version ``stamp``."""
+def check_version(path: str, version: tuple[int, int, str]) -> None:
+    """:class:`DataError` unless ``path`` is here, as the version ``version``."""
     try:
-        now = size_and_mtime(path)
+        now = file_version(path)
     except OSError as exc:
         raise DataError(f"{path}: cannot be read here ({exc.strerror}): a node reading its devices' samples "
                         "needs the data dir at the same path as the driver (shared storage), or set "
-                        "engine.data_reads=driver") from None
-    if now != tuple(stamp):
-        raise DataError(f"{path}: changed since the run read it (size and mtime {now}, not {tuple(stamp)}): "
+                        "engine.data_reads=driver (auto: decided per node)") from None
+    if now != tuple(version):
+        raise DataError(f"{path}: changed since the run read it (size, mtime and hash {now}, not {tuple(version)}): "
                         "another process rewrote the cache, or this node sees another copy; run again")

@@ -26,8 +26,9 @@ class Dataset:
     ``groups`` (N,) int64, when the source knows them (a generator, or a file's ``data.group_column``), is
     each sample's true cluster: the partition's ground truth (a device's group is its samples' most common).
     ``x_file``, when ``x`` was read from an ``.npy`` file (the decoded-array cache), is that file, and ``x_rows``
-    the file's rows ``x`` holds (None: all of them): a Ray host whose node reaches the file reads its own
-    devices' rows there instead of being sent them.
+    the file's rows ``x`` holds (None: all of them), and ``x_version`` the file's version when it was read
+    (:func:`lcfed.data.cache.file_version`): a Ray host whose node sees that version reads its own devices' rows
+    there instead of being sent them.
     """
 
     name: str
@@ -38,6 +39,7 @@ class Dataset:
     groups: np.ndarray | None = None
     x_file: str | None = None
     x_rows: np.ndarray | None = None
+    x_version: tuple[int, int, str] | None = None
 
     def __post_init__(self) -> None:
         if not ((self.x.ndim == 4 and self.x.dtype == np.uint8) or (self.x.ndim == 2 and self.x.dtype == np.float32)):
@@ -74,7 +76,8 @@ class Dataset:
         ids = None if self.device_ids is None else np.ascontiguousarray(self.device_ids[rows])
         groups = None if self.groups is None else np.ascontiguousarray(self.groups[rows])
         file_rows = None if self.x_file is None else np.asarray(rows if self.x_rows is None else self.x_rows[rows])
-        return Dataset(self.name, self.x[rows], self.y[rows], self.num_classes, ids, groups, self.x_file, file_rows)
+        return Dataset(self.name, self.x[rows], self.y[rows], self.num_classes, ids, groups, self.x_file, file_rows,
+                       self.x_version)
 
 
 def _stamp(folder: Path) -> list[list[object]] | None:

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from lcfed.data.cache import write_arrays
+from lcfed.data.cache import file_version, write_arrays
 from lcfed.data.dataset import CACHE_DIR, DataError, Dataset, _stamp
 from lcfed.data.formats import FileSource, load_file
 from lcfed.data.generated import GENERATED, leaf_synthetic
@@ -277,11 +277,14 @@ def _read_cache(cache: Path, stamp: list[list[object]], name: str, num_classes: 
     try:
         if json.loads((cache / "stamp.json").read_text()) != stamp:
             return None
+        version = file_version(str(cache / "x.npy"))
         x = np.load(cache / "x.npy", mmap_mode="r")
         y = np.load(cache / "y.npy")
     except (OSError, ValueError):
         return None
-    return Dataset(name, x, y, num_classes, x_file=str(cache / "x.npy")) if len(x) == len(y) else None
+    if len(x) != len(y):
+        return None
+    return Dataset(name, x, y, num_classes, x_file=str(cache / "x.npy"), x_version=version)
 
 
 def _write_cache(cache: Path, stamp: list[list[object]], ds: Dataset) -> None:

@@ -114,7 +114,8 @@ def apply_testbed(ds: Dataset, kind: str, groups: int, num_devices: int, seed: i
         for g, rows in enumerate(members):
             y[rows] = perms[g][ds.y[rows]]
         # the same inputs: still the file's rows, which Ray hosts may read themselves
-        return Dataset(ds.name, ds.x, y, ds.num_classes, ds.device_ids, x_file=ds.x_file, x_rows=ds.x_rows)
+        return Dataset(ds.name, ds.x, y, ds.num_classes, ds.device_ids, x_file=ds.x_file, x_rows=ds.x_rows,
+                       x_version=ds.x_version)
     x = np.array(ds.x, copy=True)
     transform: Callable[[np.ndarray, int], np.ndarray]
     if kind == "rotated":

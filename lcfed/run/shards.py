@@ -283,11 +283,11 @@ def shard(ds: Dataset, part: Partition, devices: Iterable[int]) -> tuple[Dataset
 class FileShard:
     """What :func:`shard` would send a host, less the inputs: the host reads its rows of the dataset's cached
     ``.npy`` file (``path``, at the same path on its node; ``rows`` are the file's) itself. The labels come
-    along (a testbed may have permuted them), as does the file's size and mtime, so a host never reads another
-    version of it."""
+    along (a testbed may have permuted them), as does the file's version (size, mtime, hash), so a host never reads
+    another version of it."""
 
     path: str
-    stamp: tuple[int, int]
+    version: tuple[int, int, str]
     name: str
     num_classes: int
     rows: np.ndarray
@@ -295,13 +295,15 @@ class FileShard:
     partition: Partition
 
     @classmethod
-    def cut(cls, ds: Dataset, part: Partition, devices: Iterable[int], stamp: tuple[int, int]) -> FileShard:
-        """``devices``' part of ``ds``, which must have an ``x_file`` (of size and mtime ``stamp``)."""
+    def cut(cls, ds: Dataset, part: Partition, devices: Iterable[int], version: tuple[int, int, str]
+            ) -> FileShard:
+        """``devices``' part of ``ds``, which must have an ``x_file`` (of :func:`~lcfed.data.cache.file_version`
+        ``version``)."""
         assert ds.x_file is not None
         rows, sub = shard_rows(part, devices)
         file_rows = rows if ds.x_rows is None else ds.x_rows[rows]  # a subset's rows are a map into the file's
-        return cls(ds.x_file, stamp, ds.name, ds.num_classes, file_rows, np.ascontiguousarray(ds.y[rows]), sub)
+        return cls(ds.x_file, version, ds.name, ds.num_classes, file_rows, np.ascontiguousarray(ds.y[rows]), sub)
 
     def build(self) -> tuple[Dataset, Partition]:
         """The host's (samples, partition), exactly as :func:`shard` would have sent them."""
-        return Dataset(self.name, read_rows(self.path, self.stamp, self.rows), self.y, self.num_classes), self.partition
+        return Dataset(self.name, read_rows(self.path, self.version, self.rows), self.y, self.num_classes), self.partition

@@ -16,6 +16,7 @@ from lcfed.config import load_config
 from lcfed.config.overrides import parse_override
 from lcfed.run.output_paths import check_output_file
 from lcfed.tracking import check_tracking_store, ui_hint
+from tune_jobs.feasible import check_sweep, cluster_option, use_cluster
 from tune_jobs.options import config_options, examples, verbosity_options
 from tune_jobs.sweep.options import add_no_track, add_sweep_options, sweep_options, tracking_of
 
@@ -36,6 +37,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--space", required=True, metavar="FILE",
                    help="search space YAML (a path, or a bundled name under tune_jobs/spaces/, e.g. mu_lambda.yaml)")
     add_sweep_options(p)
+    cluster_option(p)
     add_no_track(p)
     p.add_argument("--json", metavar="FILE", help="also write the summary (best config, metric, runs, storage) as JSON")
     verbosity_options(p, "no progress table: errors and the final summary only")
@@ -49,6 +51,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         check_tracking_store(base.tracking.uri)
     options = sweep_options(args)
     options.validate(base.train.rounds, base.tracking.enabled)  # bad flags fail here, before Tune, MLflow or matplotlib loads
+    # a trial no node type holds would wait forever: one line now, before Ray, Tune or MLflow start
+    check_sweep(base, options.gpus_per_trial, options.trial_engine, use_cluster(args.cluster))
     from tune_jobs.sweep.space import load_space  # Tune when a sweep runs, not with lcfed's parser
 
     space = load_space(args.space, base)

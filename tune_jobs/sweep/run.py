@@ -31,6 +31,7 @@ from lcfed.config import ExperimentConfig, to_dict
 from lcfed.errors import ConfigError
 from lcfed.logs import tune_verbosity
 from lcfed.tracking import mlflow_key, resolve_tracking_uri, run_tags, share_view, view_url
+from tune_jobs.feasible import check_live, sweep_ask
 from tune_jobs.parent_run import ParentRun
 from tune_jobs.sweep.best import best_result, child_run, log_parent, trial_order
 from tune_jobs.sweep.callbacks import SweepProgress, TrialTracker
@@ -124,7 +125,9 @@ def _run_under(parent: ParentRun, plan: SweepPlan, sources: Any) -> dict[str, An
     (and, if the plan wants them, its models on its child run, registered under ``--register``'s name)."""
     base, obj, uri = plan.base, plan.objective, plan.base.tracking.uri
     check_storage(plan.storage_uri)
-    engine = resolve_trial_engine(plan.options.trial_engine, plan.options.gpus_per_trial, len(alive_nodes()))
+    live = alive_nodes()
+    engine = resolve_trial_engine(plan.options.trial_engine, plan.options.gpus_per_trial, len(live))
+    check_live(sweep_ask(base, plan.options.gpus_per_trial, engine), live)  # before any trial waits for a node
     tracker = None
     if plan.tracked:
         parent.connect(base.tracking.experiment)  # once, before any trial
