@@ -313,9 +313,9 @@ class Hosts:
                 self.devices[i] = self._new_device(i)
 
     def _node_reads(self, i: int) -> bool:
-        """Whether the node of device actor ``i``'s bundle (which Ray may have moved with a lost node) still sees
-        the run's file; unknown (not placed again yet, or a trial's group) counts as yes only in a trial, whose
-        nodes were all checked."""
+        """Whether the node of device actor ``i``'s bundle (which Ray moves with a lost node) sees the run's file:
+        a bundle not placed again yet counts as not (its rows are then sent); inside a Tune trial (no group of
+        ours) the decision made for all the trial's nodes stands."""
         assert self.file is not None
         if self.placement is None:
             return True

@@ -127,45 +127,45 @@ def test_run_places_device_actors_on_gpu_workers_and_matches_in_process(env: Env
 def test_data_on_the_head_only_is_read_there_and_sent_to_the_workers_actors(env: Env, tmp_path: Path):
     """CPU-only actors on the head and on the workers, which do not see the head's data directory: with
     ``engine.data_reads=auto`` the head's actors read their rows of its cache file and the driver sends the
-    workers' actors theirs; with ``driver`` it sends them all; the numbers are the in-process run's either way.
-    ``nodes`` is refused in one line naming the workers, before any actor starts."""
+    workers' actors theirs, with the in-process numbers (``driver``, which sends them all: the device model's test
+    below). ``nodes`` is refused in one line naming the workers, before any actor starts."""
     sets = ["train.rounds=2", "engine.gpus_per_actor=0"]
+    out = tmp_path / "auto.json"
+    proc = env.lcfed("run", "--config", str(env.config), "--no-track", "-q", "--json", str(out),
+                     *[a for s in sets for a in ("--set", s)])
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    summary = json.loads(out.read_text())
+    place = summary["placement"]
+    head = place["server"]["node_id"]  # the server stays on the head
+    by_node = {(a["node_id"] == head, a["samples"]) for a in place["device_actors"]}
+    assert place["data_reads"] == "mixed" and by_node == {(True, "node"), (False, "driver")}, place
+    assert "read on the nodes by 2 actor(s), sent by the driver to 2" in proc.stdout, proc.stdout
     local = _in_process(env, *sets)
-    names = env.cluster.node_names()
-    for reads, expect in (("auto", "mixed"), ("driver", "driver")):
-        out = tmp_path / f"{reads}.json"
-        proc = env.lcfed("run", "--config", str(env.config), "--no-track", "-q", "--json", str(out),
-                         *[a for s in [*sets, f"engine.data_reads={reads}"] for a in ("--set", s)])
-        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-        place = json.loads(out.read_text())["placement"]
-        assert place["data_reads"] == expect, place
-        by_node = {(names[a["node_id"]], a["samples"]) for a in place["device_actors"]}
-        if reads == "auto":
-            assert ("head", "node") in by_node and len(by_node) > 1, by_node  # 2 actors on the head, 2 on workers
-            assert all(s == ("node" if w == "head" else "driver") for w, s in by_node), by_node
-        for key in ("acc_mean", "acc_weighted", "train_loss", "test_loss"):
-            assert json.loads(out.read_text())[key] == local.final[key], (reads, key)
+    for key in ("acc_mean", "acc_weighted", "train_loss", "test_loss"):
+        assert summary[key] == local.final[key], key
     refused = env.lcfed("run", "--config", str(env.config), "--no-track", "-q",
                         *[a for s in [*sets, "engine.data_reads=nodes"] for a in ("--set", s)])
     err = refused.stderr.strip()
     assert refused.returncode == 2 and len(err.splitlines()) == 1 and "Traceback" not in err, err
-    assert "engine.data_reads=nodes" in err and "do not see" in err, err
-    named = {n for i, n in names.items() if i[:8] in err}
-    assert named and "head" not in named, (named, err)
+    assert "engine.data_reads=nodes: node(s) " in err and "do not see" in err and head[:8] not in err, err
+    workers = {a["node_id"][:8] for a in place["device_actors"] if a["node_id"] != head}
+    assert any(w in err for w in workers), (workers, err)
 
 
 def test_the_device_model_schedules_the_same_on_a_multi_node_cluster(env: Env, tmp_path: Path):
     """Asynchronous LCFed on devices that come and go: the queue lives in the server actor, the devices train
-    on the workers; the clock and the numbers are the in-process run's."""
+    on the workers (their samples sent by the driver, as engine.data_reads=driver says); the clock and the
+    numbers are the in-process run's."""
     sets = ["train.participation=0.5", "method.rank=2", "devices.simulate=true", "devices.aggregation=async",
             "devices.async_buffer=2", "devices.speed_sigma=1.0", "devices.availability=diurnal",
-            "devices.online_fraction=0.6", "devices.dropout=0.2"]
+            "devices.online_fraction=0.6", "devices.dropout=0.2", "engine.data_reads=driver"]
     out = tmp_path / "run.json"
     proc = env.lcfed("run", "--config", str(env.config), "--no-track", "-q", "--json", str(out),
                      *[a for s in sets for a in ("--set", s)])
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     summary = json.loads(out.read_text())
     assert len({a["node_id"] for a in summary["placement"]["device_actors"]}) > 1
+    assert summary["placement"]["data_reads"] == "driver"
     local = _in_process(env, *sets)
     for key in ("sim_clock_seconds", "staleness_mean", "devices_kept", "acc_mean", "train_loss"):
         assert summary[key] == local.final[key], key
