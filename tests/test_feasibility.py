@@ -4,7 +4,6 @@ repository's ``cluster.yaml``: a head {CPU 6, GPU 0} and at most 4 ``gpu_worker`
 from __future__ import annotations
 
 import os
-import resource
 import subprocess
 import sys
 
@@ -78,31 +77,30 @@ def test_a_cluster_config_without_resources_or_head_is_not_judged():
         cluster_from({"available_node_types": {"h": {"resources": {"CPU": 1}}}})
 
 
-def _lcfed(tmp_path, *args: str) -> tuple[subprocess.CompletedProcess[str], float]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "HOME": str(tmp_path)}  # no launcher config in this HOME
+def _lcfed(tmp_path, *args: str) -> subprocess.CompletedProcess[str]:
+    # no launcher config in this HOME; a Ray started would leave its session under RAY_TMPDIR, in tmp_path
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HOME": str(tmp_path), "RAY_TMPDIR": str(tmp_path)}
     env.pop("RAY_ADDRESS", None)
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    proc = subprocess.run([sys.executable, "-m", "tune_jobs", *args], cwd=tmp_path, env=env, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "tune_jobs", *args], cwd=tmp_path, env=env, capture_output=True,
                           text=True, timeout=120)
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return proc, after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
 
 
 @pytest.mark.subprocess
 def test_a_sweep_no_node_type_holds_is_refused_in_one_line_before_anything_starts(tmp_path):
     """2 GPUs per trial in one device actor: a bundle {CPU: 1, GPU: 2}, and cluster.yaml's GPU workers have 1."""
     storage = tmp_path / "tune"
-    proc, took = _lcfed(tmp_path, "sweep", "--space", "mu_lambda.yaml", "--cluster", str(ROOT / "cluster.yaml"),
+    proc = _lcfed(tmp_path, "sweep", "--space", "mu_lambda.yaml", "--cluster", str(ROOT / "cluster.yaml"),
                         "--gpus-per-trial", "2", "--trial-engine", "ray", "--storage", str(storage), "--no-track",
                         "--json", str(tmp_path / "s.json"))
     err = proc.stderr.strip()
     assert proc.returncode == 2 and len(err.splitlines()) == 1 and not proc.stdout, (proc.stdout, err)
     assert err.startswith("lcfed: cluster error: a trial asks for a bundle {CPU: 1, GPU: 2} that no node can hold")
     assert "the largest node type is gpu_worker {CPU: 4, GPU: 1}" in err, err
-    # its CPU seconds (the wall's, on a machine nobody else loads; mostly importing torch): nothing made, no Ray
-    assert took < 5 and sorted(p.name for p in tmp_path.iterdir()) == [], took
+    # nothing made, no Ray (its session directory would be under RAY_TMPDIR); the time it takes is in the
+    # issue's note (a timed assertion would measure the machine's load, not the product)
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
     # 10 devices on 5 whole-GPU actors: each fits a gpu_worker, but there are at most 4
-    run, _ = _lcfed(tmp_path, "run", "--engine", "ray", "--cluster", str(ROOT / "cluster.yaml"), "--no-track",
+    run = _lcfed(tmp_path, "run", "--engine", "ray", "--cluster", str(ROOT / "cluster.yaml"), "--no-track",
                     "--set", "data.num_devices=10", "--set", "engine.num_actors=5", "--set", "engine.gpus_per_actor=1")
     err = run.stderr.strip()
     assert run.returncode == 2 and len(err.splitlines()) == 1, err
