@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from lcfed import conformance
+from lcfed import conformance, engines
 from lcfed.config import load_config
 from lcfed.engines.local import run_local
 from lcfed.learning.local_update import DeviceData, LocalWork
@@ -283,3 +283,35 @@ def test_asynchronous_aggregation_runs(method):
 @pytest.mark.parametrize("method", ["scaffold", "fedrep", "cfl"])
 def test_no_asynchronous_aggregation(method):
     assert not METHODS[method].strategy.supports_async
+
+
+NEW = ["fedprox", "scaffold", "ditto", "apfl", "fedrep", "cfl"]
+
+
+@pytest.mark.slow  # vmapped steps are slow on a CPU (~10 s each here); the GPU's path
+@pytest.mark.parametrize("method", ["scaffold", "apfl", "fedrep"])
+def test_own_local_loops_vectorize(method):
+    # their local loops ask loss_and_grad for each step, so vmapped training (engine.vectorize) batches them too
+    small = [f"method.name={method}", "train.rounds=2", *(["method.head_factor=2"] if method == "fedrep" else [])]
+    loop = run_local(tiny_config(*small, "engine.vectorize=never"))
+    vec = run_local(tiny_config(*small, "engine.vectorize=always"))
+    for ra, rb in zip(loop.history, vec.history, strict=True):
+        assert ra["train_loss"] == pytest.approx(rb["train_loss"], rel=1e-5) and ra["acc_mean"] == rb["acc_mean"]
+
+
+@pytest.mark.ray
+@pytest.mark.slow  # ~1 min: one Ray for every new method; device states (SCAFFOLD's c_i, personal models) on actors
+def test_ray_engine_gives_the_in_process_numbers():
+    import ray
+
+    from tests.conftest import start_test_ray
+
+    configs = {m: conformance.small_config(m) for m in NEW}
+    local = {m: run_local(cfg).history for m, cfg in configs.items()}
+    start_test_ray()
+    try:
+        remote = {m: engines.run(cfg.replace(**{"engine.kind": "ray", "engine.devices_per_actor": 3})).history
+                  for m, cfg in configs.items()}
+    finally:
+        ray.shutdown()
+    assert {m: conformance.differences(local[m], remote[m]) for m in NEW} == {m: [] for m in NEW}
