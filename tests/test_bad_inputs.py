@@ -738,6 +738,8 @@ ROWS += [
     ("numerics-threads-0", "numerics --threads 0", {}, "--threads: got 0; must be in [1, "),
     ("numerics-json-dir", "numerics --json inputs", {"inputs/afile": "x"}, "--json: got 'inputs'; is a directory"),
     ("check-set-method-name", "check fedavg --set method.name=standalone", {}, "--set method.name: got 'standalone'"),
+    ("check-set-method-section", "check fedavg --set 'method={name: standalone}'", {},
+     "--set method: got 'standalone'; lcfed check checks fedavg (its METHOD argument)"),
     # submit / job
     ("submit-no-entrypoint", "submit --address http://127.0.0.1:9 --", {}, "entrypoint"),
     ("submit-env-syntax", "submit --address http://127.0.0.1:9 --env NOEQUALS -- lcfed methods", {}, "--env"),
