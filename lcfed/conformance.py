@@ -109,7 +109,13 @@ class _Guarded:
     aggregation's ``bytes_up`` compared with its messages' tensors."""
 
     def __init__(self, inner: Any, audit: _Audit) -> None:
-        self._inner, self._audit = inner, audit
+        object.__setattr__(self, "_inner", inner)
+        object.__setattr__(self, "_audit", audit)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # the server sets what the strategy reads (the device model's ``scheduled`` devices): on the strategy
+        # itself, or the watched run would choose its own devices and differ from the unwatched one
+        setattr(self._inner, name, value)
 
     def __getattr__(self, name: str) -> Any:
         attr = getattr(self._inner, name)

@@ -262,6 +262,85 @@ SPACES = [
     ("qrandint-floats", "method.num_clusters: {qrandint: [2, 10, 2.0]}\n", "integers"),
 ]
 
+# issue 49: the device model's numbers past what float32 arrays, ints and memory hold, refused by the config check
+HUGE = "9" * 400  # an int of hundreds of digits: no float holds it
+DEVICE_VALUES = [
+    ("devices.speed_sigma=1000", "devices.speed_sigma: got 1000.0; must be in [0, 5]"),
+    ("devices.bandwidth_sigma=50", "devices.bandwidth_sigma: got 50.0; must be in [0, 5]"),
+    ("devices.latency_ms=1e300", "devices.latency_ms: got 1e+300; must be in [0, 3.6e+06]"),
+    (f"devices.latency_ms={HUGE}", ("devices.latency_ms", "must be a finite number")),
+    (f"devices.phase_jitter={HUGE}", ("devices.phase_jitter", "must be a finite number")),
+    (f"devices.dropout=-{HUGE}", ("devices.dropout", "must be a finite number")),
+    ("devices.period_hours=1e300", "devices.period_hours: got 1e+300; must be in [0.000277778, 8760]"),
+    ("devices.period_hours=1e-9", "devices.period_hours: got 1e-09; must be in [0.000277778, 8760]"),
+    ("devices.slot_minutes=1e-300", "devices.slot_minutes: got 1e-300; must be in [0.0166667, 525600]"),
+    ("devices.overcommit=1e300", "devices.overcommit: got 1e+300; must be in [0, 100]"),
+    ("devices.deadline_seconds=1e300", "devices.deadline_seconds: got 1e+300; must be in [0, 3.2e+07]"),
+    ("network.device_gflops=1e-300", "network.device_gflops: got 1e-300; must be in [1e-06, 1e+15]"),
+    ("network.bandwidth_mbps=1e300", "network.bandwidth_mbps: got 1e+300; must be in [1e-06, 1e+15]"),
+    (f"network.bandwidth_mbps={HUGE}", ("network.bandwidth_mbps", "must be a finite number")),
+    ("devices.online_fraction=0", "devices.online_fraction: got 0.0; must be in (0, 1]"),
+    ("devices.availability=iid --set devices.online_fraction=0.5 --set devices.slot_minutes=0.5",
+     ("devices.slot_minutes: got 0.5", "into 2,880 slots; at most 1,440")),
+    ("devices.availability=iid --set devices.online_fraction=0.5 --set devices.slot_minutes=1 "
+     "--set data.num_devices=100000000", ("devices.slot_minutes: got 1.0", "must fit this machine's memory")),
+]
+NEVER_ONLINE = '{"1": {"active": [], "inactive": [], "finish_time": 100}, "2": {"active": [], "inactive": [], "finish_time": 50}}'
+TRACE_AV = f"{R} --set devices.simulate=true --set devices.availability=trace --set devices.availability_trace="
+ASYNC = "--set method.name=fedavg --set devices.aggregation=async --set devices.async_buffer=2"
+SHORT_WINDOWS = "--set devices.availability=diurnal --set devices.online_fraction=0.0001 --set devices.period_hours=0.01"
+# issue 49: schedules that can never keep any work, refused before the first round (sync and async)
+SCHEDULE_ROWS = [
+    ("devices-never-online-trace", f"{TRACE_AV}av.json", {"av.json": NEVER_ONLINE},
+     ("devices.availability_trace: got 'av.json'; no training device is ever online",)),
+    ("devices-never-online-trace-async", f"{TRACE_AV}av.csv {ASYNC}",
+     {"av.csv": "id,active,inactive,finish_time\n1,,,100\n"}, "no training device is ever online"),
+    ("devices-windows-too-short", f"{R} --set devices.simulate=true {SHORT_WINDOWS}", {},
+     ("devices.online_fraction: got 0.0001", "no training device can finish a round inside an online window")),
+    ("devices-windows-too-short-async", f"{R} --set devices.simulate=true {SHORT_WINDOWS} {ASYNC}", {},
+     ("devices.online_fraction: got 0.0001", "no training device can finish a round inside an online window")),
+    ("devices-trace-windows-too-short", f"{TRACE_AV}av.json {ASYNC}",
+     {"av.json": '{"1": {"active": [0], "inactive": [1e-6], "finish_time": 100}}'},
+     ("devices.availability_trace: got 'av.json'", "no training device can finish a round")),
+    ("devices-capacity-below-float32", f"{R} --set devices.simulate=true --set devices.capacity_trace=cap.json",
+     {"cap.json": '{"1": {"computation": 5, "communication": 100}, "7": {"computation": 5, "communication": 1e-45}}'},
+     ("devices.capacity_trace: cap.json: client 7: communication 1e-45 kbit/s", "outside float32's normal range")),
+    ("devices-capacity-slow-below-float32", f"{R} --set devices.simulate=true --set devices.capacity_trace=cap.csv",
+     {"cap.csv": "id,computation,communication\n3,1e300,100\n"},
+     ("devices.capacity_trace: cap.csv: client 3: computation 1e+300 ms per sample", "FLOP/s")),
+]
+
+
+def _shared_pickle(clients: int, intervals: int) -> bytes:
+    """An availability pickle of a few KB whose clients all share one list: expanded, clients x intervals."""
+    import pickle
+
+    times = list(range(0, 2 * intervals, 2))
+    ends = [t + 1 for t in times]
+    return pickle.dumps({c: {"active": times, "inactive": ends, "finish_time": 2 * intervals} for c in range(clients)},
+                        protocol=2)
+
+
+DEEP = 100_000  # a pickle list nested this deep: refused by depth, not by the interpreter's stack
+CAP = f"{R} --set devices.simulate=true --set devices.capacity_trace="
+ONE_CAP = '{"computation": 5, "communication": 100}'
+# issue 49: a trace file's budget (depth, clients, intervals) and ids that would collide or wrap
+TRACE_BUDGET_ROWS = [
+    ("devices-trace-pickle-too-deep", f"{CAP}cap.pkl",
+     {"cap.pkl": b"\x80\x02}(K\x01}(X\x0b\x00\x00\x00computation" + b"]" * DEEP + b"a" * (DEEP - 1)
+      + b"X\r\x00\x00\x00communicationK\x05uu."}, ("devices.capacity_trace: cap.pkl: nests deeper than 16 levels",)),
+    ("devices-trace-json-too-deep", f"{CAP}cap.json", {"cap.json": "[" * 20 + "]" * 20},
+     "devices.capacity_trace: cap.json: nests deeper than 16 levels"),
+    ("devices-trace-pickle-shared-expansion", f"{TRACE_AV}av.pkl", {"av.pkl": _shared_pickle(2100, 5000)},
+     ("devices.availability_trace: av.pkl: holds more than 10,000,000 online intervals",)),
+    ("devices-trace-json-duplicate-id", f"{CAP}cap.json", {"cap.json": f'{{"1": {ONE_CAP}, "1": {ONE_CAP}}}'},
+     ("devices.capacity_trace: cap.json: the key '1' appears more than once",)),
+    ("devices-trace-json-id-beyond-64-bits", f"{CAP}cap.json", {"cap.json": f'{{"18446744073709551617": {ONE_CAP}}}'},
+     "devices.capacity_trace: cap.json: client id 18446744073709551617 is beyond 64 bits"),
+    ("devices-trace-csv-id-wraps", f"{CAP}cap.csv", {"cap.csv": "id,computation,communication\n18446744073709551615,5,100\n"},
+     "devices.capacity_trace: cap.csv: client id 18446744073709551615 is beyond 64 bits"),
+]
+
 IDX_LABELS_255 = "idx/train-labels-idx1-ubyte"
 
 
@@ -349,6 +428,9 @@ ROWS += [(f"{m}-{v}", f"{R} --set method.name={m} --set {shlex.quote(v)}", {}, w
 ROWS += [(f"config-file-{name}", f"{R} --config c.yaml", {"c.yaml": text}, want) for name, text, want in CONFIG_FILES]
 ROWS += [(f"space-{name}", "sweep --space s.yaml", {"s.yaml": text}, want) for name, text, want in SPACES]
 ROWS += RESUME_ROWS
+ROWS += [(f"devices-set-{v}", f"{R} --set devices.simulate=true --set {v}", {}, want) for v, want in DEVICE_VALUES]
+ROWS += SCHEDULE_ROWS
+ROWS += TRACE_BUDGET_ROWS
 ROWS += [
     # run flags
     ("run-config-missing", f"{R} --config nope.yaml", {}, "--config"),
@@ -381,6 +463,9 @@ ROWS += [
     ("run-classes-over-data", f"{R} --set data.partition=pathological --set data.classes_per_device=11",
      {}, "data.classes_per_device"),
     ("run-missing-dataset", f"{R} --set data.dataset=mnist --set data.data_dir=nodata", {}, "lcfed data import"),
+    ("run-idx-empty-placed-by-hand", f"{R} --set data.dataset=mnist --set data.data_dir=d",
+     {f"d/MNIST/raw/{k.split('/')[1]}": v for k, v in _idx_files("empty").items()},
+     ("d/MNIST/raw/t10k-images-idx3-ubyte: holds no images (an empty IDX file)", "lcfed data import")),
     ("run-idx-label-255", f"{R} --set data.dataset=mnist --set data.data_dir=d", {
         "d/MNIST/raw/train-images-idx3-ubyte": _idx_files("")["idx/train-images-idx3-ubyte"],
         "d/MNIST/raw/train-labels-idx1-ubyte": _idx_files("label255")[IDX_LABELS_255],
@@ -653,6 +738,8 @@ ROWS += [
     ("numerics-threads-0", "numerics --threads 0", {}, "--threads: got 0; must be in [1, "),
     ("numerics-json-dir", "numerics --json inputs", {"inputs/afile": "x"}, "--json: got 'inputs'; is a directory"),
     ("check-set-method-name", "check fedavg --set method.name=standalone", {}, "--set method.name: got 'standalone'"),
+    ("check-set-method-section", "check fedavg --set 'method={name: standalone}'", {},
+     "--set method: got 'standalone'; lcfed check checks fedavg (its METHOD argument)"),
     # submit / job
     ("submit-no-entrypoint", "submit --address http://127.0.0.1:9 --", {}, "entrypoint"),
     ("submit-env-syntax", "submit --address http://127.0.0.1:9 --env NOEQUALS -- lcfed methods", {}, "--env"),

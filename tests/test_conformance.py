@@ -76,3 +76,20 @@ def test_the_ray_engine_property():
     finally:
         ray.shutdown()
     assert set(ray_only) == {"engines"} and "round 1" in ray_only["engines"]
+
+
+@pytest.mark.parametrize("devices", [
+    {"devices.availability": "diurnal", "devices.online_fraction": 0.5, "devices.period_hours": 0.01},
+    {"devices.aggregation": "async", "devices.async_buffer": 2, "devices.dropout": 0.2},
+], ids=["diurnal", "async"])
+def test_the_device_models_schedule_is_part_of_the_same_run(devices):
+    """Issue 49: the watched run and the unwatched one keep the same devices (the server's ``scheduled`` reaches
+    the strategy through the guard), so FedAvg keeps the contract on the device model, sync and async."""
+    cfg = conformance.small_config("fedavg", **{"devices.simulate": True, **devices})
+    findings = conformance.check("fedavg", cfg=cfg)
+    assert all(f.ok for f in findings), conformance.report("fedavg", findings)
+
+
+def test_the_report_names_the_method_checked(capsys):
+    assert main(["check", "fedavg", "--set", "method={name: standalone}"]) == 2
+    assert "--set method: got 'standalone'; lcfed check checks fedavg" in capsys.readouterr().err

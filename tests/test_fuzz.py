@@ -1,5 +1,5 @@
 """Property-based fuzzing (Hypothesis) of what users and crashes hand lcfed: configs, ``lcfed run --set``,
-partitions, checkpoints, and checkpoint writes killed midway.
+partitions, checkpoints, checkpoint writes killed midway, and the device model.
 
 Every test is seeded (``derandomize``: the same examples on every run and machine, no example database) and
 bounded (``max_examples``, ``deadline``), so the file runs in well under a minute on two cores. A failure
@@ -15,7 +15,11 @@ many examples each property ran.
 4. checkpoints: encode/decode round-trips exactly; a damaged or incomplete checkpoint is one
    CheckpointError line;
 5. kill points: a checkpoint write killed at any step leaves a checkpoint that loads (the old or the new),
-   and resuming from it is bit-identical to the run that was never killed.
+   and resuming from it is bit-identical to the run that was never killed;
+6. the device model: any ``devices``/``network`` section is one ConfigError line naming one of their fields,
+   or a fleet whose schedule keeps its invariants (the clock never goes back, kept <= selected <= online, every
+   aggregation ends or is stopped in one line, the same seed the same schedule); availability traces in every
+   format, pathological values and bytes included, read into checked arrays or are one TraceError line.
 
 ``LCFED_FUZZ_SCALE=10`` runs ten times the examples (still seeded) for a deeper search.
 """
@@ -736,3 +740,173 @@ def test_a_write_interrupted_at_any_step_keeps_a_checkpoint_that_resumes_bit_ide
         if "latest.pt" in left:
             assert len(checkpoint.load(live / checkpoint.MAIN_FILE).device_states) > 0
         assert _resume_and_compare(live, full) in (write, write + 1)
+
+
+# -- 6. the device model (issue 49): every devices field, traces in every format, the schedulers' invariants --
+
+_EXTREMES = st.sampled_from([0.0, -1.0, 1e-300, 5e-324, 1e300, 1e308, math.inf, math.nan, 10**400, -(10**400)])
+_DEVICE_FIELDS: dict[str, st.SearchStrategy[Any]] = {
+    "speed_sigma": st.floats(0, 6) | _EXTREMES, "bandwidth_sigma": st.floats(0, 6) | _EXTREMES,
+    "latency_ms": st.floats(0, 1e5) | _EXTREMES, "availability": st.sampled_from(["always", "diurnal", "iid", "x"]),
+    "online_fraction": st.floats(0, 1) | _EXTREMES, "period_hours": st.floats(1e-4, 3) | _EXTREMES,
+    "slot_minutes": st.sampled_from([0.5, 1, 5, 7.5, 15, 60]) | _EXTREMES,
+    "phase": st.sampled_from(["random", "groups", "x"]), "phase_jitter": st.floats(0, 1) | _EXTREMES,
+    "dropout": st.floats(0, 0.99) | _EXTREMES, "deadline_seconds": st.floats(0, 100) | _EXTREMES,
+    "overcommit": st.floats(0, 3) | _EXTREMES, "aggregation": st.sampled_from(["sync", "async"]),
+    "async_buffer": st.integers(-1, 6), "staleness": st.sampled_from(["sqrt", "constant", "x"]),
+}
+_NETWORK_FIELDS = {"bandwidth_mbps": st.floats(1e-7, 1e16) | _EXTREMES, "device_gflops": st.floats(1e-7, 1e16) | _EXTREMES}
+#: sections inside the limits, so that most examples reach the schedulers (every kind of availability, both
+#: aggregations, windows from a few seconds long)
+_VALID_DEVICES = st.fixed_dictionaries({
+    "availability": st.sampled_from(["always", "diurnal", "iid"]), "online_fraction": st.floats(0.01, 1),
+    "period_hours": st.sampled_from([0.25, 0.5, 1.0]), "slot_minutes": st.sampled_from([0.5, 1, 5, 7.5, 15]),
+    "phase": st.sampled_from(["random", "groups"]), "dropout": st.floats(0, 0.9),
+    "speed_sigma": st.floats(0, 5), "bandwidth_sigma": st.floats(0, 5), "latency_ms": st.floats(0, 1000),
+}).flatmap(lambda base: st.one_of(
+    st.fixed_dictionaries({"overcommit": st.floats(0, 2)}),
+    st.fixed_dictionaries({"aggregation": st.just("async"), "async_buffer": st.integers(1, 4)}),
+).map(lambda policy: {**base, **policy}))
+_VALID_NETWORK = st.fixed_dictionaries({"bandwidth_mbps": st.floats(0.1, 100), "device_gflops": st.floats(0.01, 100)})
+
+
+@pytest.fixture(scope="module")
+def device_federation() -> Any:
+    """The tiny federation every device example schedules (its fleet is made per example)."""
+    from lcfed.run.setup import prepare
+
+    return prepare(tiny_config("method.name=fedavg", "train.participation=0.5")).federation
+
+
+def _schedule(cfg: ExperimentConfig, fed: Any, rounds: int = 3) -> list[Any]:
+    """``rounds`` rounds of the config's scheduler from clock 0, checking its invariants on the way: the clock
+    never goes back, kept <= selected <= online (sync), every aggregation ends (or is stopped with one line)."""
+    from lcfed.devices.buffered import BufferedScheduler
+    from lcfed.devices.clock import SimClock
+    from lcfed.devices.schedule import Scheduler, make_fleet
+
+    fleet = make_fleet(cfg, fed)
+    assert fleet is not None
+    size = 4.0 * fed.spec.size
+    now, out, pending = 0.0, [], None
+    for rnd in range(rounds):
+        clock = SimClock(now, size, size)
+        if cfg.devices.aggregation == "async":
+            planned = BufferedScheduler(cfg, fed, fleet).plan(rnd, clock, pending)
+            timing, pending = planned.timing, planned.pending
+            assert len(timing.kept) == cfg.devices.async_buffer
+        else:
+            timing = Scheduler(cfg, fed, fleet).plan(rnd, clock)
+            assert len(timing.kept) <= timing.selected <= timing.online
+            assert timing.selected == len(timing.kept) + timing.lost
+        assert now <= timing.start <= timing.end and math.isfinite(timing.end)
+        now = timing.end
+        out.append(timing)
+    return out
+
+
+@settings(FUZZ, max_examples=_n(60), deadline=10_000)
+@given(devices=_VALID_DEVICES | st.fixed_dictionaries({}, optional=_DEVICE_FIELDS),
+       network=_VALID_NETWORK | st.fixed_dictionaries({}, optional=_NETWORK_FIELDS))
+def test_devices_section_validates_or_names_a_field_and_schedules(devices, network, device_federation):
+    """Any devices/network section: a ConfigError naming one of their fields, or a fleet whose schedule keeps
+    the invariants, the same twice from one seed; refusals found while building (never online, no window long
+    enough, a buffer that never fills) are ConfigErrors too."""
+    raw = apply_overrides(TINY, [("method.name", "fedavg"), ("train.participation", 0.5)])
+    raw["devices"], raw["network"] = {"simulate": True, **devices}, network
+    try:
+        cfg = from_dict(raw)
+    except ConfigError as exc:
+        assert exc.field.startswith(("devices.", "network.")) and "\n" not in str(exc), exc
+        event("refused by the config check")
+        return
+    try:
+        first = _schedule(cfg, device_federation)
+    except ConfigError as exc:
+        assert exc.field.startswith("devices.") and "\n" not in str(exc), exc
+        event(f"refused before or while scheduling ({exc.field})")
+        return
+    assert _schedule(cfg, device_federation) == first  # the same seed, the same schedule
+    event(f"scheduled ({cfg.devices.aggregation}, {cfg.devices.availability})")
+
+
+_TIMES = st.one_of(st.floats(0, 100), st.sampled_from([-1.0, math.nan, math.inf, 1e308, 5e-324]), st.integers(0, 100))
+_IDS = st.one_of(st.integers(0, 20), st.sampled_from([-1, 2**63 - 1, 2**63, 2**64 - 1, 2**64 + 1]))
+_RECORDS = st.lists(st.tuples(_IDS, st.lists(st.tuples(_TIMES, _TIMES), max_size=4), _TIMES), max_size=6)
+
+
+def _sorted_intervals(gaps: list[float]) -> tuple[list[tuple[float, float]], float]:
+    """Intervals from alternating offline / online lengths, and a period past the last."""
+    t, out = 0.0, []
+    for off, on in zip(gaps[::2], gaps[1::2], strict=False):
+        out.append((t + off, t + off + on))
+        t += off + on
+    return out, t + 1.0
+
+
+_VALID_RECORDS = st.dictionaries(st.integers(0, 50), st.lists(st.floats(0.01, 10), max_size=8), min_size=1,
+                                 max_size=6).map(lambda d: [(cid, *_sorted_intervals(g)) for cid, g in d.items()])
+
+
+def _write_trace(path: Path, fmt: str, records: list[Any]) -> None:
+    """Availability records ``(id, [(active, inactive)], finish_time)`` in ``fmt``, as a user's tool would."""
+    import json
+    import pickle
+
+    if fmt == "pickle":
+        path.write_bytes(pickle.dumps({cid: {"active": [a for a, _ in iv], "inactive": [b for _, b in iv],
+                                             "finish_time": ft} for cid, iv, ft in records}))
+    elif fmt == "json":  # a list of records: repeated ids reach the checks (a dict's would be refused by JSON's)
+        path.write_text(json.dumps([{"id": cid, "active": [a for a, _ in iv], "inactive": [b for _, b in iv],
+                                     "finish_time": ft} for cid, iv, ft in records]))
+    else:
+        rows = [(cid, a, b, ft) for cid, iv, ft in records for a, b in iv] + \
+               [(cid, None, None, ft) for cid, iv, ft in records if not iv]
+        if fmt == "csv":
+            path.write_text("id,active,inactive,finish_time\n" + "".join(
+                ",".join("" if v is None else repr(v) for v in row) + "\n" for row in rows))
+        else:
+            import pyarrow as pa
+            import pyarrow.parquet as pq
+
+            cols = list(zip(*rows, strict=True)) if rows else [[], [], [], []]
+            pq.write_table(pa.table({"id": pa.array([min(c, 2**64 - 1) if c >= 0 else c for c in cols[0]],
+                                                    pa.uint64() if all(c >= 0 for c in cols[0]) else pa.int64())
+                                     if all(-(2**63) <= c < 2**64 for c in cols[0]) else pa.array([str(c) for c in cols[0]]),
+                                     **{k: pa.array([None if v is None else float(v) for v in col], pa.float64())
+                                        for k, col in zip(("active", "inactive", "finish_time"), cols[1:], strict=True)}}),
+                           path)
+
+
+@settings(FUZZ, max_examples=_n(80), deadline=10_000)
+@given(records=_VALID_RECORDS | _RECORDS, fmt=st.sampled_from(["json", "csv", "parquet", "pickle"]),
+       garbage=st.none() | st.binary(max_size=30))
+def test_generated_traces_read_or_are_one_line(records, fmt, garbage):
+    """A trace in any format, pathological values and bytes included: one TraceError line naming the field and
+    the file, or checked arrays a fleet is built from (sorted unique ids, intervals inside their periods)."""
+    from lcfed.devices.generators import fleet_from_arrays
+    from lcfed.devices.traces import TraceError, read_availability
+
+    suffix = {"json": ".json", "csv": ".csv", "parquet": ".parquet", "pickle": ".pkl"}[fmt]
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / f"av{suffix}"
+        if garbage is not None:
+            path.write_bytes(garbage)
+        else:
+            try:
+                _write_trace(path, fmt, records)
+            except (OverflowError, ValueError):  # a value the writer itself cannot store
+                assume(False)
+        try:
+            av = read_availability(path)
+        except TraceError as exc:
+            text = str(exc)
+            assert text.startswith(f"devices.availability_trace: {path}: ") and "\n" not in text, text
+            event("refused")
+            return
+    assert np.all(np.diff(av.ids) > 0) and av.ids.min() >= 0
+    n = len(av.ids)
+    one = np.ones(n, np.float32)
+    fleet = fleet_from_arrays(one, one, one, 0 * one, 0 * one, av.offsets, av.starts, av.ends, av.period)
+    assert fleet.num_devices == n
+    event("read")

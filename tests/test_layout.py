@@ -157,7 +157,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("data (samples and partitions, self-contained)", ("lcfed.data",)),
     ("configuration", ("lcfed.config",)),
     ("learning pieces", ("lcfed.learning", "lcfed.devices.fleet", "lcfed.devices.generators", "lcfed.devices.traces",
-                         "lcfed.devices.trace_files")),
+                         "lcfed.devices.trace_files", "lcfed.devices.trace_budget")),
     ("the round's types", ("lcfed.methods.round", "lcfed.methods.traffic", "lcfed.devices.clock")),
     ("methods and the device model", ("lcfed.methods", "lcfed.devices")),
     ("the run", ("lcfed.run", "lcfed.numerics.fingerprint", "lcfed.numerics.provenance")),

@@ -117,16 +117,18 @@ def cmd_check(args: argparse.Namespace) -> int:
     require("method.name" not in sets, "--set method.name", sets.get("method.name"),
             "lcfed check takes the methods it checks from its METHOD arguments (lcfed check NAME ...); drop this --set")
     configs = [conformance.small_config(name, **{"train.rounds": args.rounds, **sets}) for name in args.methods]
-    for cfg in configs:  # (--set train.rounds=N bypasses --rounds' check)
+    for name, cfg in zip(args.methods, configs, strict=True):  # (--set train.rounds=N bypasses --rounds' check)
         require(2 <= cfg.train.rounds <= MAX_CHECK_ROUNDS, "train.rounds", cfg.train.rounds,
                 f"must be in [2, {MAX_CHECK_ROUNDS}] in lcfed check (as --rounds)")
+        require(cfg.method.name == name, "--set method", cfg.method.name,  # a whole section: --set method={...}
+                f"lcfed check checks {name} (its METHOD argument), not another method; drop this --set")
     failed = 0
     for name, cfg in zip(args.methods, configs, strict=True):
         def progress(what: str, n: str = name) -> None:  # (a def: mypy infers no lambda with a bound default)
             print(f"{n}: checking {what}", file=sys.stderr)
 
         findings = conformance.check(name, ray=args.ray, cfg=cfg, progress=progress)
-        print(conformance.report(name, findings), flush=True)
+        print(conformance.report(cfg.method.name, findings), flush=True)  # the method the runs resolved
         failed += not all(f.ok for f in findings)
     return 1 if failed else 0
 

@@ -11,7 +11,26 @@ from pathlib import Path
 
 from lcfed.errors import require
 
-__all__ = ["AGGREGATION", "AVAILABILITY", "DevicesConfig", "NetworkConfig", "PHASES", "STALENESS", "TRACE_FORMATS", "check_devices"]
+__all__ = ["AGGREGATION", "AVAILABILITY", "DevicesConfig", "LIMITS", "MAX_SLOTS", "NetworkConfig", "PHASES", "STALENESS",
+           "TRACE_FORMATS", "check_devices", "check_fleet_size"]
+
+#: bounds of the device model's numbers (docs/devices.md): inside them every per-device speed, link and time is
+#: a normal float32 and the clock stays exact enough (a period's phase to 1e-6 s over 10^9 s); outside they
+#: overflow or underflow once drawn, so they are refused before any work
+LIMITS: dict[str, tuple[float, float, str]] = {
+    "network.bandwidth_mbps": (1e-6, 1e15, "Mbit/s per device link"),
+    "network.device_gflops": (1e-6, 1e15, "GFLOP/s per device"),
+    "devices.speed_sigma": (0.0, 5.0, "the log-sd of the speeds' lognormal"),
+    "devices.bandwidth_sigma": (0.0, 5.0, "the log-sd of the links' lognormal"),
+    "devices.latency_ms": (0.0, 3.6e6, "ms per transfer; at most an hour"),
+    "devices.period_hours": (1 / 3600, 8760.0, "hours; from a second to a year"),
+    "devices.slot_minutes": (1 / 60, 525600.0, "minutes; from a second to a year"),
+    "devices.deadline_seconds": (0.0, 3.2e7, "seconds; at most about a year"),
+    "devices.overcommit": (0.0, 100.0, "select up to 101x the devices a round keeps"),
+}
+
+#: ``devices.availability: iid``: at most this many slots per period (the generator draws BLOCK x slots at once)
+MAX_SLOTS = 1440
 
 
 @dataclass(frozen=True)
@@ -28,6 +47,8 @@ class NetworkConfig:
     def validate(self, prefix: str = "network") -> None:
         require(self.bandwidth_mbps > 0, f"{prefix}.bandwidth_mbps", self.bandwidth_mbps, "must be > 0 (Mbit/s per device link)")
         require(self.device_gflops > 0, f"{prefix}.device_gflops", self.device_gflops, "must be > 0 (GFLOP/s per device)")
+        for name in ("bandwidth_mbps", "device_gflops"):
+            _bounded(getattr(self, name), f"{prefix}.{name}", f"network.{name}")
 
 
 @dataclass(frozen=True)
@@ -94,6 +115,7 @@ def check_devices(dev: DevicesConfig, prefix: str = "devices") -> None:
     for name in ("speed_sigma", "bandwidth_sigma", "latency_ms", "deadline_seconds", "overcommit"):
         value = getattr(dev, name)
         require(math.isfinite(value) and value >= 0, f"{prefix}.{name}", value, "must be a finite number >= 0")
+        _bounded(value, f"{prefix}.{name}", f"devices.{name}")
     require(dev.availability in AVAILABILITY, f"{prefix}.availability", dev.availability, f"one of {list(AVAILABILITY)}")
     require(math.isfinite(dev.online_fraction) and 0 < dev.online_fraction <= 1, f"{prefix}.online_fraction",
             dev.online_fraction, "must be in (0, 1]")
@@ -101,10 +123,15 @@ def check_devices(dev: DevicesConfig, prefix: str = "devices") -> None:
             "must be > 0")
     require(math.isfinite(dev.slot_minutes) and dev.slot_minutes > 0, f"{prefix}.slot_minutes", dev.slot_minutes,
             "must be > 0")
+    for name in ("period_hours", "slot_minutes"):
+        _bounded(getattr(dev, name), f"{prefix}.{name}", f"devices.{name}")
     if dev.availability == "iid":
         slots = dev.period_hours * 60 / dev.slot_minutes
         require(abs(slots - round(slots)) < 1e-9, f"{prefix}.slot_minutes", dev.slot_minutes,
                 f"must divide {prefix}.period_hours ({dev.period_hours} h) into whole slots")
+        require(round(slots) <= MAX_SLOTS, f"{prefix}.slot_minutes", dev.slot_minutes,
+                f"cuts {prefix}.period_hours ({dev.period_hours} h) into {round(slots):,} slots; at most {MAX_SLOTS:,} "
+                "(the generator holds 4,096 devices x slots at once): use longer slots")
     require(dev.phase in PHASES, f"{prefix}.phase", dev.phase, f"one of {list(PHASES)}")
     require(math.isfinite(dev.phase_jitter) and 0 <= dev.phase_jitter < 1, f"{prefix}.phase_jitter",
             dev.phase_jitter, "must be in [0, 1) (a share of the period)")
@@ -129,3 +156,21 @@ def check_devices(dev: DevicesConfig, prefix: str = "devices") -> None:
                 "only with aggregation: sync (an asynchronous server keeps every arrival)")
     else:
         require(dev.async_buffer == 0, f"{prefix}.async_buffer", dev.async_buffer, "only with aggregation: async")
+
+
+def _bounded(value: float, field: str, key: str) -> None:
+    low, high, unit = LIMITS[key]
+    require(math.isfinite(value) and low <= value <= high, field, value,
+            f"must be in [{low:.6g}, {high:.6g}] ({unit})")
+
+
+def check_fleet_size(dev: DevicesConfig, num_devices: int, memory_mb: float, prefix: str = "devices") -> None:
+    """An iid fleet's intervals (up to half the slots per device, 16 bytes each) must fit ``memory_mb``: refused
+    before numpy's allocator fails in the generator."""
+    if not (dev.simulate and dev.availability == "iid" and dev.online_fraction < 1):
+        return
+    slots = round(dev.period_hours * 60 / dev.slot_minutes)
+    need_mb = num_devices * (slots // 2 + 1) * 16 / 2**20
+    require(need_mb <= memory_mb, f"{prefix}.slot_minutes", dev.slot_minutes,
+            f"must fit this machine's memory: {num_devices:,} devices x up to {slots // 2 + 1:,} online intervals "
+            f"of 16 bytes are {need_mb / 1024:,.1f} GB, and it has {memory_mb / 1024:,.1f} GB; use longer slots")

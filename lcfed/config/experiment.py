@@ -18,8 +18,8 @@ from typing import Any
 
 from lcfed import registry
 from lcfed.config.data import DataConfig
-from lcfed.config.devices import DevicesConfig, NetworkConfig
-from lcfed.config.engine import EngineConfig
+from lcfed.config.devices import DevicesConfig, NetworkConfig, check_fleet_size
+from lcfed.config.engine import EngineConfig, machine_limits
 from lcfed.config.overrides import apply_overrides, parse_override, resolve
 from lcfed.config.tracking import CheckpointConfig, TrackingConfig
 from lcfed.config.train import ModelConfig, TrainConfig
@@ -85,6 +85,7 @@ class ExperimentConfig:
         self.checkpoint.validate()
         self.network.validate()
         self.devices.validate()
+        check_fleet_size(self.devices, self.data.num_devices, machine_limits()[2])
         for sample in ("eval_devices", "final_eval_devices"):  # a sample of more devices than there are is none
             count = getattr(self.train, sample)
             require(count <= self.data.training_devices, f"train.{sample}", count,

@@ -30,7 +30,10 @@ def _type_ok(value: Any, annotation: Any) -> tuple[bool, Any]:
         return isinstance(value, int) and not isinstance(value, bool), value
     if annotation is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return True, float(value)
+            try:
+                return True, float(value)
+            except OverflowError:  # an int of hundreds of digits: no float holds it (refused as not finite)
+                return True, math.inf
         if isinstance(value, str):  # YAML 1.1 reads "1e-3" as a string
             try:
                 return True, float(value)

@@ -312,9 +312,17 @@ def _cached(name: str, folder: str, num_classes: int, data_dir: Path, decode: Ca
 def _mnist_loader(name: str, cls_name: str) -> Callable[[Path, bool], Dataset]:
     def load(data_dir: Path, download: bool) -> Dataset:
         fix = _IMPORT_FIX.format(dir=data_dir)
-        return _cached(
-            name, cls_name, 10, data_dir, lambda: _torchvision(name, cls_name, _from_mnist, 10, fix, data_dir, download)
-        )
+
+        def decode() -> Dataset:
+            for f in sorted((data_dir / cls_name / "raw").glob("*-idx[13]-ubyte")):  # torchvision's reader fails
+                with open(f, "rb") as idx:  # on a hand-placed file of 0 items with a traceback
+                    head = idx.read(8)
+                if len(head) == 8 and int.from_bytes(head[4:], "big") == 0:
+                    raise DataError(f"{f}: holds no {'images' if '-images-' in f.name else 'labels'} (an empty IDX "
+                                    f"file); fix: {fix}")
+            return _torchvision(name, cls_name, _from_mnist, 10, fix, data_dir, download)
+
+        return _cached(name, cls_name, 10, data_dir, decode)
 
     load.__doc__ = f"{name}: torchvision {cls_name}, 60,000 + 10,000 samples of 1x28x28."
     return load

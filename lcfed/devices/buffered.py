@@ -22,8 +22,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from lcfed.devices.clock import RoundTiming, SimClock
+from lcfed.devices.feasible import MAX_STARTS_PER_UPDATE
 from lcfed.devices.fleet import Fleet
 from lcfed.devices.schedule import FleetPlanner
+from lcfed.errors import ConfigError
 
 if TYPE_CHECKING:  # annotations only
     from lcfed.config import ExperimentConfig
@@ -127,6 +129,8 @@ class BufferedScheduler(FleetPlanner):
                 busy[g.device] = True
                 heapq.heappush(heap, (g.finish, 0, g.device, g))
             starts.extend(new)
+            if len(starts) > MAX_STARTS_PER_UPDATE * self.buffer:
+                self._stalled(rnd, len(starts), len(arrivals))
             for _ in range(opening - len(new)):
                 heapq.heappush(heap, (waiting, 1, slot_id, None))
                 slot_id += 1
@@ -136,6 +140,16 @@ class BufferedScheduler(FleetPlanner):
         timing = RoundTiming(clock.now, end, online_at_start, len(starts), tuple(f.device for f in arrivals), lost,
                              staleness=float(np.mean([rnd - f.version for f in arrivals])))
         return BufferedRound(timing, tuple(starts), tuple(arrivals), Pending(inflight, slots))
+
+    def _stalled(self, rnd: int, started: int, arrived: int) -> None:
+        """Stop a buffer that does not fill (a chance that dropouts near 1 or short windows make ~0) with the
+        settings that made it so, instead of playing the queue forward for ever."""
+        dev = self.cfg.devices
+        raise ConfigError("devices.dropout", dev.dropout, f"aggregation {rnd} started {started:,} devices "
+                          f"({MAX_STARTS_PER_UPDATE:,} per update it needs) and only {arrived} of its "
+                          f"devices.async_buffer={self.buffer} updates arrived; the rest dropped out or went offline "
+                          f"first (devices.availability={dev.availability}, online_fraction={dev.online_fraction}): "
+                          "lower devices.dropout or devices.async_buffer, or lengthen the online windows")
 
     def _fill(self, rnd: int, t: float, count: int, busy: np.ndarray, rng: np.random.Generator,
               clock: SimClock) -> tuple[list[InFlight], float]:

@@ -16,12 +16,15 @@ import numpy as np
 
 from lcfed.config import devices_per_round
 from lcfed.devices.clock import RoundTiming, SimClock
+from lcfed.devices.feasible import check_feasible
 from lcfed.devices.fleet import Fleet
 from lcfed.devices.generators import fleet_from_arrays, group_phases, synthetic_fleet
+from lcfed.devices.trace_files import TraceError
 from lcfed.errors import ConfigError
 
 if TYPE_CHECKING:  # annotations only
     from lcfed.config import ExperimentConfig
+    from lcfed.devices.traces import CapacityTrace
     from lcfed.methods.round import Federation
 
 __all__ = ["FleetPlanner", "Scheduler", "make_fleet", "samples_per_device", "training_mask"]
@@ -66,9 +69,11 @@ def make_fleet(cfg: ExperimentConfig, fed: Federation) -> Fleet | None:
     if dev.capacity_trace:
         cap = traces.read_capacity(dev.capacity_trace, dev.trace_format)
         rows = traces.trace_rows(m, cap.ids, cfg.seed)
-        per_sample = cap.computation_ms[rows] / 1000
-        flops = (fed.flops_per_sample / per_sample).astype(np.float32) if fed.flops_per_sample else \
-            np.full(m, np.inf, dtype=np.float32)
+        speeds = fed.flops_per_sample / (cap.computation_ms / 1000)
+        if fed.flops_per_sample:
+            _float32_speeds(cap, speeds, "computation", "ms per sample", "FLOP/s")
+        _float32_speeds(cap, cap.communication_kbps * 1000, "communication", "kbit/s", "bit/s")
+        flops = speeds[rows].astype(np.float32) if fed.flops_per_sample else np.full(m, np.inf, dtype=np.float32)
         up = down = (cap.communication_kbps[rows] * 1000).astype(np.float32)
     if dev.availability == "trace":
         av = traces.read_availability(dev.availability_trace, dev.trace_format)
@@ -79,21 +84,35 @@ def make_fleet(cfg: ExperimentConfig, fed: Federation) -> Fleet | None:
         take = np.repeat(av.offsets[rows] - offsets[:-1], lengths) + np.arange(int(offsets[-1]))
         starts, ends, period = av.starts[take], av.ends[take], av.period[rows]
     fleet = fleet_from_arrays(flops, up, down, fleet.latency, fleet.dropout, offsets, starts, ends, period)
-    _check_deadline(cfg, fed, fleet)
+    training = training_mask(fed)
+    size = 4.0 * fed.spec.size  # the first round moves one model each way
+    down_s, compute_s, up_s = fleet.round_seconds(np.arange(m), samples_per_device(cfg, fed), fed.flops_per_sample,
+                                                  size, size)
+    seconds = down_s + compute_s + up_s
+    _check_deadline(cfg, float(np.min(seconds[training])))
+    check_feasible(cfg, fleet, training, seconds)
     return fleet
 
 
-def _check_deadline(cfg: ExperimentConfig, fed: Federation, fleet: Fleet) -> None:
-    """``devices.deadline_seconds`` below every device's time for one round (one model each way) would drop
-    every round's work: refused before any work."""
+def _float32_speeds(cap: CapacityTrace, speeds: np.ndarray, key: str, unit: str, speed_unit: str) -> None:
+    """A trace client whose speed is no normal float32 (it would become 0, a subnormal or inf once stored) is
+    refused, naming the file and the client."""
+    info = np.finfo(np.float32)
+    bad = np.flatnonzero(~((speeds >= info.smallest_normal) & (speeds <= info.max)))
+    if len(bad):
+        i = int(bad[0])
+        value = (cap.computation_ms if key == "computation" else cap.communication_kbps)[i]
+        raise TraceError("devices.capacity_trace", cap.path, f"client {cap.ids[i]}: {key} {value:.6g} {unit} is a "
+                         f"speed of {speeds[i]:.6g} {speed_unit}, outside float32's normal range "
+                         f"[{info.smallest_normal:.3g}, {info.max:.3g}]")
+
+
+def _check_deadline(cfg: ExperimentConfig, fastest: float) -> None:
+    """``devices.deadline_seconds`` below every device's time for one round (``fastest``, one model each way)
+    would drop every round's work: refused before any work."""
     deadline = cfg.devices.deadline_seconds
     if deadline <= 0:
         return
-    size = 4.0 * fed.spec.size
-    training = training_mask(fed)
-    devices = np.flatnonzero(training)
-    fastest = float(np.min(sum(fleet.round_seconds(devices, samples_per_device(cfg, fed)[devices],
-                                                   fed.flops_per_sample, size, size))))
     if deadline < fastest:
         raise ConfigError("devices.deadline_seconds", deadline, f"must be at least the fastest device's time for "
                           f"one round ({fastest:.4g} s); below it no round could keep any work")

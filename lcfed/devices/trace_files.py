@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from lcfed.devices.trace_budget import MAX_CLIENTS, MAX_INTERVALS, Repeated, unique_keys, within_budget
 from lcfed.errors import ConfigError
 
 _MAX_ID = 2**63 - 1
@@ -56,13 +57,17 @@ class TraceProblems:
 def load_json(p: Path, err: TraceProblems) -> Any:
     try:
         with open(p, encoding="utf-8-sig") as f:
-            return json.load(f)
+            data = json.load(f, object_pairs_hook=unique_keys)
+    except Repeated as exc:
+        raise err(f"the key {str(exc)!r} appears more than once in one object (JSON would keep only the last); "
+                  "give each client id, and each field of a record, once") from None
     except json.JSONDecodeError as exc:
         raise err(f"not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from None
     except (UnicodeDecodeError, RecursionError, ValueError) as exc:
         raise err(f"not valid JSON ({type(exc).__name__}: {exc})") from None
     except OSError as exc:
         raise err(f"cannot read it ({exc.strerror or exc})") from None
+    return within_budget(data, err)
 
 
 class _Refused(pickle.UnpicklingError):
@@ -84,18 +89,21 @@ def load_pickle(p: Path, err: TraceProblems) -> Any:
     except OSError as exc:
         raise err(f"cannot read it ({exc.strerror or exc})") from None
     try:
-        return _PlainUnpickler(io.BytesIO(raw)).load()
+        data = _PlainUnpickler(io.BytesIO(raw)).load()
     except _Refused as exc:
         raise err(f"the pickle names {exc} (a class or function); refused: only plain dicts, lists, numbers and "
                   "strings are read from a trace pickle, so nothing in it is imported or run") from None
     except Exception as exc:  # a damaged pickle fails in many ways (EOFError, UnpicklingError, ValueError, ...)
         raise err(f"not a readable pickle ({type(exc).__name__}: {exc})") from None
+    return within_budget(data, err)
 
 
 def _client_id(value: Any, err: TraceProblems) -> int:
     """A record's id: an int, or a string of (ASCII) digits, in 0..2**63-1."""
     if isinstance(value, str) and value.isascii() and value.isdigit():
         value = int(value)
+    if type(value) is int and value > _MAX_ID:
+        raise err(f"client id {value} is beyond 64 bits; ids are integers in [0, 2**63 - 1]")
     if type(value) is not int or not 0 <= value <= _MAX_ID:
         raise err(f"client id {value!r} is not a non-negative integer (or a string of digits)")
     return value
@@ -104,6 +112,8 @@ def _client_id(value: Any, err: TraceProblems) -> int:
 def _records(data: Any, err: TraceProblems) -> list[tuple[int, Mapping[str, Any]]]:
     """``(id, record)`` pairs from FedScale's dict ``{id: record}`` or a list of records with an ``id``."""
     out: list[tuple[int, Mapping[str, Any]]] = []
+    if isinstance(data, (dict, list, tuple)) and len(data) > MAX_CLIENTS:
+        raise err(f"holds {len(data):,} records; at most {MAX_CLIENTS:,} clients are read from a trace")
     if isinstance(data, dict):
         for key, rec in data.items():
             cid = _client_id(key, err)
@@ -170,6 +180,9 @@ def availability_records(data: Any, err: TraceProblems) -> tuple[np.ndarray, ...
             raise err(f"client {cid}: active and inactive have different lengths ({len(active)} and "
                       f"{len(inactive)}); each online interval has one of each")
         counts[i] = len(active)
+        if len(starts) + len(active) > MAX_INTERVALS:
+            raise err(f"holds more than {MAX_INTERVALS:,} online intervals (client {cid} reaches it); at most "
+                      f"{MAX_INTERVALS:,} are read from a trace")
         starts.extend(active)
         ends.extend(inactive)
         period[i] = _number(cid, "finish_time", _field(cid, rec, "finish_time", err, AVAILABILITY_FIELDS), err)
@@ -247,6 +260,8 @@ def _read_csv(p: Path, err: TraceProblems, required: Sequence[str], optional: Se
         raw = column.to_numpy()
         if len(raw) and int(raw.min()) < 0:
             raise err(f"client id {int(raw.min())} is not a non-negative integer (or a string of digits)")
+        if len(raw) and int(raw.max()) > _MAX_ID:  # uint64 past int64 would wrap to a negative id
+            _client_id(int(raw.max()), err)
         ids = raw.astype(np.int64)
     else:  # empty cells, signs, decimals, letters: each named by _client_id
         ids = _digit_ids(np.where(column.isna().to_numpy(), "", column.to_numpy(dtype=object).astype(str)), err)
@@ -312,6 +327,8 @@ def _read_parquet(p: Path, err: TraceProblems, required: Sequence[str], optional
 
 def availability_rows(table: _Table, err: TraceProblems) -> tuple[np.ndarray, ...]:
     """One row per online interval -> per-client counts, intervals in file order, one period per client."""
+    if len(table.ids) > MAX_INTERVALS:
+        raise err(f"holds {len(table.ids):,} rows; at most {MAX_INTERVALS:,} online intervals are read from a trace")
     a_empty, i_empty = table.empty["active"], table.empty["inactive"]
     odd = np.flatnonzero(a_empty != i_empty)
     if len(odd):
