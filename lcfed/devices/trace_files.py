@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from lcfed.devices import trace_budget
+import lcfed.devices.trace_budget as trace_budget
 from lcfed.devices.trace_budget import Repeated, unique_keys, within_budget
 from lcfed.errors import ConfigError
 

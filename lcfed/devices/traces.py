@@ -37,8 +37,8 @@ from typing import Any
 
 import numpy as np
 
+import lcfed.devices.trace_budget as trace_budget
 from lcfed import _moved
-from lcfed.devices import trace_budget
 from lcfed.devices.trace_files import (
     AVAILABILITY_FIELDS,
     CAPACITY_FIELDS,
