@@ -253,3 +253,21 @@ def test_a_trials_name_leads_with_its_swept_values():
     assert trial_run_name(cfg, {}, {}) == "lcfed · digits path2 · s0"
     # a seeds sweep (lcfed compare's phase 2): the seed stays where the name shows it
     assert trial_run_name(cfg, {"seed": 1}, {"method.mu": 0.1}) == "lcfed mu=0.1 · digits path2 · s0"
+
+
+@pytest.mark.parametrize("level,shown", [(-1, False), (0, True)])
+def test_a_failed_trial_under_quiet_is_not_tunes_traceback(level, shown, caplog):
+    """Issue 49: with -q the sweep's one closing line says why a trial failed; Tune's logged traceback of the
+    trial (ray.tune's ERROR records) is held back while it fits, and shown without -q."""
+    import logging
+
+    from lcfed import logs
+    from tune_jobs.sweep.run import _fit
+
+    class Tuner:
+        def fit(self) -> None:
+            logging.getLogger("ray.tune.execution.tune_controller").error("Trial task failed\nTraceback ...")
+
+    with logs.verbosity_scope(level), caplog.at_level(logging.DEBUG):
+        assert _fit(Tuner(), None, "s") is None
+    assert ("Trial task failed" in caplog.text) is shown
