@@ -910,3 +910,37 @@ def test_generated_traces_read_or_are_one_line(records, fmt, garbage):
     fleet = fleet_from_arrays(one, one, one, 0 * one, 0 * one, av.offsets, av.starts, av.ends, av.period)
     assert fleet.num_devices == n
     event("read")
+
+
+@settings(FUZZ, max_examples=_n(40), deadline=10_000)
+@given(records=st.dictionaries(st.integers(0, 50), st.tuples(st.floats(0.1, 1e4), st.floats(0.1, 1e6)), min_size=1,
+                               max_size=5).map(lambda d: [(k, *v) for k, v in d.items()])
+       | st.lists(st.tuples(_IDS, _TIMES, _TIMES), max_size=5), fmt=st.sampled_from(["json", "csv", "pickle"]))
+def test_generated_capacity_traces_read_or_are_one_line(records, fmt):
+    """A capacity trace of any values (nan, 0, negative, 1e308, 5e-324, ids past 64 bits): one TraceError line, or
+    ids sorted and unique with every speed finite and > 0."""
+    import json
+    import pickle
+
+    from lcfed.devices.traces import TraceError, read_capacity
+
+    rows = [{"id": cid, "computation": comp, "communication": comm} for cid, comp, comm in records]
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / ("cap.pkl" if fmt == "pickle" else f"cap.{fmt}")
+        if fmt == "json":
+            path.write_text(json.dumps(rows))
+        elif fmt == "pickle":
+            path.write_bytes(pickle.dumps(rows))
+        else:
+            path.write_text("id,computation,communication\n" + "".join(
+                f"{r['id']},{r['computation']!r},{r['communication']!r}\n" for r in rows))
+        try:
+            cap = read_capacity(path)
+        except TraceError as exc:
+            assert str(exc).startswith(f"devices.capacity_trace: {path}: ") and "\n" not in str(exc), exc
+            event("refused")
+            return
+    assert np.all(np.diff(cap.ids) > 0) and cap.ids.min() >= 0
+    assert np.all(np.isfinite(cap.computation_ms) & (cap.computation_ms > 0))
+    assert np.all(np.isfinite(cap.communication_kbps) & (cap.communication_kbps > 0))
+    event("read")

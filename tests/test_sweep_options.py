@@ -310,3 +310,21 @@ def test_a_methods_compare_space_is_read_next_to_its_module_and_a_module_class_m
         method_space("plug.strat:Mine", spaces)
     (spaces / "Mine.yaml").write_text("train.lr: 0.05\n")
     assert method_space("plug.strat:Mine", spaces) == spaces / "Mine.yaml"
+
+
+@pytest.mark.parametrize("level,shown", [(-1, False), (0, True)])
+def test_a_failed_trial_under_quiet_is_not_tunes_traceback(level, shown, caplog):
+    """Issue 49: with -q the sweep's one closing line says why a trial failed; Tune's logged traceback of the
+    trial (ray.tune's ERROR records) is held back while it fits, and shown without -q."""
+    import logging
+
+    from lcfed import logs
+    from tune_jobs.sweep.run import _fit
+
+    class Tuner:
+        def fit(self) -> None:
+            logging.getLogger("ray.tune.execution.tune_controller").error("Trial task failed\nTraceback ...")
+
+    with logs.verbosity_scope(level), caplog.at_level(logging.DEBUG):
+        assert _fit(Tuner(), None, "s") is None
+    assert ("Trial task failed" in caplog.text) is shown

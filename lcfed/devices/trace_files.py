@@ -17,7 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from lcfed.devices.trace_budget import MAX_CLIENTS, MAX_INTERVALS, Repeated, unique_keys, within_budget
+import lcfed.devices.trace_budget as trace_budget
+from lcfed.devices.trace_budget import Repeated, unique_keys, within_budget
 from lcfed.errors import ConfigError
 
 _MAX_ID = 2**63 - 1
@@ -112,8 +113,8 @@ def _client_id(value: Any, err: TraceProblems) -> int:
 def _records(data: Any, err: TraceProblems) -> list[tuple[int, Mapping[str, Any]]]:
     """``(id, record)`` pairs from FedScale's dict ``{id: record}`` or a list of records with an ``id``."""
     out: list[tuple[int, Mapping[str, Any]]] = []
-    if isinstance(data, (dict, list, tuple)) and len(data) > MAX_CLIENTS:
-        raise err(f"holds {len(data):,} records; at most {MAX_CLIENTS:,} clients are read from a trace")
+    if isinstance(data, (dict, list, tuple)) and len(data) > trace_budget.MAX_CLIENTS:
+        raise err(f"holds {len(data):,} records; at most {trace_budget.MAX_CLIENTS:,} clients are read from a trace")
     if isinstance(data, dict):
         for key, rec in data.items():
             cid = _client_id(key, err)
@@ -180,9 +181,9 @@ def availability_records(data: Any, err: TraceProblems) -> tuple[np.ndarray, ...
             raise err(f"client {cid}: active and inactive have different lengths ({len(active)} and "
                       f"{len(inactive)}); each online interval has one of each")
         counts[i] = len(active)
-        if len(starts) + len(active) > MAX_INTERVALS:
-            raise err(f"holds more than {MAX_INTERVALS:,} online intervals (client {cid} reaches it); at most "
-                      f"{MAX_INTERVALS:,} are read from a trace")
+        if len(starts) + len(active) > trace_budget.MAX_INTERVALS:
+            raise err(f"holds more than {trace_budget.MAX_INTERVALS:,} online intervals (client {cid} reaches it); at most "
+                      f"{trace_budget.MAX_INTERVALS:,} are read from a trace")
         starts.extend(active)
         ends.extend(inactive)
         period[i] = _number(cid, "finish_time", _field(cid, rec, "finish_time", err, AVAILABILITY_FIELDS), err)
@@ -327,8 +328,8 @@ def _read_parquet(p: Path, err: TraceProblems, required: Sequence[str], optional
 
 def availability_rows(table: _Table, err: TraceProblems) -> tuple[np.ndarray, ...]:
     """One row per online interval -> per-client counts, intervals in file order, one period per client."""
-    if len(table.ids) > MAX_INTERVALS:
-        raise err(f"holds {len(table.ids):,} rows; at most {MAX_INTERVALS:,} online intervals are read from a trace")
+    if len(table.ids) > trace_budget.MAX_INTERVALS:
+        raise err(f"holds {len(table.ids):,} rows; at most {trace_budget.MAX_INTERVALS:,} online intervals are read from a trace")
     a_empty, i_empty = table.empty["active"], table.empty["inactive"]
     odd = np.flatnonzero(a_empty != i_empty)
     if len(odd):

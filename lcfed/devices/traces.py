@@ -37,6 +37,7 @@ from typing import Any
 
 import numpy as np
 
+import lcfed.devices.trace_budget as trace_budget
 from lcfed import _moved
 from lcfed.devices.trace_files import (
     AVAILABILITY_FIELDS,
@@ -109,6 +110,8 @@ def read_capacity(path: str | Path, fmt: str = "auto", field: str = "devices.cap
         ids, comp, comm = capacity_records(data, err)
     else:
         table = read_table(p, kind, err, CAPACITY_FIELDS, ())
+        if len(table.ids) > trace_budget.MAX_CLIENTS:
+            raise err(f"holds {len(table.ids):,} rows; at most {trace_budget.MAX_CLIENTS:,} clients are read from a trace")
         ids, comp, comm = table.ids, table.values["computation"], table.values["communication"]
     return _capacity(ids, comp, comm, err)
 

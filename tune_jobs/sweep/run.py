@@ -15,6 +15,7 @@ report to Tune alone and the summary gives the best trial.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 import sys
@@ -238,7 +239,9 @@ def _tuner(plan: SweepPlan, engine: str, parent_id: str | None, sources: dict[An
 def _fit(tuner: Any, tracker: TrialTracker | None, name: str) -> Any:
     """Tune's results of the sweep. A signal stops it, Tune saving its state: the unfinished trials' runs are
     closed KILLED and :class:`SweepInterrupted` says how to continue."""
-    with forward_signals_to_tune() as received:
+    # -q: a failed trial is the sweep's one closing line (SweepFailed), not Tune's logged traceback as well
+    hush = logs.quiet_logger("ray.tune", logging.CRITICAL) if not logs.progress_shown() else contextlib.nullcontext()
+    with forward_signals_to_tune() as received, hush:
         results = tuner.fit()
     unfinished = len([t for t in getattr(getattr(results, "_experiment_analysis", None), "trials", None) or []
                       if t.status not in ("TERMINATED", "ERROR")]) or (tracker.unfinished() if tracker is not None else 0)

@@ -7,6 +7,7 @@ up among the bundled spaces (``tune_jobs/spaces/``).
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 from collections.abc import Mapping
@@ -53,6 +54,7 @@ def load_space(path: str | Path, base: ExperimentConfig) -> dict[str, Any]:
     require(isinstance(raw, Mapping), "--space", str(path), "must map config fields to domains")
     require(len(raw) > 0, "--space", str(path), "maps no field ({}): a sweep needs at least one field")
     space: dict[str, Any] = {}
+    reachable: dict[str, list[Any]] = {}  # each key's grid points, choices, range bounds or fixed value
     base_raw = to_dict(base)
     flat = flatten(base)
     field_type = field_types(base)
@@ -71,10 +73,13 @@ def load_space(path: str | Path, base: ExperimentConfig) -> dict[str, Any]:
                 except ConfigError as exc:
                     raise ConfigError(f"space.{key}", v, f"gives an invalid config: {exc}") from None
             space[key] = DOMAINS[kind](args)
+            reachable[key] = values
         else:
             display_form_hint(key, spec)
             from_dict(apply_overrides(base_raw, {key: spec}))
             space[key] = spec
+            reachable[key] = [spec]
+    check_combinations(base_raw, reachable, {k for k, v in raw.items() if isinstance(v, Mapping) and "grid" in v})
     return space
 
 
@@ -87,6 +92,29 @@ def display_form_hint(key: str, spec: Any) -> None:
         args = inner if inner.startswith("[") else f"[{inner}]"
         raise ConfigError(f"space.{key}", spec, f"is a domain's display form, which YAML reads as a string; "
                                                 f"write it as {{{kind}: {args}}}")
+
+
+#: the most combinations of the sampled keys' reachable values checked together (each costs a config's
+#: validation, 10-100 ms; a product of many choices grows fast); every grid point is checked whatever their number
+MAX_COMBINATIONS = 16
+
+
+def check_combinations(base_raw: Mapping[str, Any], reachable: Mapping[str, list[Any]], grid: set[str]) -> None:
+    """Every grid point (the product of the ``grid`` keys' values, which Tune runs each of) with the fixed values,
+    and, up to :data:`MAX_COMBINATIONS`, every combination of the sampled keys' choices and range bounds with them,
+    must validate with the base config, as each key alone does: an invalid one (more evaluation devices than a
+    grid point's devices) would fail its trials after Tune has started, so it is refused here, named."""
+    keys = list(reachable)
+    if len(keys) < 2:
+        return
+    if math.prod(len(v) for v in reachable.values()) > MAX_COMBINATIONS:  # the grid points alone
+        keys = [k for k in keys if k in grid or len(reachable[k]) == 1]
+    for combo in itertools.product(*(reachable[k] for k in keys)):
+        try:
+            from_dict(apply_overrides(base_raw, dict(zip(keys, combo, strict=True))))
+        except ConfigError as exc:
+            named = ", ".join(f"{k}={v!r}" for k, v in zip(keys, combo, strict=True))
+            raise ConfigError("--space", named, f"this combination gives an invalid config: {exc}") from None
 
 
 def finite_number(v: Any) -> bool:
