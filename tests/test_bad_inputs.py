@@ -719,7 +719,7 @@ ROWS += [
     ("compare-plugin-no-space", "compare --methods plugnospace:Mine,fedavg", NO_SPACE,
      ("method plugnospace:Mine has no search space among the built-in ones", "compare_space", "--space-dir")),
     ("compare-plugin-space-not-a-file", "compare --methods plugbadspace:Mine,fedavg", BAD_SPACE,
-     "compare_space names nope.yaml, which is not a file"),
+     ("compare_space names ", "nope.yaml, which is not a file (a relative path is read next to the strategy's module)")),
     ("compare-builtin-no-space-dir", "compare --methods lcfed,flhc --space-dir sp", {"sp/lcfed.yaml": "train.lr: 0.1\n"},
      ("--methods: got 'flhc'", "write sp/flhc.yaml")),
     # untracked (--no-track, tracking.enabled=false): what needs MLflow is refused naming both
