@@ -22,6 +22,7 @@ from lcfed.methods.cfl import CFLState, UpdateMessage, bipartition, should_split
 from lcfed.methods.fedper import PersonalHead
 from lcfed.methods.scaffold import ControlVariate, ScaffoldMessage, ScaffoldPayload, ScaffoldState, option_two
 from tests.conftest import same_history, tiny_config
+from tests.test_baselines_b import _e2e_config  # the same small run as the other baselines'
 from tests.test_math import Tiny  # w = [a | W0, W1, b0, b1]: logits = W (a x) + b
 
 Q = 1.0 / (1.0 + math.exp(4.0))  # sigmoid(-4)
@@ -252,11 +253,6 @@ E2E = [
     ("apfl", ["method.alpha=0.5"], 0.4),
     ("fedrep", ["method.head_factor=2"], 0.4),
 ]
-
-
-def _e2e_config(method: str, *extra: str):
-    return tiny_config(f"method.name={method}", "train.rounds=4", "train.local_steps=5", "train.lr=0.1",
-                       "train.eval_every=2", *extra)
 
 
 @pytest.mark.parametrize("method,extra,min_acc", E2E, ids=[e[0] for e in E2E])
