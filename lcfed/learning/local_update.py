@@ -58,6 +58,12 @@ class Proximal:
     part: slice | None = None
 
 
+def pull_towards(target: torch.Tensor, weight: float) -> list[Proximal]:
+    """The proximal terms of a pull ``weight/2 * ||w - target||^2``: none at weight 0, so an unregularized step
+    keeps the plain step's float operations (and its numbers)."""
+    return [Proximal(target, weight)] if weight > 0 else []
+
+
 @dataclass(frozen=True)
 class LocalResult:
     """Weights after local training, the mean supervised loss over its steps, and the step count."""

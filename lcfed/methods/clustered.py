@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from lcfed.errors import require
-from lcfed.learning.local_update import Proximal
+from lcfed.learning.local_update import Proximal, pull_towards
 from lcfed.methods.base import (
     DeviceContext,
     M,
@@ -106,7 +106,7 @@ class ClusteredStrategy(Strategy[CS, PersonalModel, M, P]):
     def cluster_proximal(ctx: DeviceContext, centers: torch.Tensor, cluster: int, mu: float) -> list[Proximal]:
         """The pull ``μ/2 ‖ω − Ω_k‖²`` towards the device's cluster model ``centers[cluster]``; none while
         the device has no cluster (``cluster`` = -1) or μ = 0."""
-        return [Proximal(centers[cluster].to(ctx.data.x_train.device), mu)] if cluster >= 0 and mu > 0 else []
+        return pull_towards(centers[cluster].to(ctx.data.x_train.device), mu) if cluster >= 0 else []
 
     @staticmethod
     def train_own(

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from lcfed.errors import require
-from lcfed.learning.local_update import Proximal, batch_rng, local_update
+from lcfed.learning.local_update import batch_rng, local_update, pull_towards
 from lcfed.methods.base import DeviceContext, ModelMessage, PersonalModel
 from lcfed.methods.fedavg import GlobalModel
 
@@ -51,9 +51,8 @@ class DittoParams:
 def personal_step(ctx: DeviceContext, v: torch.Tensor, w_t: torch.Tensor, lam: float, steps: int = 0) -> torch.Tensor:
     """Ditto's personal update: SGD on F_k(v) + λ/2 ‖v − w_t‖² from ``v`` (not modified), on stream 1."""
     work = dataclasses.replace(ctx.work, steps=steps, epochs=None) if steps > 0 else ctx.work
-    pull = [Proximal(w_t, lam)] if lam > 0 else []
     rng = batch_rng(ctx.seed, ctx.device, ctx.rnd, _PERSONAL)
-    return local_update(ctx.net, v.to(w_t.device), ctx.data, work, rng, pull).weights
+    return local_update(ctx.net, v.to(w_t.device), ctx.data, work, rng, pull_towards(w_t, lam)).weights
 
 
 class Ditto(GlobalModel[PersonalModel]):

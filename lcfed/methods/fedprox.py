@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from lcfed.errors import require
-from lcfed.learning.local_update import Proximal
+from lcfed.learning.local_update import pull_towards
 from lcfed.methods.base import DeviceContext, ModelMessage
 from lcfed.methods.fedavg import FedAvg
 
@@ -39,16 +39,11 @@ class FedProxParams:
         require(self.mu >= 0, f"{prefix}.mu", self.mu, "must be >= 0")
 
 
-def prox_pull(start: torch.Tensor, mu: float) -> list[Proximal]:
-    """The proximal term μ/2 ‖w − start‖² (none for μ = 0, so FedAvg's float operations are kept)."""
-    return [Proximal(start, mu)] if mu > 0 else []
-
-
 class FedProx(FedAvg):
     name = "fedprox"
     params: FedProxParams
 
     def local(self, ctx: DeviceContext, dev: None, payload: torch.Tensor, instruction: None) -> tuple[None, ModelMessage]:
         start = payload.to(ctx.data.x_train.device)
-        res = ctx.local_update(start, prox_pull(start, self.params.mu))
+        res = ctx.local_update(start, pull_towards(start, self.params.mu))
         return None, ModelMessage(ctx.device, ctx.data.num_train, res.loss, res.weights.cpu())
