@@ -68,10 +68,10 @@ def sweep_ask(cfg: ExperimentConfig, gpus_per_trial: float, engine: str) -> Ask:
 def sweep_engine(choice: str, gpus_per_trial: float, cluster: Cluster) -> str:
     """The trial engine ``auto`` picks on ``cluster`` (:func:`~tune_jobs.sweep.options.resolve_trial_engine`),
     told before Ray: ``local`` where the cluster is one node at most."""
-    if choice != "auto":
-        return choice
+    from tune_jobs.sweep.options import resolve_trial_engine
+
     one_node = cluster.max_workers == 0 or not any(t.max_workers for t in cluster.workers)
-    return "local" if one_node and gpus_per_trial <= 1 else "ray"
+    return resolve_trial_engine(choice, gpus_per_trial, nodes=1 if one_node else 2)
 
 
 def federation_ask(cfg: ExperimentConfig, nodes: list[NodeResources]) -> Ask:
