@@ -7,11 +7,15 @@ raylet, dashboard and its agents, log monitor), MLflow tracking servers, moto's 
 A process that lives less than the sampling period may be missed; Ray's worker processes name themselves
 ``ray::<what they run>`` (a worker's CPU before it took its first task counts as ``ray::IDLE``).
 
-    python benchmarks/suite_cpu.py [--] [COMMAND ...]      # default: make test
+    python benchmarks/suite_cpu.py [--tree] [--] [COMMAND ...]      # default: make test
+
+``--tree`` counts only the command's own processes (this process becomes their subreaper, so the daemons a
+``ray start`` leaves behind stay in its tree): figures that hold while other work shares the machine.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import subprocess
 import sys
@@ -41,7 +45,14 @@ def kind_of(cmdline: str) -> str:
     return next((kind for kind, words in KINDS if any(w in cmdline for w in words)), "other")
 
 
-def sample(seen: dict[int, tuple[str, float]], me: int) -> None:
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def sample(seen: dict[int, tuple[str, float]], me: int, tree: bool = False, keep: int = 0) -> None:
+    """Each process's CPU so far; with ``tree``, only this process's descendants, and the orphans it inherited
+    as their subreaper are reaped once counted (all but ``keep``, the command, which its caller waits for)."""
+    procs: dict[int, tuple[int, str, float]] = {}
+    zombies = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == me:
             continue
@@ -51,34 +62,59 @@ def sample(seen: dict[int, tuple[str, float]], me: int) -> None:
         except OSError:
             continue
         fields = stat.rsplit(")", 1)[1].split()
-        cpu = (int(fields[11]) + int(fields[12])) / TICK  # utime + stime
-        pid = int(entry.name)
+        procs[int(entry.name)] = (int(fields[1]), cmd, (int(fields[11]) + int(fields[12])) / TICK)  # utime + stime
+        if tree and fields[0] == "Z" and int(fields[1]) == me and int(entry.name) != keep:
+            zombies.append(int(entry.name))
+    for pid, (_, cmd, cpu) in procs.items():
+        if tree and not _descends(pid, me, procs):
+            continue
         if cmd or pid in seen:
             seen[pid] = (kind_of(cmd) if cmd else seen[pid][0], cpu)
+    for pid in zombies:
+        try:
+            os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            pass
+
+
+def _descends(pid: int, ancestor: int, procs: dict[int, tuple[int, str, float]]) -> bool:
+    for _ in range(64):
+        parent = procs[pid][0] if pid in procs else 0
+        if parent == ancestor:
+            return True
+        if parent <= 1:
+            return False
+        pid = parent
+    return False
 
 
 def main() -> int:
     argv = sys.argv[1:]
+    tree = argv[:1] == ["--tree"]
+    if tree:
+        argv = argv[1:]
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     if argv[:1] == ["--"]:
         argv = argv[1:]
     command = argv or ["make", "test"]
     before: dict[int, tuple[str, float]] = {}
-    sample(before, os.getpid())
+    sample(before, os.getpid(), tree)
     seen: dict[int, tuple[str, float]] = {}
     done = threading.Event()
+    start = time.monotonic()
+    child = subprocess.Popen(command)
 
     def poll() -> None:
         while not done.wait(1.0):
-            sample(seen, os.getpid())
+            sample(seen, os.getpid(), tree, child.pid)
 
     thread = threading.Thread(target=poll, daemon=True)
-    start = time.monotonic()
     thread.start()
-    code = subprocess.call(command)
+    code = child.wait()
     wall = time.monotonic() - start
     done.set()
     thread.join()
-    sample(seen, os.getpid())
+    sample(seen, os.getpid(), tree)
     totals: Counter[str] = Counter()
     started: Counter[str] = Counter()
     for pid, (kind, cpu) in seen.items():

@@ -1,19 +1,27 @@
 """`lcfed head start|stop|status`: a real `ray start --head` on free ports, its state in a temporary
-``$XDG_STATE_HOME``; every listening socket on loopback while up (psutil); after the stop no process of
-its group, no state and no Ray address file naming it."""
+``$XDG_STATE_HOME``; every listening socket on loopback while up (psutil); `lcfed run --engine ray` attaches to
+it, saying so in one line, with the numbers of a private Ray (the in-process run's), and `--private-ray` keeps
+the private start; after the stop no process of its group, no state and no Ray address file naming it."""
 
 from __future__ import annotations
 
 import json
 import os
 import socket
+import subprocess
+import sys
 
 import psutil
 import pytest
+import yaml
 
+from lcfed.config import to_dict
+from lcfed.engines.local import run_local
+from tests.conftest import same_metrics, tiny_config
 from tests.raycluster import free_port
 from tune_jobs import head
 from tune_jobs.cli import main
+from tune_jobs.run_command import attach_to_head
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.cluster, pytest.mark.subprocess]  # what it starts: `make test-core` leaves it out
 
@@ -24,9 +32,13 @@ def state_home(tmp_path, monkeypatch):
     return tmp_path / "state" / "lcfed"
 
 
-def test_a_head_that_listens_on_loopback_only_and_stops_cleanly(state_home, capsys):
+def test_a_head_that_listens_on_loopback_only_runs_attached_and_stops_cleanly(state_home, tmp_path, monkeypatch,
+                                                                             capsys):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    cfg = tiny_config("engine.kind=ray", "engine.num_actors=1", "tracking.enabled=false")
+    assert attach_to_head(cfg, private=False) is cfg  # no head recorded: the private Ray, silently
     port, dash = free_port(), free_port()
-    assert main(["head", "start", "--port", str(port), "--dashboard-port", str(dash), "--num-cpus", "1"]) == 0
+    assert main(["head", "start", "--port", str(port), "--dashboard-port", str(dash), "--num-cpus", "2"]) == 0
     out = capsys.readouterr().out
     state = json.loads((state_home / "head.json").read_text())
     pid = int(state["pid"])
@@ -46,6 +58,7 @@ def test_a_head_that_listens_on_loopback_only_and_stops_cleanly(state_home, caps
         assert main(["head", "start", "--port", str(free_port()), "--dashboard-port", str(free_port())]) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and f"already running (pid {pid}" in err
+        _attached_run(cfg, port, tmp_path)
     finally:
         assert main(["head", "stop"]) == 0
     out, err = capsys.readouterr()
@@ -55,6 +68,24 @@ def test_a_head_that_listens_on_loopback_only_and_stops_cleanly(state_home, caps
     assert not head.address_file().exists() or head.address_file().read_text().strip() != f"127.0.0.1:{port}"
     assert main(["head", "stop"]) == 0 and "nothing to stop" in capsys.readouterr().out
     assert main(["head", "status"]) == 1
+
+
+def _attached_run(cfg, port: int, tmp_path) -> None:
+    config = tmp_path / "c.yaml"
+    config.write_text(yaml.safe_dump(to_dict(cfg)))
+    out = tmp_path / "run.json"
+    done = subprocess.run([sys.executable, "-m", "tune_jobs", "run", "-c", str(config), "--json", str(out)],
+                          capture_output=True, text=True, timeout=240, env=os.environ.copy())
+    assert done.returncode == 0, done.stderr[-3000:]
+    line = (f"lcfed: attaching to the Ray head `lcfed head start` left running (GCS 127.0.0.1:{port}); "
+            "--private-ray starts a Ray of this run's own")
+    assert line in done.stderr.splitlines()
+    # the numbers of a private Ray, which are the in-process run's (tests/test_ray_parity.py)
+    keys = ["acc_mean", "acc_weighted", "train_loss"]
+    attached, local = json.loads(out.read_text()), run_local(cfg.replace(**{"engine.kind": "local"})).final
+    same_metrics([{k: attached[k] for k in keys}], [{k: local[k] for k in keys}])
+    assert attach_to_head(cfg, private=True) is cfg  # --private-ray: this run's own Ray, as with no head
+    assert attach_to_head(cfg, private=False).engine.address == f"127.0.0.1:{port}"
 
 
 def test_bad_ports_are_one_line_before_anything_starts(state_home, capsys):

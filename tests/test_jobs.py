@@ -114,7 +114,7 @@ def test_mlflow_server_command_binds_loopback_by_default_and_stops_on_ctrl_c(tmp
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     with (tmp_path / "stderr").open("w") as err:
         proc = subprocess.Popen(from_a_terminal([str(BIN / "lcfed"), "mlflow-server", "--port", str(port),
-                                                 "--store-dir", str(tmp_path), "--workers", "1"]),
+                                                 "--store-dir", str(tmp_path)]),
                                 stdout=subprocess.PIPE, stderr=err,
                                 text=True, env=env, cwd=tmp_path)
     lines: list[str] = []

@@ -43,7 +43,7 @@ def test_mlflow_server_goes_down_with_its_command(tmp_path, sig):
     url = f"http://127.0.0.1:{port}"
     with (tmp_path / "out.log").open("w") as log:
         proc = subprocess.Popen([str(BIN / "lcfed"), "mlflow-server", "--port", str(port), "--store-dir",
-                                 str(tmp_path), "--workers", "1"], stdout=log, stderr=subprocess.STDOUT,
+                                 str(tmp_path)], stdout=log, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, cwd=tmp_path)
     started: list[psutil.Process] = []
     try:
