@@ -68,7 +68,7 @@ def compared(tmp_path_factory):
         (spaces / f"{m}.yaml").write_text(text)
     args = ["compare", "-c", str(tmp / "base.yaml"), "--methods", "lcfed,standalone", "--budget", "2",
             "--seeds", "2", "--space-dir", str(spaces), "--out", str(tmp / "out"), "--register", "cmp-best",
-            "--scheduler", "fifo"]
+            "--scheduler", "fifo", "--max-concurrent", "1"]  # one trial process per sweep, reused: its imports once
     assert main(args) == 0
     return tmp, uri, args
 
@@ -154,7 +154,7 @@ def test_a_rerun_continues_without_redoing_a_phase(compared, capsys, monkeypatch
     registry = mlflow.MlflowClient(tracking_uri=uri, registry_uri=uri)
     assert len(registry.search_model_versions("name = 'cmp-best'")) == 1  # the same model, not registered again
     capsys.readouterr()
-    assert main([*args[:-2], "--scheduler", "asha"]) == 2  # other settings need another --out
+    assert main([*args[:-4], "--scheduler", "asha", *args[-2:]]) == 2  # other settings need another --out
     assert "--out" in capsys.readouterr().err
     assert json.loads((tmp / "out" / "state.json").read_text())["params"]["scheduler"] == "fifo"
 

@@ -305,11 +305,12 @@ def test_an_actor_that_cannot_start_is_its_error_not_a_lost_node(ray_cluster, tm
 
 
 #: generated data, built on the actors' nodes: 1,000 devices (40,000 samples) over 3 actors, so the input
-#: scaling's chunks of 8,192 training rows straddle the actors; known groups, a validation split, newcomers
+#: scaling's chunks of 8,192 training rows straddle the actors; known groups, a validation split, newcomers;
+#: each evaluation on a sample of the devices (all 1,000 would be most of the run)
 NODE_LOCAL = ("data.dataset=leaf_synthetic", "data.partition=natural", "model.name=mlp", "data.num_devices=1000",
               "data.synthetic_clusters=3", "data.val_fraction=0.2", "data.holdout_fraction=0.01",
               "method.name=ifca", "method.num_clusters=3", "train.participation=0.01", "train.rounds=4",
-              "train.final_eval_devices=50", "engine.num_actors=3")
+              "train.eval_devices=60", "train.final_eval_devices=50", "engine.num_actors=3")
 
 
 def test_generated_data_is_built_on_the_actors_nodes_with_the_same_numbers(ray_cluster):
