@@ -13,23 +13,21 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
 from lcfed import engines, logs, numerics
 from lcfed.config import ExperimentConfig, load_config
 from lcfed.config.overrides import parse_override
-from lcfed.data import format_stats, partition_stats
 from lcfed.errors import ConfigError, require
-from lcfed.run.loop import checkpoint_path, load_resume
 from lcfed.run.metric_catalog import SUMMARY
 from lcfed.run.output_paths import check_output_dir, check_output_file
-from lcfed.run.progress import ProgressBar
-from lcfed.run.sources import check_against_data, load
 from lcfed.run.stop import stop_on_signals
-from lcfed.tracking import MLflowObserver, check_tracking_store, run_name, ui_hint
-from lcfed.tracking.resume import check_resume_store
+from lcfed.tracking.naming import run_name
+from lcfed.tracking.store import check_tracking_store
+from lcfed.tracking.ui import ui_hint
 from tune_jobs.feasible import check_run, cluster_option, use_cluster
 from tune_jobs.options import config_options, examples, verbosity_options
+
+# torch, the data and the run's modules are imported where they are used: a refused config costs no torch import
 
 
 def add_parser(sub: Any) -> None:
@@ -63,6 +61,9 @@ def add_parser(sub: Any) -> None:
 
 
 def _observers(cfg: ExperimentConfig, args: argparse.Namespace, resume: Any) -> tuple[list[Any], Any]:
+    from lcfed.run.progress import ProgressBar
+    from lcfed.tracking.observer import MLflowObserver
+
     observers: list[Any] = [ProgressBar(disable=None if logs.progress_shown() else True)]
     tracker = None
     if cfg.tracking.enabled and not args.no_track:
@@ -122,8 +123,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     if cfg.tracking.enabled and not args.no_track:
         check_tracking_store(cfg.tracking.uri)
     if cfg.engine.kind == "local" and cfg.engine.device == "cuda":
+        import torch
+
         require(torch.cuda.is_available(), "engine.device", "cuda",
                 "no CUDA GPU is visible to this process: use auto or cpu (or run on a GPU machine)")
+    from lcfed.data import format_stats
+    from lcfed.run.loop import checkpoint_path, load_resume
+    from lcfed.tracking.resume import check_resume_store
+
     stats = checked_partition_stats(cfg)  # fail on missing data or misfit sizes before anything starts
     if logs.progress_shown():
         print(f"partition: {partition_label(cfg)}: {format_stats(stats)}", flush=True)
@@ -277,6 +284,9 @@ def partition_label(cfg: ExperimentConfig) -> str:
 def checked_partition_stats(cfg: ExperimentConfig) -> dict[str, float]:
     """The config's partition statistics, after checking the config against its dataset (a missing
     dataset or sizes that do not fit are errors here)."""
+    from lcfed.data import partition_stats
+    from lcfed.run.sources import check_against_data, load
+
     ds = load(cfg)
     return partition_stats(check_against_data(cfg, ds), ds.y)
 
