@@ -30,6 +30,7 @@ from lcfed import engines, numerics
 from lcfed.config import ExperimentConfig, from_dict
 from lcfed.config.overrides import apply_overrides, resolve
 from lcfed.engines.local import LocalEngine, LocalPool, LocalServer
+from lcfed.errors import ConfigError
 from lcfed.methods.base import Strategy
 from lcfed.methods.round import Message
 from lcfed.methods.traffic import tensor_bytes
@@ -185,6 +186,8 @@ def check(name: str, *, ray: bool = False, cfg: ExperimentConfig | None = None,
     try:
         first = _run(cfg, audit)
         second = _run(cfg)
+    except ConfigError:
+        raise  # the config (or a Strategy's check of its params) is refused: once, not as every property failed
     except Exception as exc:
         error = f"the method fails to run: {type(exc).__name__}: {exc}"
         return [Finding(p, False, error) for p in PROPERTIES if p != "engines" or ray]

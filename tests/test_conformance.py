@@ -10,6 +10,7 @@ import torch
 
 from lcfed import conformance
 from lcfed.methods import METHODS
+from lcfed.errors import ConfigError
 from lcfed.methods.fedavg import FedAvg, FedAvgParams, FedAvgState
 from tests.conftest import start_test_ray
 from tune_jobs.cli import main
@@ -41,7 +42,15 @@ class RayOnly(FedAvg):
         return super().local(ctx, dev, payload * (0.5 if in_actor else 1.0), instruction)
 
 
-for broken in (Mutating, Unseeded, RayOnly):
+class NeedsTwoClusters(FedAvg):
+    """Refuses its config in ``__init__``, as a plugin checking a combination of its params would."""
+
+    def __init__(self, cfg, fed):
+        super().__init__(cfg, fed)
+        raise ConfigError("method.name", cfg.method.name, "needs data.num_devices >= 100")
+
+
+for broken in (Mutating, Unseeded, RayOnly, NeedsTwoClusters):
     broken.Params = FedAvgParams  # type: ignore[attr-defined]
 
 
@@ -88,6 +97,16 @@ def test_the_device_models_schedule_is_part_of_the_same_run(devices):
     cfg = conformance.small_config("fedavg", **{"devices.simulate": True, **devices})
     findings = conformance.check("fedavg", cfg=cfg)
     assert all(f.ok for f in findings), conformance.report("fedavg", findings)
+
+
+def test_a_config_error_from_a_strategy_is_one_line_and_exit_2(capsys):
+    """Not a failed property each (the method did not run): the CLI's one line, before any report."""
+    assert main(["check", f"{__name__}:NeedsTwoClusters"]) == 2
+    out, err = capsys.readouterr()
+    errors = [line for line in err.splitlines() if line.startswith("lcfed:")]  # (besides the progress line)
+    assert errors == ["lcfed: config error: method.name: got 'tests.test_conformance:NeedsTwoClusters'; "
+                      "needs data.num_devices >= 100"], err
+    assert "FAILED" not in out and "Traceback" not in err
 
 
 def test_the_report_names_the_method_checked(capsys):
