@@ -235,3 +235,29 @@ def test_failed_job_exits_1(ray_head, capsys):
                  "--", "lcfed", "run", "--set", "method.num_clusters=500"])
     out = capsys.readouterr().out
     assert code == 1 and "FAILED" in out
+
+
+def test_printed_ui_links_use_a_ui_that_already_serves_the_store(mlflow_server, mlflow_experiment):
+    """A UI left open on a port (here the shared server) that knows the run is where the addresses point, with no
+    command to start another; a port where something else listens is passed over for a free one."""
+    import mlflow
+
+    from lcfed.tracking import ui
+
+    client = mlflow.MlflowClient(tracking_uri=mlflow_server)
+    exp = client.create_experiment(mlflow_experiment)
+    run = client.create_run(exp).info.run_id
+    port = int(mlflow_server.rsplit(":", 1)[1])
+    free = free_port()
+    with socket.socket() as other:  # a program that is not an MLflow UI
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        busy = other.getsockname()[1]
+        assert ui._serves("127.0.0.1", free, exp, run) is None
+        assert ui._serves("127.0.0.1", busy, exp, run) is False
+        assert ui._serves("127.0.0.1", port, exp, run) is True
+        assert ui._serves("127.0.0.1", port, exp, "0" * 32) is False  # another store's run: not this store
+        assert ui.ui_port("sqlite:///a.db", exp, run, ports=[busy, free, port]) == port
+        assert ui.ui_port("sqlite:///b.db", exp, "0" * 32, ports=[busy, free, port]) == free
+    ui._PORTS.pop("sqlite:///a.db")
+    ui._PORTS.pop("sqlite:///b.db")

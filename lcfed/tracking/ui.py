@@ -6,7 +6,6 @@ the CLI prints the hint after the runs are logged.
 
 from __future__ import annotations
 
-import functools
 import json
 import socket
 import sys
@@ -40,29 +39,65 @@ UI_PORT = 5000
 ML_VIEW = "workflowType=machine_learning"
 
 
-@functools.cache
-def ui_port(host: str = "127.0.0.1") -> int:
-    """The port the printed ``mlflow ui`` command (:func:`ui_hint`) and every address lcfed prints for a local
-    store use: :data:`UI_PORT`, or the next one nothing listens on (a UI already open on 5000 may be
-    another store's). Asked once per process, so the command and the addresses agree."""
-    for port in range(UI_PORT, UI_PORT + 50):
-        try:
-            socket.create_connection((host, port), timeout=0.2).close()
-        except OSError:
-            return port
-    return UI_PORT
+#: the port each local store's addresses use, decided on first use (:func:`ui_port`)
+_PORTS: dict[str, int] = {}
 
 
-def ui_base(uri: str) -> str:
+def ui_port(uri: str = "", exp_id: str | None = None, run_id: str | None = None, host: str = "127.0.0.1",
+            ports: Sequence[int] = range(UI_PORT, UI_PORT + 50)) -> int:
+    """The port the printed ``mlflow ui`` command (:func:`ui_hint`) and every address lcfed prints for the local
+    store ``uri`` use: the first from :data:`UI_PORT` on where an MLflow UI already serves this store (it knows
+    run ``run_id``, else experiment ``exp_id``: the README's ``mlflow ui`` left open), else the first nothing
+    listens on (a UI on 5000 may be another store's). Decided once per store and process, so the command and
+    the addresses agree."""
+    if uri not in _PORTS:
+        free = None
+        for port in ports:
+            serving = _serves(host, port, exp_id, run_id)
+            if serving:
+                free = port
+                break
+            if serving is None and free is None:
+                free = port
+                if not (exp_id or run_id):
+                    break
+        _PORTS[uri] = UI_PORT if free is None else free
+    return _PORTS[uri]
+
+
+def _serves(host: str, port: int, exp_id: str | None, run_id: str | None) -> bool | None:
+    """None: nothing listens on ``port``; True: an MLflow server there knows the run (or the experiment);
+    False: something else does (another store's UI, another program)."""
+    try:
+        socket.create_connection((host, port), timeout=0.2).close()
+    except OSError:
+        return None
+    if not (exp_id or run_id):
+        return False
+    import urllib.error
+    import urllib.request
+
+    query = f"runs/get?run_id={run_id}" if run_id else f"experiments/get?experiment_id={exp_id}"
+    try:
+        with urllib.request.urlopen(f"http://{host}:{port}/api/2.0/mlflow/{query}", timeout=1.0) as answer:
+            body = json.loads(answer.read() or b"{}")
+    except (OSError, ValueError, urllib.error.URLError):
+        return False
+    found = body.get("run", {}).get("info", {}).get("run_id") if run_id else \
+        body.get("experiment", {}).get("experiment_id")
+    return found == (run_id or exp_id)
+
+
+def ui_base(uri: str, exp_id: str | None = None, run_id: str | None = None) -> str:
     """The UI's address for this store: the tracking server's own, else the ``mlflow ui`` that
-    :func:`ui_hint` starts."""
-    return uri.rstrip("/") if is_server_uri(uri) else f"http://127.0.0.1:{ui_port()}"
+    :func:`ui_hint` starts (or that already serves it)."""
+    return uri.rstrip("/") if is_server_uri(uri) else f"http://127.0.0.1:{ui_port(uri, exp_id, run_id)}"
 
 
 def run_url(uri: str, exp_id: str, run_id: str | None = None) -> str:
     """Where the UI shows run ``run_id`` (else experiment ``exp_id``'s runs table), in the model-training view."""
     page = f"runs/{run_id}" if run_id else "runs"
-    return f"{ui_base(uri)}/#/experiments/{exp_id}/{page}?{ML_VIEW}"
+    return f"{ui_base(uri, exp_id, run_id)}/#/experiments/{exp_id}/{page}?{ML_VIEW}"
 
 
 def ui_hint(uri: str, exp_id: str | None = None, run_id: str | None = None) -> str:
@@ -70,7 +105,10 @@ def ui_hint(uri: str, exp_id: str | None = None, run_id: str | None = None) -> s
     where = run_url(uri, exp_id, run_id) if exp_id else ui_base(uri)
     if is_server_uri(uri):
         return f"open {where}"
-    return (f"{mlflow_command()} ui --backend-store-uri {uri} --host 127.0.0.1 --port {ui_port()}   "
+    port = ui_port(uri, exp_id, run_id)
+    if (exp_id or run_id) and _serves("127.0.0.1", port, exp_id, run_id):
+        return f"open {where}   (the MLflow UI there serves this store)"
+    return (f"{mlflow_command()} ui --backend-store-uri {uri} --host 127.0.0.1 --port {port}   "
             f"# then open {where}")
 
 
