@@ -9,10 +9,10 @@ import ray
 import torch
 
 from lcfed import conformance
-from lcfed.methods import METHODS
 from lcfed.errors import ConfigError
+from lcfed.methods import METHODS
 from lcfed.methods.fedavg import FedAvg, FedAvgParams, FedAvgState
-from tests.conftest import start_test_ray
+from tests.conftest import start_test_ray, tiny_config
 from tune_jobs.cli import main
 
 
@@ -50,7 +50,14 @@ class NeedsTwoClusters(FedAvg):
         raise ConfigError("method.name", cfg.method.name, "needs data.num_devices >= 100")
 
 
-for broken in (Mutating, Unseeded, RayOnly, NeedsTwoClusters):
+class OnAnMLP(FedAvg):
+    """States the model it runs with, and the only one."""
+
+    model = "mlp"
+    models = ("mlp",)
+
+
+for broken in (Mutating, Unseeded, RayOnly, NeedsTwoClusters, OnAnMLP):
     broken.Params = FedAvgParams  # type: ignore[attr-defined]
 
 
@@ -107,6 +114,18 @@ def test_a_config_error_from_a_strategy_is_one_line_and_exit_2(capsys):
     assert errors == ["lcfed: config error: method.name: got 'tests.test_conformance:NeedsTwoClusters'; "
                       "needs data.num_devices >= 100"], err
     assert "FAILED" not in out and "Traceback" not in err
+
+
+def test_a_method_states_its_model_and_lcfed_check_runs_it(capsys):
+    """``Strategy.model``: what a config naming no model runs (lcfed check's small federation too, with no
+    --set); ``Strategy.models``: another is refused, naming the field and what is allowed."""
+    name = f"{__name__}:OnAnMLP"
+    assert conformance.small_config(name).model.name == "mlp"
+    assert tiny_config(f"method.name={name}").model.name == "mlp"
+    assert main(["check", name]) == 0
+    assert "  seeded     ok" in capsys.readouterr().out
+    assert main(["check", name, "--set", "model.name=lenet5"]) == 2
+    assert f"model.name: got 'lenet5'; method {name} runs with mlp only" in capsys.readouterr().err
 
 
 def test_the_report_names_the_method_checked(capsys):

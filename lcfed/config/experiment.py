@@ -170,9 +170,25 @@ def from_dict(raw: Mapping[str, Any]) -> ExperimentConfig:
     method_raw = dict(method_section)
     name = typed_value("method.name", method_raw.pop("name", MethodConfig.name),
                        typing.get_type_hints(MethodConfig)["name"])
-    params = build_dataclass(resolve("method", "method.name", name).params, method_raw, "method")
+    method = resolve("method", "method.name", name)
+    params = build_dataclass(method.params, method_raw, "method")
     kwargs["method"] = MethodConfig(name=name, params=params)
+    _method_model(kwargs, raw, name, method.strategy)
     return ExperimentConfig(**kwargs).validate()
+
+
+def _method_model(kwargs: dict[str, Any], raw: Mapping[str, Any], name: str, strategy: Any) -> None:
+    """The model a method declares (``Strategy.model``) when the config names none; one it cannot run with
+    (not in ``Strategy.models``) refused."""
+    section = raw.get("model")
+    named = isinstance(section, Mapping) and "name" in section
+    default = getattr(strategy, "model", None)
+    if default and not named:
+        kwargs["model"] = ModelConfig(name=default)
+    allowed = tuple(getattr(strategy, "models", ()) or ())
+    chosen = kwargs["model"].name if "model" in kwargs else ModelConfig.name
+    require(not allowed or chosen in allowed, "model.name", chosen,
+            f"method {name} runs with {' or '.join(allowed)} only")
 
 
 #: fields added after checkpoints and logged runs existed, with the value that changes nothing: left

@@ -98,6 +98,14 @@ class Strategy(Generic[S, D, M, P]):
     #: :meth:`aggregate_async`
     supports_async: ClassVar[bool] = False
 
+    #: the model (a ``model.name``) a config that names none runs this method with, ``lcfed check`` included;
+    #: None: the config's default (``lenet5``)
+    model: ClassVar[str | None] = None
+
+    #: the only models (``model.name``\ s) the method can run with, e.g. those with the head it personalizes;
+    #: a config naming another is refused before any work. Empty: any model
+    models: ClassVar[tuple[str, ...]] = ()
+
     def __init__(self, cfg: ExperimentConfig, fed: Federation) -> None:
         self.cfg = cfg
         self.fed = fed
