@@ -47,3 +47,14 @@ def test_the_home_page_includes_the_readme_methods_table():
     assert '--8<-- "README.md:methods"' in (ROOT / "docs" / "index.md").read_text()
     start, end = README.index("[start:methods]"), README.index("[end:methods]")
     assert "| name | method | what is shared | async |" in README[start:end]
+
+
+def test_the_demos_param_count_on_the_mlflow_page_is_what_a_run_logs():
+    from lcfed.config import load_config
+    from lcfed.run.setup import prepare
+    from lcfed.tracking.inputs import federation_facts, run_params
+
+    cfg = load_config(str(ROOT / "configs" / "demo.yaml"), [])
+    logged = run_params(cfg, federation_facts(prepare(cfg).federation), "sqlite:///mlflow.db")
+    stated = re.search(r"and (\d+) params for the demo", (ROOT / "docs" / "mlflow.md").read_text())
+    assert stated and int(stated.group(1)) == len(logged)
