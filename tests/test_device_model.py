@@ -297,3 +297,9 @@ def test_the_examples_run_as_they_are_and_report_the_clock(tmp_path, tracking_ur
     assert "plots/accuracy_vs_clock.png" in files
     clock = client.get_metric_history(summary["run_id"], "time/sim_clock_seconds")
     assert len(clock) == 6 and clock[-1].value == summary["sim_clock_seconds"]
+    if example == "devices_sync":  # what it is for: over-commitment applies, more devices selected than kept
+        from lcfed.tracking import mlflow_key
+
+        kept, selected = (client.get_metric_history(summary["run_id"], mlflow_key(m)) for m in
+                          ("devices_kept", "devices_selected"))
+        assert all(s.value > k.value for s, k in zip(selected, kept, strict=True)) and len(kept) == 6
