@@ -105,6 +105,9 @@ APPLIES: dict[str, Rule] = {
     "engine.spill_dir": lambda c: c.engine.state_memory_mb > 0,
     "checkpoint.every": lambda c: bool(c.checkpoint.dir),
     "tracking.enabled": lambda c: False,  # a logged run is tracked
+    # the run's name is the run's (and config.yaml has it): as a param each trial's own value was an axis of
+    # the UI's parallel-coordinates plot of a sweep
+    "tracking.run_name": lambda c: False,
 }
 
 
