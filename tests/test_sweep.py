@@ -99,6 +99,9 @@ def test_sweep_of_four_trials_logs_children_and_parent(shared_ray, tmp_path, tra
     assert p.metrics["accuracy/acc_mean"] == best_child.data.metrics["accuracy/acc_mean"] == summary["best_acc_mean"]
     assert p.metrics["loss/train_loss"] == best_child.data.metrics["loss/train_loss"]
     assert p.tags["best_run_id"] == best_child.info.run_id
+    # findable in the UI: the parent's description links to it, and it alone is tagged best_trial (a column)
+    assert f"](#/experiments/{exp.experiment_id}/runs/{best_child.info.run_id})" in p.tags["mlflow.note.content"]
+    assert [c.info.run_id for c in children if c.data.tags.get("best_trial") == "true"] == [best_child.info.run_id]
     assert p.params["space.method.mu"] == p.params["space.method.lam"] == "loguniform(0.001, 1)"
     # the UI view of the trials: the metric and the swept values as columns, best first
     view = json.loads(exp.tags["mlflow.sharedViewState.sweep-t4"])

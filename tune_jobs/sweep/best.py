@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import time
@@ -82,8 +83,7 @@ def _log_best(client: Any, parent_id: str, exp_id: str, best: Any, best_cfg: dic
     points = [Metric(mlflow_key(f"best_{metric}"), value, ts, step)]
     if child is not None:
         points += [Metric(k, float(v), ts, step) for k, v in child.data.metrics.items() if math.isfinite(v)]
-        client.set_tag(parent_id, "best_run_id", child.info.run_id)
-        client.set_tag(parent_id, "best_run_name", child.info.run_name)
+        _mark_best(client, parent_id, exp_id, child, metric, value)
     client.log_batch(parent_id, metrics=points)
     for k, v in best_cfg.items():
         client.set_tag(parent_id, f"best.{k}", str(v))
@@ -95,6 +95,22 @@ def _log_best(client: Any, parent_id: str, exp_id: str, best: Any, best_cfg: dic
     client.set_tag(parent_id, "best_trial_id", str(best.metrics.get("trial_id")))
     client.log_dict(parent_id, {"best_config": best_cfg, f"best_{metric}": best.metrics.get(metric), "metric": metric,
                                 "mode": mode, "best_trial_id": best.metrics.get("trial_id")}, "best.json")
+
+
+def _mark_best(client: Any, parent_id: str, exp_id: str, child: Any, metric: str, value: float) -> None:
+    """The best trial, findable in the UI: the parent's ``best_run_id``/``best_run_name`` tags, its description
+    (shown as Markdown on its page) linking to the trial, and the trial's own ``best_trial`` tag (a column of
+    the runs table), taken off a trial a resumed sweep no longer finds best."""
+    before = client.get_run(parent_id).data.tags.get("best_run_id")
+    if before and before != child.info.run_id:
+        with contextlib.suppress(MlflowException):
+            client.delete_tag(before, "best_trial")
+    client.set_tag(parent_id, "best_run_id", child.info.run_id)
+    client.set_tag(parent_id, "best_run_name", child.info.run_name)
+    client.set_tag(child.info.run_id, "best_trial", "true")
+    client.set_tag(parent_id, "mlflow.note.content",
+                   f"Best trial: [{child.info.run_name}](#/experiments/{exp_id}/runs/{child.info.run_id}) "
+                   f"({metric} {value:.4g})")
 
 
 def _log_plots(client: Any, parent_id: str, exp_id: str, results: Any, best: Any, space: dict, metric: str,

@@ -195,7 +195,7 @@ def _open_parent(parent: ParentRun, plan: SweepPlan, engine: str) -> None:
                     "space.yaml")
     shown = [mlflow_key(m) for m in [obj.metric] + [m for m in (METRIC, "train_loss") if m != obj.metric]]
     share_view(client, parent.experiment_id, view_key(plan.name), metrics=shown, params=plan.swept,
-               tags=["stopped_early"], ascending=obj.mode == "min", run_filter=f"tags.sweep = '{plan.name}'")
+               tags=["best_trial", "stopped_early"], ascending=obj.mode == "min", run_filter=f"tags.sweep = '{plan.name}'")
 
 
 def view_key(name: str) -> str:
