@@ -37,9 +37,11 @@ def start(idle_timeout_minutes: float, object_store_mb: int = 100, timeout: floa
                                 object_store_memory=object_store_mb * 2**20)))
 
 
-def listed(cluster: LocalCluster, kind: str) -> list[dict[str, Any]]:
-    """Ray's state API through the head's dashboard: ``nodes``, ``placement_groups``, ``actors`` ..."""
-    request = urllib.request.Request(f"{cluster.dashboard}/api/v0/{kind}?limit=10000", headers=cluster._auth())
+def listed(cluster: LocalCluster, kind: str, detail: bool = False) -> list[dict[str, Any]]:
+    """Ray's state API through the head's dashboard: ``nodes``, ``placement_groups``, ``actors`` ... (``detail``:
+    with the detail columns, e.g. a node's ``start_time_ms`` and ``end_time_ms``)."""
+    query = "limit=10000" + ("&detail=true" if detail else "")
+    request = urllib.request.Request(f"{cluster.dashboard}/api/v0/{kind}?{query}", headers=cluster._auth())
     with urllib.request.urlopen(request, timeout=20) as resp:
         return list(json.load(resp)["data"]["result"]["result"])
 
@@ -47,6 +49,13 @@ def listed(cluster: LocalCluster, kind: str) -> list[dict[str, Any]]:
 def workers(cluster: LocalCluster) -> list[dict[str, Any]]:
     """The alive nodes other than the head."""
     return [n for n in listed(cluster, "nodes") if n.get("state") == "ALIVE" and n["node_id"] != FAKE_HEAD_ID]
+
+
+def worker_times(cluster: LocalCluster) -> dict[str, tuple[float, float | None]]:
+    """Every worker node the cluster had, alive or gone: its raylet's start and end (seconds since the epoch, as
+    ``time.time()``; end None while alive), as Ray recorded them."""
+    return {n["node_id"]: (n["start_time_ms"] / 1000, n["end_time_ms"] / 1000 if n.get("end_time_ms") else None)
+            for n in listed(cluster, "nodes", detail=True) if n["node_id"] != FAKE_HEAD_ID}
 
 
 def trial_groups(cluster: LocalCluster) -> tuple[int, int]:
@@ -58,7 +67,8 @@ def trial_groups(cluster: LocalCluster) -> tuple[int, int]:
 
 def monitor_log(cluster: LocalCluster) -> str:
     """The autoscaler's log (``Adding ... node(s) of type ...``, ``Terminating the node ... (idle)``)."""
-    return "\n".join(p.read_text(errors="replace") for p in (cluster.base / "ray").glob("session_*/logs/monitor.log"))
+    sessions = [d for d in (cluster.base / "ray").glob("session_*") if not d.is_symlink()]  # not session_latest
+    return "\n".join(p.read_text(errors="replace") for d in sessions for p in d.glob("logs/monitor.log"))
 
 
 @dataclass
