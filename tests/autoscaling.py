@@ -6,7 +6,9 @@ process group and its token's marker, never ``ray stop``): ``RAY_FAKE_CLUSTER=1 
 --autoscaling-config=...``, with the head type's resources. Its monitor adds ``gpu_worker`` nodes (raylets with
 ``{CPU: 4, GPU: 1}``, logical GPUs) when demand asks for GPUs and removes them once idle. Ray's own
 ``ray.cluster_utils.AutoscalingCluster`` is not used: it runs ``ray stop --force`` (every Ray on the machine)
-and reads the fake provider's ``example.yaml``, which Ray 2.60's wheel lacks.
+and reads the fake provider's ``example.yaml``, which Ray 2.60's wheel lacks. The workers share the head's temp
+directory (the provider gives them none), so a job shipped with a working directory loses its driver's current
+directory when a worker re-unpacks it there: submit jobs without one (docs/cluster.md).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 The derived autoscaling config is checked in-process (its node types are ``cluster.yaml``'s as
 :mod:`actors.feasibility` reads them; Ray's schema accepts it). The ``slow`` test runs the autoscaler: a head with
-no worker, a sweep with ``--gpus-per-trial 0.5`` attached to it as a submitted job's driver is; GPU workers
+no worker, a sweep with ``--gpus-per-trial 0.5`` submitted to it through the Jobs API; GPU workers
 added, the trials' device actors on them with fractional GPUs, the numbers of ``lcfed run`` in-process, and the
 workers removed once idle.
 """
@@ -12,7 +12,6 @@ from __future__ import annotations
 import copy
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import mlflow
@@ -27,7 +26,7 @@ from lcfed.engines.local import run_local
 from lcfed.tracking import mlflow_key
 from tests import autoscaling
 from tests.conftest import tiny_config
-from tests.raycluster import ROOT
+from tests.raycluster import BIN, ROOT
 from tune_jobs.feasible import trial_engine_nodes
 
 LAUNCHER = yaml.safe_load((ROOT / "cluster.yaml").read_text())
@@ -90,17 +89,20 @@ def test_a_gpu_sweep_on_a_head_alone_scales_gpu_workers_up_and_back_down(tmp_pat
     try:
         assert cluster.head is not None and autoscaling.workers(cluster) == []  # a head alone
         out = tmp_path / "sweep.json"
-        # a driver on the head, attached as a submitted job is; HOME: the head's, with ~/ray_bootstrap_config.yaml
-        env = cluster.client_env(cluster.head.home, RAY_ADDRESS=cluster.gcs)
+        # submitted through the Jobs API (`ray job submit`: a job without a working directory, see docs/cluster.md on
+        # the fake provider), its driver on the head (HOME: the head's, with ~/ray_bootstrap_config.yaml)
         proc = subprocess.run(
-            [sys.executable, "-m", "tune_jobs", "sweep", "--config", str(config), "--space", str(space),
-             "--scheduler", "fifo", "--gpus-per-trial", "0.5", "--name", "auto", "--json", str(out),
+            [str(BIN / "ray"), "job", "submit", "--address", cluster.dashboard, "--",
+             "lcfed", "sweep", "--config", str(config), "--space", str(space), "--scheduler", "fifo",
+             "--gpus-per-trial", "0.5", "--name", "auto", "--json", str(out),
              "--storage", f"file://{cluster.base / 'sweeps'}", "--set", f"tracking.uri={uri}",
              "--set", "tracking.experiment=autoscaler"],
-            env=env, cwd=cluster.head.home, capture_output=True, text=True, timeout=600)
-        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+            env=cluster.client_env(cluster.head.home, RAY_AUTH_MODE="token"), cwd=tmp_path, capture_output=True,
+            text=True, timeout=600)
+        said = proc.stdout + proc.stderr  # the job's log, tailed, then its status
+        assert proc.returncode == 0 and "' succeeded" in said, said[-6000:]
         # told before any trial waited: which node type the autoscaler must add
-        assert "fits only once the autoscaler adds 1 x gpu_worker {CPU: 4, GPU: 1}" in proc.stderr
+        assert "fits only once the autoscaler adds 1 x gpu_worker {CPU: 4, GPU: 1}" in said
         summary = json.loads(out.read_text())
         assert summary["trials"] == 2 and summary["errors"] == 0 and summary["trial_engine"] == "ray"
 
@@ -129,7 +131,7 @@ def test_a_gpu_sweep_on_a_head_alone_scales_gpu_workers_up_and_back_down(tmp_pat
             ref = run_local(base.replace(**{"method.mu": mu}))
             for key in ("acc_mean", "acc_weighted", "train_loss", "test_loss"):
                 assert child.data.metrics[mlflow_key(key)] == ref.final[key], (mu, key)
-        print(f"\nautoscaler: workers {sorted(n[-5:] for n in added)}; all gone {gone:.0f} s after the sweep's driver")
+        print(f"\nautoscaler: workers {sorted(n[-5:] for n in added)}; all gone {gone:.0f} s after the job")
     finally:
         left = cluster.stop()
         assert not left or print(f"SIGKILLed {len(left)} straggler(s) of the autoscaling cluster")
