@@ -24,9 +24,12 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+
+import yaml
 
 BIN = Path(sys.executable).parent
 ROOT = Path(__file__).resolve().parents[1]
@@ -90,12 +93,19 @@ class LocalCluster:
     @classmethod
     def start(cls, head_cpus: float, workers: list[tuple[float, float]], worker_env: Mapping[str, str] | None = None,
               env: Mapping[str, str] | None = None, timeout: float = 180.0, dashboard: bool = True,
-              object_store_mb: int = 100, worker_hidden: Sequence[str] = ()) -> LocalCluster:
+              object_store_mb: int = 100, worker_hidden: Sequence[str] = (),
+              autoscaling: Callable[[str], Mapping[str, Any]] | None = None) -> LocalCluster:
         """A head (``head_cpus``, no GPU) and one worker per (CPUs, GPUs); ``env`` goes to every node,
         ``worker_env`` to the workers only; each node's object store has ``object_store_mb``. ``worker_hidden``:
         folders under ``base`` (e.g. ``home-head/data``, the head's ``~/data``), made here, that the workers see
         empty (an empty tmpfs over each in the workers' own mount namespace: needs root). The head's temp dir is ``base/ray``, so with
-        ``RAY_TMPDIR=base`` its address file is where Ray looks after a plain ``ray start --head``."""
+        ``RAY_TMPDIR=base`` its address file is where Ray looks after a plain ``ray start --head``.
+
+        ``autoscaling``: the head's autoscaling config for Ray's fake multi-node provider, made from the GCS
+        address (:func:`actors.fake_autoscaler.fake_autoscaling_config`); the head then has its head type's
+        resources (not ``head_cpus``), runs the autoscaler (its monitor starts and stops the workers, each a
+        raylet with this machine's files and the head's temp dir), and finds the config as
+        ``~/ray_bootstrap_config.yaml``, where ``ray up`` leaves it."""
         base = Path(tempfile.mkdtemp(prefix="rc", dir="/tmp"))  # short: Ray's unix sockets live under it
         token = base / "auth_token"
         token.write_text(secrets.token_hex(32))
@@ -105,7 +115,7 @@ class LocalCluster:
         for folder in cluster.hidden:
             folder.mkdir(parents=True, exist_ok=True)
         try:
-            cluster._start_head(head_cpus, dict(env or {}), timeout, dashboard)
+            cluster._start_head(head_cpus, dict(env or {}), timeout, dashboard, autoscaling)
             # one at a time: nodes started together race for log file names and ports
             for i, (cpus, gpus) in enumerate(workers):
                 for attempt in range(3):
@@ -158,13 +168,28 @@ class LocalCluster:
                                     stdin=subprocess.DEVNULL, start_new_session=True, cwd=home)
         return Node(proc, home, log, cpus, gpus, name.split("-")[0], chosen["--node-manager-port"])
 
-    def _start_head(self, cpus: float, extra: dict[str, str], timeout: float, dashboard: bool) -> None:
+    def _start_head(self, cpus: float, extra: dict[str, str], timeout: float, dashboard: bool,
+                    autoscaling: Callable[[str], Mapping[str, Any]] | None = None) -> None:
         port, dash = free_port(), free_port()
         temp = self.base / "ray"
+        args, gpus = [], 0.0
+        if autoscaling is not None:
+            from ray._private.services import get_node_ip_address  # the address `ray start` binds the GCS to
+
+            from actors.fake_autoscaler import FAKE_ENV, FAKE_HEAD_TYPE
+
+            config = autoscaling(f"{get_node_ip_address()}:{port}")
+            declared = config["available_node_types"][FAKE_HEAD_TYPE]["resources"]
+            cpus, gpus = declared["CPU"], declared.get("GPU", 0)
+            path = self.base / "autoscaling.yaml"
+            path.write_text(yaml.safe_dump(dict(config)))
+            (self.base / "home-head").mkdir(exist_ok=True)
+            shutil.copy(path, self.base / "home-head" / "ray_bootstrap_config.yaml")
+            args, extra = ["--autoscaling-config", str(path)], {**FAKE_ENV, **extra}
         self.head = self._start_node("head", [
             "--head", "--port", str(port), "--temp-dir", str(temp), "--include-dashboard", str(dashboard).lower(),
             "--dashboard-host", "127.0.0.1", "--dashboard-port", str(dash),
-            "--ray-client-server-port", str(free_port())], cpus, 0, extra)
+            "--ray-client-server-port", str(free_port()), *args], cpus, gpus, extra)
         self.dashboard = f"http://127.0.0.1:{dash}" if dashboard else ""
         address_file = temp / "ray_current_cluster"
         deadline = time.monotonic() + timeout

@@ -21,9 +21,11 @@ import pytest
 import yaml
 from ray.autoscaler._private.util import prepare_config, validate_config
 
+from tests.test_cluster_yaml_commands import makefile_pins
+
 CLUSTER_YAML = Path(__file__).resolve().parents[1] / "cluster.yaml"
 CPU_INDEX = "--index-url https://download.pytorch.org/whl/cpu"
-TORCH_PINS = ("torch==2.14.1", "torchvision==0.29.1")
+TORCH_PINS = tuple(f"{name}=={makefile_pins()[name]}" for name in ("torch", "torchvision"))  # `make setup`'s build
 PROJECT_INSTALL = "pip install -q -e ~/lcfed"
 
 

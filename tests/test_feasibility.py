@@ -120,7 +120,9 @@ def test_submit_checks_a_run_or_sweep_entrypoint_before_shipping(tmp_path, monke
 
 
 def test_check_prints_the_plan_on_a_cluster(capsys, monkeypatch):
-    monkeypatch.delenv("LCFED_CLUSTER", raising=False)
+    # main() exports --cluster as $LCFED_CLUSTER; set here so that monkeypatch removes it after the test (a delenv of
+    # an unset variable restores nothing): left set, it would steer the trial engine of later sweeps in this process
+    monkeypatch.setenv("LCFED_CLUSTER", "")
     path = str(ROOT / "cluster.yaml")
     assert main(["check", "--cluster", path, "--gpus-per-trial", "1", "--set", "engine.num_actors=2"]) == 0
     assert capsys.readouterr().out.splitlines() == [

@@ -74,6 +74,16 @@ def sweep_engine(choice: str, gpus_per_trial: float, cluster: Cluster) -> str:
     return resolve_trial_engine(choice, gpus_per_trial, nodes=1 if one_node else 2)
 
 
+def trial_engine_nodes(live: list[NodeResources]) -> int:
+    """The node count the sweep's ``--trial-engine auto`` decides on: the live nodes, or at least two where the known
+    cluster's autoscaler may add workers (:func:`known_cluster`). A head that starts with no worker is then not
+    taken for a one-node cluster: its GPU trials get the Ray trial engine, whose device actors go to the workers
+    the autoscaler adds, as :func:`sweep_engine` told before Ray."""
+    cluster = known_cluster()
+    can_grow = cluster is not None and cluster.max_workers > 0 and any(t.max_workers for t in cluster.workers)
+    return max(len(live), 2 if can_grow else 1)
+
+
 def federation_ask(cfg: ExperimentConfig, nodes: list[NodeResources]) -> Ask:
     """The Ray engine's device actors on ``nodes`` (:func:`actors.placement.cluster_layout`), one PACK group."""
     layout = cluster_layout(cfg.engine, cfg.data.num_devices, nodes)

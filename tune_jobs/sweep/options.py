@@ -216,7 +216,7 @@ _FLAGS: dict[str, dict[str, Any]] = {
         choices=trial_engines(), default="auto",
         help="local: each trial's federation in the trial's process (engine.torch_threads x engine.workers CPUs, "
         "its GPU share); ray: device actors in the trial's placement group; auto (default): local on a "
-        "single-node Ray with --gpus-per-trial <= 1, else ray"),
+        "single-node Ray with --gpus-per-trial <= 1 (and no autoscaler that may add workers), else ray"),
     "name": dict(help="sweep name (Tune experiment and MLflow parent run); default <config name>-sweep"),
     "storage": dict(
         default=DEFAULT_STORAGE,

@@ -32,7 +32,7 @@ from lcfed.config import ExperimentConfig, to_dict
 from lcfed.errors import ConfigError
 from lcfed.logs import tune_verbosity
 from lcfed.tracking import mlflow_key, resolve_tracking_uri, run_tags, share_view, view_url
-from tune_jobs.feasible import check_live, sweep_ask
+from tune_jobs.feasible import check_live, sweep_ask, trial_engine_nodes
 from tune_jobs.parent_run import ParentRun
 from tune_jobs.sweep.best import best_result, child_run, log_parent, trial_order
 from tune_jobs.sweep.callbacks import SweepProgress, TrialTracker
@@ -127,7 +127,7 @@ def _run_under(parent: ParentRun, plan: SweepPlan, sources: Any) -> dict[str, An
     base, obj, uri = plan.base, plan.objective, plan.base.tracking.uri
     check_storage(plan.storage_uri)
     live = alive_nodes()
-    engine = resolve_trial_engine(plan.options.trial_engine, plan.options.gpus_per_trial, len(live))
+    engine = resolve_trial_engine(plan.options.trial_engine, plan.options.gpus_per_trial, trial_engine_nodes(live))
     check_live(sweep_ask(base, plan.options.gpus_per_trial, engine), live)  # before any trial waits for a node
     tracker = None
     if plan.tracked:
