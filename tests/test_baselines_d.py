@@ -214,8 +214,9 @@ ROTATED = ["data.testbed=rotated", "data.testbed_groups=2", "data.partition=iid"
 E2E = [
     # (method, overrides, a floor on the final mean accuracy; chance is 0.1). One run each: that the same seed gives
     # the same numbers is the conformance check's `seeded` (tests/test_conformance.py runs every built-in twice)
-    ("fedem", [], 0.3),  # 2 classes a device: the components' mixture weights personalize
-    ("fedsoft", [], 0.4),
+    # 2 classes a device, 2 rounds (each FedEM round trains M models): the personal models / components personalize
+    ("fedem", ["train.rounds=2", "method.num_components=2"], 0.3),
+    ("fedsoft", ["train.rounds=2"], 0.4),
     ("pacfl", ROTATED, 0.2),  # 10 classes a device, two rotated groups
 ]
 
