@@ -14,7 +14,9 @@ from lcfed.methods import METHODS
 from lcfed.methods.base import Arrival, PersonalModel, RoundPlan
 from lcfed.methods.fedem import FedEMMessage, FedEMState, e_step
 from lcfed.methods.fedsoft import FedSoftMessage, FedSoftState, importance_weights
+from lcfed.methods.lcfed import LCFedMessage
 from lcfed.methods.pacfl import PACFLMessage, PACFLTask, data_subspace, one_shot_labels, principal_angles, proximity
+from tests.conftest import tiny_config
 from tests.test_baselines_b import _e2e_config  # the same small run as the other baselines'
 from tests.test_baselines_c import FROM_ZERO, GRAD_M1, M1, Two, _ctx, _data, _strategy
 
@@ -229,3 +231,45 @@ def test_end_to_end_learns(method, extra, min_acc):
     if method == "pacfl":  # the data subspaces of the two rotations are apart from round 0 on: ARI 1 every round
         assert [row["ari"] for row in result.history] == [1.0] * len(result.history)
         assert result.final["num_clusters"] == 2
+
+
+# --- clusters that survive availability (method.coverage) ----------------------------------------
+
+
+def test_lcfed_first_clustering_waits_for_coverage():
+    # coverage 1 of 4 devices, K = 2: round 0 sees devices 0 and 2 (one of each group): no clustering, Φ moves;
+    # round 1 sees 1 and 3: all seen, so k-means clusters the four kept models and Ω_k is the mean of its members'
+    strategy = _strategy("lcfed", 4, "method.coverage=1", "method.num_clusters=2", "method.rank=1", "method.lam=0")
+    state = strategy.init()
+    group = {0: [4.0, 0, 0, 0, 0], 1: [5.0, 0, 0, 0, 1], 2: [0, 0, 0, 4.0, 0], 3: [0, 0, 0, 5.0, 1]}
+
+    def msgs(devices):
+        return [LCFedMessage(d, 1, 0.5, torch.tensor(group[d]), None) for d in devices]
+
+    state, stats = strategy.aggregate(state, RoundPlan(0, (0, 2), None), msgs((0, 2)))
+    assert (state.assignment == -1).all() and state.projector is None and stats.num_clusters == 0
+    assert list(state.seen) == [True, False, True, False] and torch.allclose(state.embedding, torch.tensor([2.0]))
+    # waiting devices train from the initial model, whatever they trained before
+    assert strategy.configure(state, 1).payload.projector is None
+    state, stats = strategy.aggregate(state, RoundPlan(1, (1, 3), None), msgs((1, 3)))
+    a = state.assignment
+    assert a[0] == a[1] != a[2] == a[3] and stats.num_clusters == 2 and state.latest is None
+    assert torch.allclose(state.centers[a[0]], torch.tensor([4.5, 0, 0, 0, 0.5]))
+
+
+AVAILABILITY = ["method.name=lcfed", "method.num_clusters=4", "method.rank=3", "data.testbed=rotated", "data.testbed_groups=4",
+                "data.partition=iid", "train.lr=0.1", "train.rounds=6", "train.local_steps=5", "train.eval_every=6",
+                "devices.simulate=true", "devices.availability=diurnal", "devices.online_fraction=0.5",
+                "devices.phase=groups", "devices.period_hours=0.005"]
+
+
+@pytest.mark.parametrize("coverage,final_ari", [(0.0, -0.189), (1.0, 1.0)])
+def test_lcfed_clusters_survive_availability_that_follows_the_groups(coverage, final_ari):
+    # 8 devices in 4 rotation groups, each online half of an 18 s day with its group: about two groups at a time.
+    # Clustered after round 0 (coverage 0), the four clusters split the two online groups and the late ones join
+    # them; waiting until every device was seen (coverage 1, reached in round 5) recovers the 4 groups
+    result = run_local(tiny_config(*AVAILABILITY, f"method.coverage={coverage}"))
+    first = [row["round"] for row in result.history if row.get("num_clusters", 0) > 0][0]  # no row: nobody was kept
+    assert first == (0 if coverage == 0 else 5)
+    assert result.history[-1]["ari"] == pytest.approx(final_ari, abs=1e-3)
+    assert result.history[0]["devices_online"] == 4
