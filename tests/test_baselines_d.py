@@ -214,18 +214,19 @@ def test_fedem_aggregates_asynchronously_and_the_others_do_not():
 
 ROTATED = ["data.testbed=rotated", "data.testbed_groups=2", "data.partition=iid"]
 E2E = [
-    # (method, overrides, a floor on the final mean accuracy; chance is 0.1). One run each: that the same seed gives
-    # the same numbers is the conformance check's `seeded` (tests/test_conformance.py runs every built-in twice)
-    # 2 classes a device, 2 rounds (each FedEM round trains M models): the personal models / components personalize
+    # (method, overrides, a floor on the final mean accuracy; chance is 0.1), on 4 devices. One run each: that the
+    # same seed gives the same numbers is the conformance check's `seeded` (tests/test_conformance.py runs every
+    # built-in twice). 2 classes a device, 2 rounds (each FedEM round trains M models): the components / personal
+    # models personalize
     ("fedem", ["train.rounds=2", "method.num_components=2"], 0.3),
     ("fedsoft", ["train.rounds=2"], 0.4),
-    ("pacfl", ROTATED, 0.2),  # 10 classes a device, two rotated groups
+    ("pacfl", [*ROTATED, "train.rounds=3"], 0.2),  # 10 classes a device, two rotated groups
 ]
 
 
 @pytest.mark.parametrize("method,extra,min_acc", E2E, ids=[e[0] for e in E2E])
 def test_end_to_end_learns(method, extra, min_acc):
-    result = run_local(_e2e_config(method, *extra))
+    result = run_local(_e2e_config(method, "data.num_devices=4", *extra))
     assert result.final["acc_mean"] > min_acc, result.final
     assert result.history[-1]["train_loss"] < result.history[0]["train_loss"]
     if method == "pacfl":  # the data subspaces of the two rotations are apart from round 0 on: ARI 1 every round
