@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from lcfed.engines.local import run_local
+from lcfed.errors import ConfigError
 from lcfed.methods import METHODS
 from lcfed.methods.base import Arrival, ModelMessage, PersonalModel, RoundPlan
 from lcfed.methods.fedem import FedEMMessage, FedEMState, e_step
@@ -283,6 +284,16 @@ def test_flhc_coverage_waits_then_places_newcomers_by_their_update():
     new, _ = strategy.aggregate(state, RoundPlan(2, (0, 3), None), [ModelMessage(0, 1, 0.5, torch.tensor([3.0, 0.0])),
                                                                       ModelMessage(3, 1, 0.5, torch.tensor([0.1, 0.9]))])
     assert list(new.assignment) == [0, 0, 1, 1] and torch.allclose(new.centers, torch.tensor([[3.0, 0.0], [0.0, 1.0]]))
+
+
+def test_lcfed_with_coverage_may_have_more_clusters_than_a_round_has_devices():
+    # the first clustering waits for at least K seen devices, so K is bounded by the devices, not by a round's 2
+    few = ["method.name=lcfed", "method.num_clusters=4", "method.rank=2", "train.participation=0.25"]
+    with pytest.raises(ConfigError, match="method.num_clusters"):
+        tiny_config(*few)
+    assert tiny_config(*few, "method.coverage=1").method.params.num_clusters == 4
+    with pytest.raises(ConfigError, match=r"training devices = 8"):
+        tiny_config(*few, "method.coverage=1", "method.num_clusters=9")
 
 
 LCFED4 = ["method.name=lcfed", "method.num_clusters=4", "method.rank=3"]

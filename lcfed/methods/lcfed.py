@@ -16,7 +16,7 @@ the paper's sum; argmax LrCos; local work): ``docs/methods.md``.
   uploaded. Until then each round's devices train from the initial model, pulled to Φ only (no cluster yet), as
   every device does in LCFed's round 0, so that models uploaded in different rounds are comparable; the server
   keeps every seen device's latest model; then M is fitted on (S_d of) those models and k-means clusters all of
-  them, each Ω_k the mean of its members' kept models. Devices first seen
+  them, each Ω_k the mean of its members' kept models. K is then bounded by the training devices, not by a round's. Devices first seen
   later are assigned by LrCos when they arrive, as always.
 """
 
@@ -66,7 +66,12 @@ class LCFedParams:
         per_round, called = updates_per_aggregation(cfg)
         require(self.mu >= 0, f"{prefix}.mu", self.mu, "must be >= 0")
         require(self.lam >= 0, f"{prefix}.lam", self.lam, "must be >= 0")
-        require_clusters_per_round(self.num_clusters, cfg, prefix, "K <= m, and the first clustering needs K participants")
+        if self.coverage > 0:  # the first clustering waits for at least K devices, whatever a round holds
+            m = cfg.data.training_devices
+            require(1 <= self.num_clusters <= m, f"{prefix}.num_clusters", self.num_clusters,
+                    f"must be in [1, training devices = {m}]")
+        else:
+            require_clusters_per_round(self.num_clusters, cfg, prefix, "K <= m, and the first clustering needs K participants")
         require(
             self.sample_size == 0 or 2 <= self.sample_size <= per_round,
             f"{prefix}.sample_size",
