@@ -63,11 +63,11 @@ class _Audit:
 
 def small_config(name: str, **overrides: Any) -> ExperimentConfig:
     """The federation checks run on: 6 devices of digits (2 classes each), 2 rounds of 2 local steps,
-    K = 3 and D = 4 where the method has them; ``overrides`` (dotted keys, e.g. ``**{"train.lr": 0.01}``,
+    K = 3, D = 4 and M = 2 mixture components where the method has them; ``overrides`` (dotted keys, e.g. ``**{"train.lr": 0.01}``,
     as ``lcfed check --set`` gives them) change it and are validated with it."""
     fields = {f.name for f in dataclasses.fields(resolve("method", "METHOD", name).params)}
     method: dict[str, Any] = {"name": name}
-    method.update({k: v for k, v in {"num_clusters": 3, "rank": 4}.items() if k in fields})
+    method.update({k: v for k, v in {"num_clusters": 3, "rank": 4, "num_components": 2}.items() if k in fields})
     raw: dict[str, Any] = {"data": {"dataset": "digits", "partition": "pathological", "classes_per_device": 2, "num_devices": 6},
            "train": {"rounds": 2, "local_steps": 2, "lr": 0.05}, "method": method,
            "engine": {"torch_threads": 1, "workers": 1}, "tracking": {"enabled": False}}

@@ -130,7 +130,7 @@ CONFIG_VALUES = [
     ("method.bogus=1", "method.bogus"),
     # near misses: the refusal also suggests the closest name
     ("method.mu_=1", "method.mu_: got 1; unknown field; allowed: mu, lam, num_clusters, rank, sample_size, "
-                     "refit_every; did you mean method.mu?"),
+                     "refit_every, coverage; did you mean method.mu?"),
     ("trian.rounds=3", "trian: got {'rounds': 3}; unknown section; allowed: checkpoint, data, devices, engine, method, "
                        "model, name, network, seed, tracking, train; did you mean train?"),
     ("method.name=lcfd", ("method.name: got 'lcfd'; unknown method 'lcfd': one of [", "path; did you mean lcfed?")),

@@ -16,14 +16,17 @@ from lcfed.methods.dcpfl import DCPFL, DCPFLParams
 from lcfed.methods.ditto import Ditto, DittoParams
 from lcfed.methods.fedac import FedAC, FedACParams
 from lcfed.methods.fedavg import FedAvg, FedAvgParams
+from lcfed.methods.fedem import FedEM, FedEMParams
 from lcfed.methods.fedgroup import FedGroup, FedGroupParams
 from lcfed.methods.fedper import FedPer, FedPerParams
 from lcfed.methods.fedprox import FedProx, FedProxParams
 from lcfed.methods.fedrep import FedRep, FedRepParams
+from lcfed.methods.fedsoft import FedSoft, FedSoftParams
 from lcfed.methods.fesem import FeSEM, FeSEMParams
 from lcfed.methods.flhc import FLHC, FLHCParams
 from lcfed.methods.ifca import IFCA, IFCAParams
 from lcfed.methods.lcfed import LCFed, LCFedParams
+from lcfed.methods.pacfl import PACFL, PACFLParams
 from lcfed.methods.perfedavg import PerFedAvg, PerFedAvgParams
 from lcfed.methods.scaffold import Scaffold, ScaffoldParams
 from lcfed.methods.standalone import Standalone, StandaloneParams
@@ -48,6 +51,9 @@ METHODS: dict[str, MethodSpec] = {
     "apfl": MethodSpec(APFL, APFLParams),
     "fedrep": MethodSpec(FedRep, FedRepParams),
     "cfl": MethodSpec(CFL, CFLParams),
+    "fedem": MethodSpec(FedEM, FedEMParams),
+    "pacfl": MethodSpec(PACFL, PACFLParams),
+    "fedsoft": MethodSpec(FedSoft, FedSoftParams),
 }
 
 __all__ = ["METHODS", "MethodSpec", "Strategy"]

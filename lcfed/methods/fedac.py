@@ -8,7 +8,8 @@ objective of Eq. 3, Φ, the PCA projector M refit sparsely (Alg. 2; the paper's 
 rounds" is the default), the E-step argmax_k LrCos (Eq. 4 writes argmin, a typo) against the previous
 round's centers, and the M-step of Eq. 5. After the M-step, CNT (Alg. 3) computes a gap ratio G_k
 per cluster, merges k into its nearest cluster when G_k < a (``gap_low``) and splits k in two when
-G_k > b (``gap_high``); the paper's range is (a, b) = (0.2, 0.8) (§5.5).
+G_k > b (``gap_high``); the paper's range is (a, b) = (0.2, 0.8) (§5.5). LCFed's ``coverage`` (the first
+clustering waits for a share of the devices to be seen) applies as is; CNT starts once it has clustered.
 
 The gap ratio follows Alg. 3: squared L2 over the full models, each center the mean of all its
 members' latest models (Eq. 5 over i in [m]). With R_ik = 1 when device i is in cluster k, n_k = Σ_i R_ik
@@ -330,12 +331,13 @@ class FedAC(LCFed):
     def aggregate(self, state: LCFedState, plan: RoundPlan, msgs: Sequence[LCFedMessage]) -> tuple[FedACState, RoundStats]:
         assert isinstance(state, FedACState)  # what init returns; LCFed's aggregate returns the LCFed fields
         new, stats = super().aggregate(state, plan, msgs)
-        projector = new.projector
-        assert projector is not None  # LCFed fits M in the first aggregation
         latest = list(state.models)
         for m in msgs:
             latest[m.device] = m.weights
         models = tuple(latest)
+        projector = new.projector
+        if projector is None:  # method.coverage: the first clustering has not happened yet
+            return FedACState(**_fields(new), models=models), stats
 
         centers, assignment = new.centers, new.assignment
         if self.tunes(plan.rnd):

@@ -11,12 +11,20 @@ the paper's sum; argmax LrCos; local work): ``docs/methods.md``.
 - M: centred PCA of S_d sampled models, fitted after the first round (the models then already
   reflect local data) and refitted every ``refit_every`` rounds; the first assignment is k-means
   on the (normalized) codes.
+- ``coverage`` c > 0 (not in the paper; for availability that follows the groups, where the first round sees
+  only some of them): the first clustering waits until ⌈c · training devices⌉ devices (and at least K) have
+  uploaded. Until then each round's devices train from the initial model, pulled to Φ only (no cluster yet), as
+  every device does in LCFed's round 0, so that models uploaded in different rounds are comparable; the server
+  keeps every seen device's latest model; then M is fitted on (S_d of) those models and k-means clusters all of
+  them, each Ω_k the mean of its members' kept models. K is then bounded by the training devices, not by a round's. Devices first seen
+  later are assigned by LrCos when they arrive, as always.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -52,12 +60,18 @@ class LCFedParams:
     rank: int = 10
     sample_size: int = 0
     refit_every: int = 0
+    coverage: float = 0.0
 
     def validate(self, cfg: ExperimentConfig, prefix: str = "method") -> None:
         per_round, called = updates_per_aggregation(cfg)
         require(self.mu >= 0, f"{prefix}.mu", self.mu, "must be >= 0")
         require(self.lam >= 0, f"{prefix}.lam", self.lam, "must be >= 0")
-        require_clusters_per_round(self.num_clusters, cfg, prefix, "K <= m, and the first clustering needs K participants")
+        if self.coverage > 0:  # the first clustering waits for at least K devices, whatever a round holds
+            m = cfg.data.training_devices
+            require(1 <= self.num_clusters <= m, f"{prefix}.num_clusters", self.num_clusters,
+                    f"must be in [1, training devices = {m}]")
+        else:
+            require_clusters_per_round(self.num_clusters, cfg, prefix, "K <= m, and the first clustering needs K participants")
         require(
             self.sample_size == 0 or 2 <= self.sample_size <= per_round,
             f"{prefix}.sample_size",
@@ -67,6 +81,8 @@ class LCFedParams:
         s_d = self.sample_size or per_round
         require(1 <= self.rank <= s_d, f"{prefix}.rank", self.rank, f"must be in [1, S_d = {s_d}] (D <= sampled models)")
         require(self.refit_every >= 0, f"{prefix}.refit_every", self.refit_every, "must be >= 0 (0 = fit once)")
+        require(0 <= self.coverage <= 1, f"{prefix}.coverage", self.coverage,
+                "must be in [0, 1] (0: cluster after the first round; c: once c of the training devices were seen)")
 
 
 @dataclass(frozen=True)
@@ -79,6 +95,10 @@ class LCFedState:
     # M Ω_k under the current M, kept as the mean of the members' codes (M is affine, so the mean of
     # the codes is the code of the mean): assignment then costs m K D, not K D dim (None: recompute)
     center_codes: torch.Tensor | None
+    # with coverage > 0, until the first clustering: every device's latest model (zeros where unseen) and which
+    # devices were seen; None otherwise
+    latest: torch.Tensor | None = field(default=None, kw_only=True)
+    seen: np.ndarray | None = field(default=None, kw_only=True)
 
 
 @dataclass(frozen=True)
@@ -133,7 +153,10 @@ class LCFed(ClusteredStrategy[LCFedState, LCFedMessage, LCFedPayload]):
         if self.params.lam > 0:
             emb = self.fed.spec.embedding_size
             prox.append(Proximal(payload.embedding.to(ctx.data.x_train.device), self.params.lam, slice(0, emb)))
-        own, sent = self.train_own(ctx, dev.weights, prox)
+        # waiting for coverage: every seen device's model is one round's training from the same start, so that the
+        # first clustering compares like with like whenever each device was seen
+        waiting = self.params.coverage > 0 and payload.projector is None
+        own, sent = self.train_own(ctx, self.fed.init if waiting else dev.weights, prox)
         code = payload.projector(sent.weights) if payload.projector is not None else None
         return own, LCFedMessage(sent.device, sent.num_samples, sent.loss, sent.weights, code)
 
@@ -141,6 +164,8 @@ class LCFed(ClusteredStrategy[LCFedState, LCFedMessage, LCFedPayload]):
         p = self.params
         models = torch.stack([m.weights for m in msgs])
         counts = torch.tensor([m.num_samples for m in msgs], dtype=torch.float64)
+        if p.coverage > 0 and (state.assignment < 0).all():
+            return self.first_clustering(state, plan, msgs, models, counts)
         projector, fitted_at = state.projector, state.fitted_at
         if projector is None or (p.refit_every and plan.rnd - fitted_at >= p.refit_every):
             rng = np.random.default_rng([self.seed, plan.rnd, 0x9CA])
@@ -169,6 +194,36 @@ class LCFed(ClusteredStrategy[LCFedState, LCFedMessage, LCFedPayload]):
         )
         stats = self.clustered_stats(plan, msgs, assignment)
         return new, stats
+
+    def first_clustering(self, state: LCFedState, plan: RoundPlan, msgs: Sequence[LCFedMessage], models: torch.Tensor,
+                         counts: torch.Tensor) -> tuple[LCFedState, RoundStats]:
+        """With ``coverage`` > 0, before any device has a cluster: Φ moves and every seen device's latest model is
+        kept until ⌈coverage · training devices⌉ (and at least K) were seen; then M is fitted on (S_d of) those models, k-means
+        clusters all of them, and each Ω_k is the mean of its members' latest models."""
+        p = self.params
+        latest = state.latest.clone() if state.latest is not None else models.new_zeros(self.fed.num_devices, models.shape[1])
+        seen = state.seen.copy() if state.seen is not None else np.zeros(self.fed.num_devices, dtype=bool)
+        ids = [m.device for m in msgs]
+        latest[ids] = models
+        seen[ids] = True
+        emb = self.fed.spec.embedding_size
+        embedding = weighted_mean(models[:, :emb], counts)
+        if int(seen.sum()) < max(math.ceil(p.coverage * len(self.fed.training_devices())), p.num_clusters):
+            new = replace(state, embedding=embedding, latest=latest, seen=seen)
+            return new, self.clustered_stats(plan, msgs, state.assignment)
+        members = np.flatnonzero(seen)
+        pool = latest[torch.from_numpy(members)]
+        rng = np.random.default_rng([self.seed, plan.rnd, 0x9CA])
+        sample = np.sort(rng.choice(len(members), size=min(p.sample_size or len(members), len(members)), replace=False))
+        projector = fit_projector(pool[torch.from_numpy(sample)], p.rank)
+        codes = projector(pool)
+        labels = kmeans_labels(codes, p.num_clusters, self.seed + plan.rnd)
+        assignment = state.assignment.copy()
+        assignment[members] = labels
+        center_codes = projector(state.centers)
+        new = LCFedState(embedding, cluster_means(pool, labels, state.centers), assignment, projector, plan.rnd,
+                         cluster_means(codes.to(center_codes.dtype), labels, center_codes))
+        return new, self.clustered_stats(plan, msgs, assignment)
 
     def aggregate_async(self, state: LCFedState, plan: RoundPlan,
                         arrivals: Sequence[Arrival[LCFedMessage]]) -> tuple[LCFedState, RoundStats]:
