@@ -35,6 +35,7 @@ class Metric:
 _EVAL = "evaluation rounds (`train.eval_every`)"
 _CLUSTERED = "clustered methods"
 _DEVICES = "with a device model (`devices` section)"
+_PRIVACY = "with `privacy.mode: central` ([Privacy](privacy.md))"
 
 CATALOG: tuple[Metric, ...] = (
     Metric("acc_mean", "accuracy", "max", "mean test accuracy over the devices that have trained", _EVAL,
@@ -84,6 +85,13 @@ CATALOG: tuple[Metric, ...] = (
            _DEVICES),
     Metric("staleness_mean", "server", "min", "mean staleness (server versions) of the aggregated updates",
            "with a device model, `devices.aggregation: async`"),
+    Metric("dp_epsilon", "server", "min", "ε of client-level DP spent so far, at `dp_delta` (dp-accounting's RDP, "
+           "composed over the rounds' sampling rates)", _PRIVACY, summary=True),
+    Metric("dp_delta", "server", None, "the δ that `dp_epsilon` is at (`privacy.delta`)", _PRIVACY, objective=False),
+    Metric("dp_sampling_rate", "server", None, "the round's sampling rate: the cohort over the training devices; with "
+           "a device model, the selected over those online", _PRIVACY, objective=False),
+    Metric("dp_noise_multiplier", "server", None, "σ of each sum's noise (given, or solved for `privacy.target_epsilon`)",
+           _PRIVACY, objective=False),
     Metric("bytes_up", "traffic", "min", "bytes the round's devices uploaded"),
     Metric("bytes_down", "traffic", "min", "bytes the round's devices downloaded"),
     Metric("bytes_up_total", "traffic", "min", "running sum of `bytes_up`"),
