@@ -131,7 +131,9 @@ class ExperimentConfig:
         d["train"] = {k: v for k, v in d["train"].items() if k not in ("rounds", "eval_every", "eval_devices",
                                                                        "final_eval_devices")}
         d.pop("name", None)
-        if self.privacy.target_epsilon is not None:  # σ is solved for the planned rounds
+        if not self.privacy.on:  # off, its other fields change nothing
+            d.pop("privacy", None)
+        elif self.privacy.target_epsilon is not None:  # σ is solved for the planned rounds
             d["privacy"]["rounds"] = self.train.rounds
         drop_later_defaults(d)
         return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
