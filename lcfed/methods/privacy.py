@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from lcfed.errors import ConfigError
 from lcfed.learning.privacy import private_means
 from lcfed.methods.round import Federation, ServerReads
 
@@ -65,7 +66,8 @@ def noise_multiplier(cfg: ExperimentConfig, reads: ServerReads) -> float:
     code = p.code_noise if "codes" in reads.per_device else float("inf")
     inv = target ** -2 - code ** -2
     if inv <= 0:
-        raise ValueError(f"privacy.code_noise {code} alone exceeds privacy.target_epsilon {p.target_epsilon}: raise it")
+        raise ConfigError("privacy.code_noise", code, f"must be larger: the codes' noise alone spends more than "
+                          f"privacy.target_epsilon = {p.target_epsilon} (it needs a joint multiplier of {target:.3g})")
     return float((len(reads.sums) / inv) ** 0.5)
 
 
