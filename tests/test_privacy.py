@@ -172,3 +172,22 @@ def test_a_private_run_resumes_bit_for_bit_with_its_accountant(tmp_path):
     # the accountant's ε: 3 rounds at q = 4/8 of the joint release (2 sums at σ = 1 and the code at 1)
     assert eps[-1] == epsilon([0.5] * 3, joint_multiplier([1.0, 1.0, 1.0]), 8 ** -1.1)
     assert full.history[-1]["dp_delta"] == 8 ** -1.1 and full.history[-1]["dp_sampling_rate"] == 0.5
+
+
+def test_dp_accounting_is_imported_only_when_privacy_is_on():
+    """Only inside functions (that run with privacy on) is dp-accounting, or the module that wraps it, imported:
+    `lcfed --version`, `--help` and runs with privacy off never load it."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    top_level = []
+    for package in ("lcfed", "actors", "tune_jobs"):
+        for path in (root / package).rglob("*.py"):
+            tree = ast.parse(path.read_text())
+            for node in tree.body:  # module level only: imports inside functions are lazy
+                names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                         else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+                if any(n.split(".")[0] == "dp_accounting" or n == "lcfed.learning.accounting" for n in names):
+                    top_level.append(str(path.relative_to(root)))
+    assert top_level == []
