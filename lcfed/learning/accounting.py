@@ -7,9 +7,11 @@ Never a hand-written accountant: RDP (the default) and PLD are the library's.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from functools import lru_cache
 from typing import Any
 
@@ -53,11 +55,25 @@ def epsilon(rates: Sequence[float], multiplier: float, delta: float, kind: str =
     return _epsilon(tuple(float(q) for q in rates), float(multiplier), float(delta), kind)
 
 
+@contextmanager
+def _quiet() -> Iterator[None]:
+    """dp-accounting logs a warning for each fractional RDP order it drops at large sampling rates (harmless: the
+    other orders bound ε), every round: keep them off the run's console."""
+    log = logging.getLogger("absl")
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
+
+
 @lru_cache(maxsize=256)
 def _epsilon(rates: tuple[float, ...], multiplier: float, delta: float, kind: str) -> float:
-    acc = _accountant(kind)
-    acc.compose(_event(rates, multiplier))
-    return float(acc.get_epsilon(delta))
+    with _quiet():
+        acc = _accountant(kind)
+        acc.compose(_event(rates, multiplier))
+        return float(acc.get_epsilon(delta))
 
 
 @lru_cache(maxsize=64)
@@ -66,6 +82,7 @@ def solve_multiplier(target_epsilon: float, delta: float, rate: float, rounds: i
     ``target_epsilon`` at ``delta`` (dp-accounting's calibration, to 1e-4 of the multiplier)."""
     import dp_accounting
 
-    return float(dp_accounting.calibrate_dp_mechanism(
-        lambda: _accountant(kind), lambda s: _event([rate] * rounds, s), target_epsilon, delta,
-        dp_accounting.LowerEndpointAndGuess(1e-3, 1.0), tol=1e-4))
+    with _quiet():
+        return float(dp_accounting.calibrate_dp_mechanism(
+            lambda: _accountant(kind), lambda s: _event([rate] * rounds, s), target_epsilon, delta,
+            dp_accounting.LowerEndpointAndGuess(1e-3, 1.0), tol=1e-4))
