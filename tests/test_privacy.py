@@ -52,6 +52,23 @@ def test_private_means_by_hand():
         assert torch.allclose(noisy[k].double(), expect, atol=1e-6)
 
 
+def test_cluster_denominators_read_no_choice_unless_the_labels_are_public():
+    """IFCA's choices are private: every cluster divides by the cohort over K and is noised, joined or not. LCFed's
+    labels come from noised codes: a cluster divides by its count (scaled to the expected cohort), and one that no
+    device joined keeps its model."""
+    dp = CentralDP(clip=1.0, sum_std=0.0, cohort=8, seed=0)
+    previous = torch.zeros(3, 2)
+    models = torch.tensor([[0.5, 0.0], [0.0, 0.5], [0.5, 0.5]])
+    hidden = dp.means(0, models, np.array([0, 0, 1]), previous)
+    assert torch.allclose(hidden[0], torch.tensor([0.5, 0.5]) / (8 / 3))  # the sum over cohort / K, not over 2
+    assert torch.allclose(hidden[1], torch.tensor([0.5, 0.5]) / (8 / 3))
+    public = dp.means(0, models, np.array([0, 0, 1]), previous, public_labels=True)
+    assert torch.allclose(public[0], torch.tensor([0.5, 0.5]) / (2 * 8 / 3))  # count 2 of 3, scaled to 8
+    noisy = CentralDP(clip=1.0, sum_std=1.0, cohort=8, seed=0).means(0, models, np.array([0, 0, 1]), previous,
+                                                                      public_labels=True)
+    assert torch.equal(noisy[2], previous[2]) and not torch.equal(noisy[0], public[0])
+
+
 def test_the_noise_is_a_function_of_seed_round_cluster_and_stream_with_the_asked_std():
     a = gaussian((200_000,), 2.0, 1, 5, 0)
     assert torch.equal(a, gaussian((200_000,), 2.0, 1, 5, 0))

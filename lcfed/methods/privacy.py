@@ -101,13 +101,17 @@ class CentralDP:
         the labels are public (a function of locally noised codes), else the expected cohort over K, which no
         device's choice changes."""
         k = previous.shape[0]
-        if public_labels:
-            counts = np.bincount(labels, minlength=k).astype(np.float64)
-            den = torch.from_numpy(np.maximum(counts * self.cohort / max(len(labels), 1), 1.0))
-        else:
+        if not public_labels:
             den = torch.full((k,), max(self.cohort / k, 1.0), dtype=torch.float64)
-        return private_means(models, labels, previous, self.clip, self.sum_std, den, self.seed, rnd, stream,
-                             self.layers)
+            return private_means(models, labels, previous, self.clip, self.sum_std, den, self.seed, rnd, stream,
+                                 self.layers)
+        counts = np.bincount(labels, minlength=k).astype(np.float64)
+        den = torch.from_numpy(np.maximum(counts * self.cohort / max(len(labels), 1), 1.0))
+        out = private_means(models, labels, previous, self.clip, self.sum_std, den, self.seed, rnd, stream, self.layers)
+        # a cluster no one joined is known to be empty from the public labels: it keeps its model, unnoised
+        empty = torch.from_numpy(counts == 0)
+        out[empty] = previous[empty]
+        return out
 
     def mean(self, rnd: int, models: torch.Tensor, previous: torch.Tensor, stream: int = 0) -> torch.Tensor:
         """The private mean of one global model (``previous``: the model the round started from)."""
