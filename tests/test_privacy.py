@@ -208,3 +208,12 @@ def test_dp_accounting_is_imported_only_when_privacy_is_on():
                 if any(n.split(".")[0] == "dp_accounting" or n == "lcfed.learning.accounting" for n in names):
                     top_level.append(str(path.relative_to(root)))
     assert top_level == []
+
+
+def test_the_summary_gives_the_last_epsilon_never_a_mean_of_it():
+    from tune_jobs.run_command import last_evals, summary_table
+
+    history = [{"round": r, "acc_mean": 0.5, "dp_epsilon": float(r + 1)} for r in range(3)]
+    averaged = last_evals(history, 3)
+    assert "dp_epsilon" not in averaged and averaged["acc_mean"] == 0.5
+    assert "  dp_epsilon            3.0000   —" in summary_table(history[-1], averaged)

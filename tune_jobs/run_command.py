@@ -21,7 +21,7 @@ from lcfed.config.overrides import parse_override
 from lcfed.data import format_stats, partition_stats
 from lcfed.errors import ConfigError, require
 from lcfed.run.loop import checkpoint_path, load_resume
-from lcfed.run.metric_catalog import SUMMARY
+from lcfed.run.metric_catalog import SUMMARY, SUMMARY_AVERAGED
 from lcfed.run.output_paths import check_output_dir, check_output_file
 from lcfed.run.progress import ProgressBar
 from lcfed.run.sources import check_against_data, load
@@ -205,7 +205,7 @@ def last_evals(history: Sequence[dict[str, float]], n: int) -> dict[str, Any]:
     with the smallest devices' test sets; the papers' tables average the last few (reproduce: 3)."""
     evals = [row for row in history if "acc_mean" in row][-n:]
     out: dict[str, Any] = {"evaluations": len(evals), "rounds": [int(row["round"]) for row in evals]}
-    for key in SUMMARY:
+    for key in SUMMARY_AVERAGED:
         if evals and all(key in row for row in evals):
             out[key] = float(sum(row[key] for row in evals) / len(evals))
     return out
