@@ -132,7 +132,7 @@ CONFIG_VALUES = [
     ("method.mu_=1", "method.mu_: got 1; unknown field; allowed: mu, lam, num_clusters, rank, sample_size, "
                      "refit_every; did you mean method.mu?"),
     ("trian.rounds=3", "trian: got {'rounds': 3}; unknown section; allowed: checkpoint, data, devices, engine, method, "
-                       "model, name, network, seed, tracking, train; did you mean train?"),
+                       "model, name, network, privacy, seed, tracking, train; did you mean train?"),
     ("method.name=lcfd", ("method.name: got 'lcfd'; unknown method 'lcfd': one of [", "path; did you mean lcfed?")),
     ("data.dataset=mnsit", ("data.dataset: got 'mnsit'; unknown dataset 'mnsit': one of [", "path; did you mean mnist?")),
     # a list or mapping where a scalar belongs (and the reverse): refused by type, not a TypeError later
