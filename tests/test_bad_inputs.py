@@ -132,7 +132,7 @@ CONFIG_VALUES = [
     ("method.mu_=1", "method.mu_: got 1; unknown field; allowed: mu, lam, num_clusters, rank, sample_size, "
                      "refit_every, coverage; did you mean method.mu?"),
     ("trian.rounds=3", "trian: got {'rounds': 3}; unknown section; allowed: checkpoint, data, devices, engine, method, "
-                       "model, name, network, seed, tracking, train; did you mean train?"),
+                       "model, name, network, privacy, seed, tracking, train; did you mean train?"),
     ("method.name=lcfd", ("method.name: got 'lcfd'; unknown method 'lcfd': one of [", "path; did you mean lcfed?")),
     ("data.dataset=mnsit", ("data.dataset: got 'mnsit'; unknown dataset 'mnsit': one of [", "path; did you mean mnist?")),
     # a list or mapping where a scalar belongs (and the reverse): refused by type, not a TypeError later
@@ -431,6 +431,31 @@ ROWS += RESUME_ROWS
 ROWS += [(f"devices-set-{v}", f"{R} --set devices.simulate=true --set {v}", {}, want) for v, want in DEVICE_VALUES]
 ROWS += SCHEDULE_ROWS
 ROWS += TRACE_BUDGET_ROWS
+
+# privacy.mode: central (the default config: 20 training devices, all in every round)
+P = f"{R} --set privacy.mode=central"
+PRIVACY_ROWS = [
+    ("privacy-epsilon-zero", f"{P} --set privacy.target_epsilon=0", {},
+     "privacy.target_epsilon: got 0.0; must be in (0, 1000]"),
+    ("privacy-epsilon-negative", f"{P} --set privacy.target_epsilon=-1", {},
+     "privacy.target_epsilon: got -1.0; must be in (0, 1000]"),
+    ("privacy-delta-over-1/n", f"{P} --set privacy.noise_multiplier=1 --set privacy.delta=0.05", {},
+     "privacy.delta: got 0.05; must be in (0, 1/population) = (0, 0.05) for a population of 20 training devices"),
+    ("privacy-clip-zero", f"{P} --set privacy.noise_multiplier=1 --set privacy.clip=0", {},
+     "privacy.clip: got 0.0; must be > 0"),
+    ("privacy-clip-negative", f"{P} --set privacy.noise_multiplier=1 --set privacy.clip=-2", {},
+     "privacy.clip: got -2.0; must be > 0"),
+    ("privacy-noise-cohort-below", f"{P} --set privacy.noise_multiplier=1 --set privacy.noise_cohort=5", {},
+     "privacy.noise_cohort: got 5; must be 0 or >= the real cohort (20 devices per round)"),
+    ("privacy-neither-sigma-nor-epsilon", P, {}, "set exactly one of privacy.noise_multiplier"),
+    ("privacy-mode-typo", f"{R} --set privacy.mode=local", {}, "privacy.mode: got 'local'; must be one of ['off', 'central']"),
+    ("privacy-method-reads-directions", f"{P} --set privacy.noise_multiplier=1 --set method.name=fedgroup", {},
+     "privacy.mode: got 'central'; method fedgroup reads per-device update directions beyond the clipped and noised "
+     "aggregate; those that can run under central: "),
+    ("privacy-method-unclipped-sums", f"{P} --set privacy.noise_multiplier=1 --set method.name=scaffold", {},
+     "method scaffold sums updates, control variates without clipping and noise"),
+]
+ROWS += PRIVACY_ROWS
 ROWS += [
     # run flags
     ("run-config-missing", f"{R} --config nope.yaml", {}, "--config"),

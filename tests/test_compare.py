@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 from pathlib import Path
 
 import mlflow
@@ -210,6 +211,28 @@ def test_the_report_by_hand_with_newcomers(tmp_path):
     assert "| lcfed vs standalone | +20.00 (p = 0.074, n = 3) | – |" in report["md"]
     assert "different numerics" not in report["md"]  # none recorded: nothing to tell apart
     assert "averaged over the last 2 evaluations;" in report["md"]  # as many as the runs made
+
+
+def test_the_report_gives_epsilon_beside_accuracy_under_privacy(tmp_path):
+    """With privacy.mode: central the report has an ε (δ) column: the largest ε over the seeds; ∞ for a method
+    that ran without privacy."""
+    from tune_jobs.compare_report import write_report
+
+    def seed(acc, eps):
+        return {"acc_mean": acc, "bytes_up_total": 1e6, "bytes_down_total": 1e6, "curve": [[0, acc, 2e6, 1.0]],
+                "dp_epsilon": eps, "dp_delta": 1e-3 if eps == eps else eps}
+
+    phase2 = {"fedavg": {0: seed(0.70, 1.9), 1: seed(0.72, 2.1)}, "standalone": {0: seed(0.80, math.nan),
+                                                                              1: seed(0.81, math.nan)}}
+    phase1 = {m: {"best_config": {}, "val_acc_mean": 0.8, "trials": 2} for m in phase2}
+    report = write_report(tmp_path, list(phase2), [0, 1], phase1, phase2, None, tiny_config())
+    assert " ε (δ) |" in report["md"]
+    assert "| 2.10 (0.001) |" in report["md"] and "| ∞ |" in report["md"]
+    eps = {row["method"]: row["epsilon_max"] for row in csv.DictReader(report["csv"].splitlines())}
+    assert eps == {"fedavg": "2.1", "standalone": ""}
+    without = {m: {s: {k: v for k, v in row.items() if not k.startswith("dp_")} for s, row in rows.items()}
+               for m, rows in phase2.items()}
+    assert "ε (δ)" not in write_report(tmp_path, list(phase2), [0, 1], phase1, without, None, tiny_config())["md"]
 
 
 def test_the_report_by_hand_picks_each_methods_best_other(tmp_path):

@@ -31,6 +31,17 @@ def test_methods_table_is_the_registry():
         assert (row[3] == "✓") == registry.method(name).strategy.supports_async, name
 
 
+def test_methods_privacy_table_is_what_each_strategy_declares_it_reads():
+    rows = _table("| name | sums (clipped and noised under central) | per-device reads | `privacy.mode: central` |",
+                  (ROOT / "docs" / "methods.md").read_text())
+    builtins = [e.name for e in registry.names("method") if e.origin == "built-in"]
+    assert sorted(re.fullmatch(r"`(\w+)`", r[0]).group(1) for r in rows) == sorted(builtins)
+    for row in rows:
+        reads = registry.method(row[0].strip("`")).strategy.reads
+        assert row[1:] == [", ".join(reads.sums) or "—", ", ".join(reads.per_device) or "—",
+                           "✓" if reads.private else "refused"], row
+
+
 def test_config_table_names_every_field_of_every_section():
     rows = {re.fullmatch(r"`(\w+)`", r[0]).group(1): r[1] for r in _table("| section | fields (defaults) |", RUN_PAGE)}
     assert set(rows) == {*_SECTIONS, "method"}

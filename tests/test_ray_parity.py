@@ -32,6 +32,9 @@ from tests.conftest import same_history, tiny_config
                   "devices.online_fraction=0.6", "devices.dropout=0.2", "devices.overcommit=0.5",
                   "devices.speed_sigma=1.0", "devices.phase=groups", "engine.num_actors=1", "engine.cpus_per_actor=2"]),
         ("perfedavg", ["engine.num_actors=2"]),
+        # client-level DP: the noise of each sum and each device's code noise are seeded, not drawn where they run
+        ("lcfed", ["privacy.mode=central", "privacy.noise_multiplier=1.0", "privacy.noise_cohort=1000",
+                   "train.participation=0.5", "engine.devices_per_actor=3"]),
         # asynchronous (FedBuff): the queue and the messages in flight live in the server actor
         ("lcfed", ["train.participation=0.5", "method.num_clusters=2", "method.rank=2", "devices.simulate=true",
                    "devices.aggregation=async", "devices.async_buffer=2", "devices.speed_sigma=1.0",

@@ -136,7 +136,10 @@ def _seed_rows(grid: Any) -> dict[int, dict[str, Any]]:
         rows[int(r.config["seed"])] = {**summarize(history), "curve": curve, "recovery": recovery, "devices": devices,
                                        "provenance": last.get("provenance") or {},
                                        "val_acc_mean": float(history[-1].get("val_acc_mean", math.nan)),
-                                       "acc_new_mean": float(history[-1].get("acc_new_mean", math.nan))}
+                                       "acc_new_mean": float(history[-1].get("acc_new_mean", math.nan)),
+                                       # privacy.mode: central's (ε, δ) at the end; nan without privacy
+                                       "dp_epsilon": float(history[-1].get("dp_epsilon", math.nan)),
+                                       "dp_delta": float(history[-1].get("dp_delta", math.nan))}
     return rows
 
 

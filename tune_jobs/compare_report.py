@@ -43,6 +43,7 @@ def write_report(out: Path, methods: Sequence[str], seeds: list[int], phase1: di
     rows, target = _report_rows(methods, seeds, phase1, phase2, target)
     # devices held out of training (data.holdout_fraction): their accuracy after joining, a column of its own
     newcomers = any(not math.isnan(v) for r in rows for v in r["acc_new"])
+    private = any(not math.isnan(v) for r in rows for v in r["epsilon"])  # privacy.mode: central: an ε column
     averaged = last_evaluations({f"{m}/{seed}": row for m in methods for seed, row in phase2[m].items()})
 
     def diff(t: Any) -> str:
@@ -59,8 +60,9 @@ def write_report(out: Path, methods: Sequence[str], seeds: list[int], phase1: di
         "seed: mean ± 95 % CI, paired t-test p and Wilcoxon signed-rank p (W p). "
         f"Target for bytes / simulated time: {100 * target:.1f} % test accuracy.", "",
         "| method | test acc (%) | vs standalone | vs best other | val acc (phase 1) | MB to target | "
-        "sim. s to target |" + (" newcomers' acc (%) |" if newcomers else "") + " chosen config |",
-        "|---|---:|---|---|---:|---:|---:|" + ("---:|" if newcomers else "") + "---|",
+        "sim. s to target |" + (" newcomers' acc (%) |" if newcomers else "") + (" ε (δ) |" if private else "")
+        + " chosen config |",
+        "|---|---:|---|---|---:|---:|---:|" + ("---:|" if newcomers else "") + ("---:|" if private else "") + "---|",
     ]
     pairs = [(m, s) for m in methods for s in seeds]
     groups = provenance.fingerprint_groups([phase2[m][s].get("provenance") or {} for m, s in pairs],
@@ -77,7 +79,8 @@ def write_report(out: Path, methods: Sequence[str], seeds: list[int], phase1: di
         lines.append(f"| {r['method']} | {mean_ci(r['per_seed']).format(100)} | {diff(r['vs_standalone'])} | "
                      f"{diff(r['vs_best_other'])} vs {r['best_other']} | {100 * r['val_acc_mean']:.2f} | "
                      f"{mb}{reached} | {secs}{reached} | "
-                     + (f"{mean_ci(r['acc_new']).format(100)} | " if newcomers else "") + f"{cfg} |")
+                     + (f"{mean_ci(r['acc_new']).format(100)} | " if newcomers else "")
+                     + (f"{_epsilon_cell(r)} | " if private else "") + f"{cfg} |")
     lines += _device_pairs(methods, seeds, phase2, {r["method"]: r["best_other"] for r in rows})
     truth, source = known_groups(base)
     if truth:
@@ -118,9 +121,19 @@ def _report_rows(methods: Sequence[str], seeds: list[int], phase1: dict[str, Any
             "sim_seconds_to_target": float(np.mean([r[1] for r in reached])) if reached else math.nan,
             "bytes_total": nbytes,
             "acc_new": [phase2[m][s].get("acc_new_mean", math.nan) for s in seeds],
+            "epsilon": [phase2[m][s].get("dp_epsilon", math.nan) for s in seeds],
+            "delta": [phase2[m][s].get("dp_delta", math.nan) for s in seeds],
             **_final_recovery([phase2[m][s].get("recovery") or [] for s in seeds]),
         })
     return rows, target
+
+
+def _epsilon_cell(row: dict[str, Any]) -> str:
+    """The largest ε over the seeds (the guarantee every seed's run keeps) at its δ; ∞ for a run without privacy."""
+    eps = [e for e in row["epsilon"] if not math.isnan(e)]
+    if not eps:
+        return "∞"
+    return f"{max(eps):.2f} ({max(d for d in row['delta'] if not math.isnan(d)):.2g})"
 
 
 def _final_recovery(per_seed: list[list[list[float]]]) -> dict[str, list[float]]:
@@ -164,7 +177,7 @@ def _report_csv(rows: list[dict[str, Any]], seeds: list[int], newcomers: bool, r
     w.writerow(["method", "test_acc_mean", "ci95", *[f"seed_{s}" for s in seeds], "diff_vs_standalone",
                 "p_t_vs_standalone", "p_wilcoxon_vs_standalone", "best_other", "diff_vs_best_other",
                 "p_t_vs_best_other", "p_wilcoxon_vs_best_other", "val_acc_mean", "bytes_to_target",
-                "sim_seconds_to_target", "seeds_reaching_target", "acc_new_mean", "config",
+                "sim_seconds_to_target", "seeds_reaching_target", "acc_new_mean", "epsilon_max", "config",
                 *(["ari_final", "nmi_final", "clusters_found"] if recovery else [])])
     for r in rows:
         ref, best = r["vs_standalone"], r["vs_best_other"]
@@ -172,7 +185,8 @@ def _report_csv(rows: list[dict[str, Any]], seeds: list[int], newcomers: bool, r
                     ref.diff.mean if ref else "", ref.t_p if ref else "", ref.wilcoxon_p if ref else "",
                     r["best_other"], best.diff.mean, best.t_p, best.wilcoxon_p, r["val_acc_mean"],
                     r["bytes_to_target"], r["sim_seconds_to_target"], r["reached"],
-                    float(np.mean(r["acc_new"])) if newcomers else "", json.dumps(r["config"]),
+                    float(np.mean(r["acc_new"])) if newcomers else "",
+                    max((e for e in r["epsilon"] if not math.isnan(e)), default=""), json.dumps(r["config"]),
                     *([_nanmean(r["ari"]), _nanmean(r["nmi"]), ";".join("" if math.isnan(k) else str(int(k)) for k in r["clusters"])] if recovery else [])])
     return buf.getvalue()
 

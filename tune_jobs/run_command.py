@@ -18,7 +18,7 @@ from lcfed import engines, logs, numerics
 from lcfed.config import ExperimentConfig, load_config
 from lcfed.config.overrides import parse_override
 from lcfed.errors import ConfigError, require
-from lcfed.run.metric_catalog import SUMMARY
+from lcfed.run.metric_catalog import SUMMARY, SUMMARY_AVERAGED
 from lcfed.run.output_paths import check_output_dir, check_output_file
 from lcfed.run.stop import stop_on_signals
 from lcfed.tracking.naming import run_name
@@ -212,7 +212,7 @@ def last_evals(history: Sequence[dict[str, float]], n: int) -> dict[str, Any]:
     with the smallest devices' test sets; the papers' tables average the last few (reproduce: 3)."""
     evals = [row for row in history if "acc_mean" in row][-n:]
     out: dict[str, Any] = {"evaluations": len(evals), "rounds": [int(row["round"]) for row in evals]}
-    for key in SUMMARY:
+    for key in SUMMARY_AVERAGED:
         if evals and all(key in row for row in evals):
             out[key] = float(sum(row[key] for row in evals) / len(evals))
     return out

@@ -4,7 +4,7 @@ Every field is checked before any work starts; a bad value raises :class:`Config
 (dotted path), the value and what is allowed. One module a section, with its fields, types, defaults and
 the rules they follow (:mod:`~lcfed.config.data`, :mod:`~lcfed.config.train` for ``model`` and ``train``,
 :mod:`~lcfed.config.engine`, :mod:`~lcfed.config.tracking` for ``tracking`` and ``checkpoint``,
-:mod:`~lcfed.config.devices` for ``network`` and ``devices``); the whole config and its conversions in
+:mod:`~lcfed.config.devices` for ``network`` and ``devices``, :mod:`~lcfed.config.privacy`); the whole config and its conversions in
 :mod:`~lcfed.config.experiment`; the override and name-resolution rules in :mod:`~lcfed.config.overrides`,
 the typed conversion of values in :mod:`~lcfed.config.types`, strict YAML in :mod:`~lcfed.config.yaml_input`.
 The configuration layer imports only the leaves below it (:mod:`lcfed.errors`, :mod:`lcfed.numerics`' profile
@@ -34,13 +34,14 @@ from lcfed.config.experiment import (
     safe_name,
     to_dict,
 )
+from lcfed.config.privacy import PrivacyConfig
 from lcfed.config.tracking import CheckpointConfig, TrackingConfig
 from lcfed.config.train import ModelConfig, TrainConfig
 from lcfed.errors import ConfigError, require
 
 __all__ = [
     "LATER_DEFAULTS", "MAX_SEED", "NAME_RULE", "CheckpointConfig", "ConfigError", "DataConfig", "DevicesConfig",
-    "EngineConfig", "ExperimentConfig", "MethodConfig", "ModelConfig", "NetworkConfig", "TrackingConfig", "TrainConfig",
+    "EngineConfig", "ExperimentConfig", "MethodConfig", "ModelConfig", "NetworkConfig", "PrivacyConfig", "TrackingConfig", "TrainConfig",
     "devices_per_round", "drop_later_defaults", "field_types", "flatten", "from_dict", "load_config", "require",
     "safe_name", "to_dict",
 ]

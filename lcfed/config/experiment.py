@@ -21,6 +21,7 @@ from lcfed.config.data import DataConfig
 from lcfed.config.devices import DevicesConfig, NetworkConfig, check_fleet_size
 from lcfed.config.engine import EngineConfig, machine_limits
 from lcfed.config.overrides import apply_overrides, parse_override, resolve
+from lcfed.config.privacy import PrivacyConfig, check_privacy
 from lcfed.config.tracking import CheckpointConfig, TrackingConfig
 from lcfed.config.train import ModelConfig, TrainConfig
 from lcfed.config.types import build_dataclass, typed_value
@@ -73,6 +74,7 @@ class ExperimentConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     network: NetworkConfig = field(default_factory=NetworkConfig)
     devices: DevicesConfig = field(default_factory=DevicesConfig)
+    privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
 
     def validate(self) -> ExperimentConfig:
         require(0 <= self.seed <= MAX_SEED, "seed", self.seed, f"must be an integer in [0, {MAX_SEED}]")
@@ -85,6 +87,8 @@ class ExperimentConfig:
         self.checkpoint.validate()
         self.network.validate()
         self.devices.validate()
+        self.privacy.validate()
+        check_privacy(self.privacy, self.data.training_devices, devices_per_round(self))
         check_fleet_size(self.devices, self.data.num_devices, machine_limits()[2])
         for sample in ("eval_devices", "final_eval_devices"):  # a sample of more devices than there are is none
             count = getattr(self.train, sample)
@@ -100,8 +104,23 @@ class ExperimentConfig:
                     if e.origin == "built-in" and registry.method(e.name).strategy.supports_async]
             require(strategy.supports_async, "devices.aggregation", "async",
                     f"method {self.method.name} does not aggregate asynchronously; those that do: {', '.join(able)}")
+        if self.privacy.on:
+            self._check_private_method()
         self.method.validate(self)
         return self
+
+    def _check_private_method(self) -> None:
+        """``privacy.mode: central`` needs a method whose server reads only what it can clip and noise."""
+        reads = resolve("method", "method.name", self.method.name).strategy.reads
+        if not reads.private:
+            what = (f"reads per-device {', '.join(reads.per_device)} beyond the clipped and noised aggregate"
+                    if reads.per_device else f"sums {', '.join(reads.sums)} without clipping and noise")
+            able = [e.name for e in registry.names("method")
+                    if e.origin == "built-in" and registry.method(e.name).strategy.reads.private]
+            require(False, "privacy.mode", self.privacy.mode,
+                    f"method {self.method.name} {what}; those that can run under central: {', '.join(able)}")
+        require(not (self.devices.simulate and self.devices.aggregation == "async"), "privacy.mode",
+                self.privacy.mode, "needs devices.aggregation: sync (asynchronous updates are not accounted)")
 
     def digest(self) -> str:
         """Hash of what determines the numbers (not rounds, engine, tracking or checkpointing), so a
@@ -112,6 +131,10 @@ class ExperimentConfig:
         d["train"] = {k: v for k, v in d["train"].items() if k not in ("rounds", "eval_every", "eval_devices",
                                                                        "final_eval_devices")}
         d.pop("name", None)
+        if not self.privacy.on:  # off, its other fields change nothing
+            d.pop("privacy", None)
+        elif self.privacy.target_epsilon is not None:  # σ is solved for the planned rounds
+            d["privacy"]["rounds"] = self.train.rounds
         drop_later_defaults(d)
         return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
@@ -135,6 +158,7 @@ _SECTIONS: dict[str, type] = {
     "checkpoint": CheckpointConfig,
     "network": NetworkConfig,
     "devices": DevicesConfig,
+    "privacy": PrivacyConfig,
 }
 
 
@@ -197,7 +221,8 @@ LATER_DEFAULTS: dict[str, dict[str, Any]] = {"data": {
     "val_fraction": 0.0, "holdout_fraction": 0.0, "path": "", "format": "auto", "label_column": "label",
     "device_column": "device", "group_column": "", "image_size": (), "user_selection": "largest", "testbed": "none",
     "testbed_groups": 4, "synthetic_samples": 0, "synthetic_alpha": 1.0, "synthetic_beta": 1.0, "synthetic_clusters": 0,
-}, "train": {}, "devices": {f.name: f.default for f in dataclasses.fields(DevicesConfig)}}
+}, "train": {}, "devices": {f.name: f.default for f in dataclasses.fields(DevicesConfig)},
+    "privacy": {f.name: f.default for f in dataclasses.fields(PrivacyConfig)}}
 
 
 #: the sections every digest has always had (a later one at its defaults leaves the digest as it was)

@@ -20,6 +20,8 @@ import numpy as np
 import torch
 
 from lcfed.config import ExperimentConfig, devices_per_round
+from lcfed.learning.clustering import cluster_means, weighted_mean
+from lcfed.methods.privacy import CentralDP
 from lcfed.methods.round import (
     Arrival,
     DeviceContext,
@@ -30,6 +32,7 @@ from lcfed.methods.round import (
     PersonalModel,
     RoundPlan,
     RoundStats,
+    ServerReads,
     buffered_step,
     select_devices,
 )
@@ -39,7 +42,7 @@ from lcfed.methods.traffic import tensor_bytes
 #: round and the traffic pricing it re-exports for methods
 __all__ = [
     "D", "M", "P", "S", "Arrival", "DeviceContext", "Federation", "Message", "MethodSpec", "ModelMessage", "PersonalModel",
-    "RoundPlan", "RoundStats", "Strategy", "buffered_step", "devices_per_round", "updates_per_aggregation", "select_devices", "tensor_bytes",
+    "RoundPlan", "RoundStats", "ServerReads", "Strategy", "buffered_step", "devices_per_round", "updates_per_aggregation", "select_devices", "tensor_bytes",
 ]
 
 
@@ -106,11 +109,18 @@ class Strategy(Generic[S, D, M, P]):
     #: a config naming another is refused before any work. Empty: any model
     models: ClassVar[tuple[str, ...]] = ()
 
+    #: what the server reads of each device (:class:`ServerReads`): by default whole models, one by one, which
+    #: ``privacy.mode: central`` refuses; a method that aggregates through :meth:`private_mean` /
+    #: :meth:`private_means` and privatizes what else it reads declares it
+    reads: ClassVar[ServerReads] = ServerReads()
+
     def __init__(self, cfg: ExperimentConfig, fed: Federation) -> None:
         self.cfg = cfg
         self.fed = fed
         self.params = cfg.method.params
         self.seed = cfg.seed
+        #: the private aggregation under ``privacy.mode: central`` (None when off), built from cfg once
+        self.dp = CentralDP.of(cfg, fed, self.reads)
 
     # --- server side -------------------------------------------------------------------------
     def init(self) -> S:
@@ -254,6 +264,24 @@ class Strategy(Generic[S, D, M, P]):
         if self.scheduled is not None:
             return self.scheduled
         return select_devices(self.fed.num_devices, self.cfg.train.participation, self.seed, rnd, self.fed.held_out)
+
+    def private_mean(self, rnd: int, models: torch.Tensor, weights: torch.Tensor, previous: torch.Tensor,
+                     stream: int = 0) -> torch.Tensor:
+        """The server's mean of one sum over devices: ``weighted_mean(models, weights)``, or under ``privacy.mode:
+        central`` ``previous + (Σ clipped updates + noise) / expected cohort`` (unweighted: a device's weight
+        would be its sensitivity); ``stream`` tells apart two sums of one round."""
+        if self.dp is None:
+            return weighted_mean(models, weights)
+        return self.dp.mean(rnd, models, previous, stream)
+
+    def private_means(self, rnd: int, models: torch.Tensor, labels: np.ndarray, previous: torch.Tensor,
+                      weights: torch.Tensor | None = None, public_labels: bool = False, stream: int = 0) -> torch.Tensor:
+        """Each cluster's mean: ``cluster_means``, or under ``privacy.mode: central`` each cluster's clipped and
+        noised sum of updates against ``previous[k]``; ``public_labels``: the labels are a function of what is
+        already private (locally noised codes), so the clusters' counts may divide."""
+        if self.dp is None:
+            return cluster_means(models, labels, previous, weights)
+        return self.dp.means(rnd, models, labels, previous, public_labels, stream)
 
     @staticmethod
     def mean_loss(msgs: Sequence[Message]) -> float:

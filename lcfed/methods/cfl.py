@@ -33,7 +33,7 @@ import torch
 
 from lcfed.errors import require
 from lcfed.learning.clustering import weighted_mean
-from lcfed.methods.base import DeviceContext, Message, RoundPlan, RoundStats, Strategy
+from lcfed.methods.base import DeviceContext, Message, RoundPlan, RoundStats, ServerReads, Strategy
 
 if TYPE_CHECKING:  # annotations only: lcfed.config finds the methods through the registry
     from lcfed.config import ExperimentConfig
@@ -88,6 +88,7 @@ def bipartition(updates: torch.Tensor) -> np.ndarray:
 
 class CFL(Strategy[CFLState, None, UpdateMessage, torch.Tensor]):
     name = "cfl"
+    reads = ServerReads(sums=("updates",), per_device=("updates (norms, pairwise cosines)",))
     params: CFLParams
 
     def init(self) -> CFLState:

@@ -30,7 +30,7 @@ import torch
 
 from lcfed.errors import require
 from lcfed.learning.clustering import assign_by_cosine, cluster_means, kmeans_labels
-from lcfed.methods.base import DeviceContext, ModelMessage, PersonalModel, RoundPlan, RoundStats
+from lcfed.methods.base import DeviceContext, ModelMessage, PersonalModel, RoundPlan, RoundStats, ServerReads
 from lcfed.methods.clustered import ClusteredStrategy, require_clusters_per_round
 from lcfed.methods.fesem import span_coordinates
 
@@ -60,6 +60,7 @@ class CGPFLState:
 
 class CGPFL(ClusteredStrategy[CGPFLState, ModelMessage, torch.Tensor]):
     name = "cgpfl"
+    reads = ServerReads(sums=("models",), per_device=("models (cosine assignment)",))
     params: CGPFLParams
 
     def init(self) -> CGPFLState:

@@ -36,7 +36,7 @@ import torch
 from lcfed.errors import require
 from lcfed.learning.clustering import cluster_means, kmeans_labels
 from lcfed.learning.similarity import cosine_matrix
-from lcfed.methods.base import DeviceContext, ModelMessage, PersonalModel, RoundPlan, RoundStats
+from lcfed.methods.base import DeviceContext, ModelMessage, PersonalModel, RoundPlan, RoundStats, ServerReads
 from lcfed.methods.clustered import ClusteredStrategy, require_clusters_per_round
 
 if TYPE_CHECKING:  # annotations only: lcfed.config finds the methods through the registry
@@ -81,6 +81,7 @@ def indicator_clusters(sim: torch.Tensor, k: int, seed: int) -> np.ndarray:
 
 class ClusterFL(ClusteredStrategy[ClusterFLState, ModelMessage, torch.Tensor]):
     name = "clusterfl"
+    reads = ServerReads(sums=("models",), per_device=("models (pairwise similarities)",))
     params: ClusterFLParams
 
     def init(self) -> ClusterFLState:

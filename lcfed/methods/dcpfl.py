@@ -76,7 +76,7 @@ import numpy as np
 import torch
 
 from lcfed.learning.clustering import cluster_means, weighted_mean
-from lcfed.methods.base import DeviceContext, Federation, Message, RoundPlan, RoundStats, Strategy
+from lcfed.methods.base import DeviceContext, Federation, Message, RoundPlan, RoundStats, ServerReads, Strategy
 from lcfed.methods.dcpfl_steps import (
     DCPFLParams,
     average_linkage,
@@ -161,6 +161,7 @@ DCPFLPayload = TrialPayload | Mapping[int, Mapping[str, torch.Tensor]]
 
 class DCPFL(Strategy[DCPFLState, DeviceModel, DCPFLMessage, DCPFLPayload]):
     name = "dcpfl"
+    reads = ServerReads(sums=("models",), per_device=("models (pairwise discrepancies)", "losses"))
     params: DCPFLParams
 
     def __init__(self, cfg: ExperimentConfig, fed: Federation) -> None:

@@ -69,7 +69,7 @@ import torch
 from lcfed.errors import require
 from lcfed.learning.clustering import assign_by_cosine
 from lcfed.learning.similarity import Projector, sq_dist_matrix
-from lcfed.methods.base import RoundPlan, RoundStats
+from lcfed.methods.base import RoundPlan, RoundStats, ServerReads
 from lcfed.methods.lcfed import LCFed, LCFedMessage, LCFedParams, LCFedState
 
 if TYPE_CHECKING:  # annotations only: lcfed.config finds the methods through the registry
@@ -316,6 +316,7 @@ def tune_clusters(
 
 class FedAC(LCFed):
     name = "fedac"
+    reads = ServerReads(sums=("models",), per_device=("models (gap ratios)", "codes"))
     params: FedACParams
     supports_async = False  # CNT splits and merges clusters per round: not defined over a buffer of late updates
 

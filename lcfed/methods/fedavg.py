@@ -15,8 +15,17 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from lcfed.learning.clustering import weighted_mean
-from lcfed.methods.base import Arrival, D, DeviceContext, ModelMessage, RoundPlan, RoundStats, Strategy, buffered_step
+from lcfed.methods.base import (
+    Arrival,
+    D,
+    DeviceContext,
+    ModelMessage,
+    RoundPlan,
+    RoundStats,
+    ServerReads,
+    Strategy,
+    buffered_step,
+)
 
 if TYPE_CHECKING:  # annotations only: lcfed.config finds the methods through the registry
     from lcfed.config import ExperimentConfig
@@ -40,6 +49,7 @@ class GlobalModel(Strategy[FedAvgState, D, ModelMessage, torch.Tensor]):
     the device side (and what a device keeps, ``D``) is the subclass's."""
 
     supports_async = True
+    reads = ServerReads(sums=("models",), per_device=(), private=True)
 
     def init(self) -> FedAvgState:
         return FedAvgState(self.fed.init.clone())
@@ -51,7 +61,7 @@ class GlobalModel(Strategy[FedAvgState, D, ModelMessage, torch.Tensor]):
     def aggregate(self, state: FedAvgState, plan: RoundPlan, msgs: Sequence[ModelMessage]) -> tuple[FedAvgState, RoundStats]:
         models = torch.stack([m.weights for m in msgs])
         counts = torch.tensor([m.num_samples for m in msgs], dtype=torch.float64)
-        new = FedAvgState(weighted_mean(models, counts))
+        new = FedAvgState(self.private_mean(plan.rnd, models, counts, state.weights))
         return new, RoundStats(self.mean_loss(msgs), self.upload_bytes(msgs), plan.down_bytes)
 
     def aggregate_async(self, state: FedAvgState, plan: RoundPlan,

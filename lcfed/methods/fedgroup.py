@@ -44,7 +44,7 @@ import torch
 from lcfed.errors import require
 from lcfed.learning.clustering import cluster_means, kmeans_labels
 from lcfed.learning.similarity import cosine_matrix
-from lcfed.methods.base import DeviceContext, ModelMessage, RoundPlan, RoundStats, Strategy
+from lcfed.methods.base import DeviceContext, ModelMessage, RoundPlan, RoundStats, ServerReads, Strategy
 from lcfed.methods.clustered import EvalPayload
 
 if TYPE_CHECKING:  # annotations only: lcfed.config finds the methods through the registry
@@ -124,6 +124,7 @@ def place_newcomers(updates: torch.Tensor, directions: torch.Tensor) -> np.ndarr
 
 class FedGroup(Strategy[FedGroupState, None, ModelMessage, FedGroupPayload]):
     name = "fedgroup"
+    reads = ServerReads(sums=("models",), per_device=("update directions",))
     params: FedGroupParams
 
     def init(self) -> FedGroupState:

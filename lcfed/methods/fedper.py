@@ -19,8 +19,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from lcfed.learning.clustering import weighted_mean
-from lcfed.methods.base import DeviceContext, Message, RoundPlan, RoundStats, Strategy
+from lcfed.methods.base import DeviceContext, Message, RoundPlan, RoundStats, ServerReads, Strategy
 
 if TYPE_CHECKING:  # annotations only: lcfed.config finds the methods through the registry
     from lcfed.config import ExperimentConfig
@@ -51,6 +50,7 @@ class EmbeddingMessage(Message):
 
 class FedPer(Strategy[FedPerState, PersonalHead, EmbeddingMessage, torch.Tensor]):
     name = "fedper"
+    reads = ServerReads(sums=("embeddings",), per_device=(), private=True)
 
     def init(self) -> FedPerState:
         return FedPerState(self.fed.init[: self.fed.spec.embedding_size].clone())
@@ -74,7 +74,7 @@ class FedPer(Strategy[FedPerState, PersonalHead, EmbeddingMessage, torch.Tensor]
     def aggregate(self, state: FedPerState, plan: RoundPlan, msgs: Sequence[EmbeddingMessage]) -> tuple[FedPerState, RoundStats]:
         embeddings = torch.stack([m.embedding for m in msgs])
         counts = torch.tensor([m.num_samples for m in msgs], dtype=torch.float64)
-        new = FedPerState(weighted_mean(embeddings, counts))
+        new = FedPerState(self.private_mean(plan.rnd, embeddings, counts, state.embedding))
         return new, RoundStats(self.mean_loss(msgs), self.upload_bytes(msgs), plan.down_bytes)
 
     def eval_payload(self, state: FedPerState) -> torch.Tensor:

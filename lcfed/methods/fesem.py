@@ -28,7 +28,7 @@ import torch
 
 from lcfed.learning.clustering import cluster_means
 from lcfed.learning.similarity import sq_l2_matrix
-from lcfed.methods.base import DeviceContext, ModelMessage, PersonalModel, RoundPlan, RoundStats
+from lcfed.methods.base import DeviceContext, ModelMessage, PersonalModel, RoundPlan, RoundStats, ServerReads
 from lcfed.methods.clustered import ClusteredStrategy, require_clusters_per_round
 
 if TYPE_CHECKING:  # annotations only: lcfed.config finds the methods through the registry
@@ -82,6 +82,7 @@ def kmeanspp_centers(points: torch.Tensor, k: int, rng: np.random.Generator) -> 
 
 class FeSEM(ClusteredStrategy[FeSEMState, ModelMessage, torch.Tensor]):
     name = "fesem"
+    reads = ServerReads(sums=("models",), per_device=("models (L2 distances)",))
     params: FeSEMParams
 
     def init(self) -> FeSEMState:

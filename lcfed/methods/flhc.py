@@ -43,7 +43,7 @@ import torch
 
 from lcfed.errors import require
 from lcfed.learning.clustering import cluster_means
-from lcfed.methods.base import DeviceContext, ModelMessage, RoundPlan, RoundStats, Strategy
+from lcfed.methods.base import DeviceContext, ModelMessage, RoundPlan, RoundStats, ServerReads, Strategy
 
 if TYPE_CHECKING:  # annotations only: lcfed.config finds the methods through the registry
     from lcfed.config import ExperimentConfig
@@ -109,6 +109,7 @@ def hierarchical_labels(updates: torch.Tensor, method: str, threshold: float, nu
 
 class FLHC(Strategy[FLHCState, None, ModelMessage, torch.Tensor]):
     name = "flhc"
+    reads = ServerReads(sums=("models",), per_device=("models (hierarchical clustering)",))
     params: FLHCParams
 
     def init(self) -> FLHCState:

@@ -29,10 +29,18 @@ import numpy as np
 import torch
 
 from lcfed.errors import require
-from lcfed.learning.clustering import cluster_means
 from lcfed.learning.local_update import DeviceData, evaluate
 from lcfed.learning.models import Model, ParamSpec
-from lcfed.methods.base import Arrival, DeviceContext, Message, RoundPlan, RoundStats, Strategy, buffered_step
+from lcfed.methods.base import (
+    Arrival,
+    DeviceContext,
+    Message,
+    RoundPlan,
+    RoundStats,
+    ServerReads,
+    Strategy,
+    buffered_step,
+)
 
 if TYPE_CHECKING:  # annotations only: lcfed.config finds the methods through the registry
     from lcfed.config import ExperimentConfig
@@ -89,6 +97,7 @@ def cluster_losses(net: Model, centers: torch.Tensor, data: DeviceData) -> torch
 
 class IFCA(Strategy[IFCAState, None, IFCAMessage, torch.Tensor]):
     name = "ifca"
+    reads = ServerReads(sums=("models",), per_device=("cluster choices",), private=True)
     supports_async = True
     params: IFCAParams
 
@@ -115,7 +124,8 @@ class IFCA(Strategy[IFCAState, None, IFCAMessage, torch.Tensor]):
         labels = np.array([m.cluster for m in msgs], dtype=np.int64)
         assignment = state.assignment.copy()
         assignment[[m.device for m in msgs]] = labels
-        new = IFCAState(cluster_means(models, labels, state.centers, weights=counts), assignment)
+        # a choice only picks the slot of the device's clipped update: the denominators never read it
+        new = IFCAState(self.private_means(plan.rnd, models, labels, state.centers, weights=counts), assignment)
         stats = self.clustered_stats(plan, msgs, assignment)
         return new, stats
 

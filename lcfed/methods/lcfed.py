@@ -33,6 +33,7 @@ import torch
 from lcfed.errors import require
 from lcfed.learning.clustering import assign_by_cosine, cluster_means, kmeans_labels, weighted_mean
 from lcfed.learning.local_update import Proximal
+from lcfed.learning.privacy import local_code, random_projector
 from lcfed.learning.similarity import Projector, fit_projector
 from lcfed.methods.base import (
     Arrival,
@@ -41,6 +42,7 @@ from lcfed.methods.base import (
     PersonalModel,
     RoundPlan,
     RoundStats,
+    ServerReads,
     updates_per_aggregation,
 )
 from lcfed.methods.clustered import ClusteredStrategy, require_clusters_per_round
@@ -83,6 +85,9 @@ class LCFedParams:
         require(self.refit_every >= 0, f"{prefix}.refit_every", self.refit_every, "must be >= 0 (0 = fit once)")
         require(0 <= self.coverage <= 1, f"{prefix}.coverage", self.coverage,
                 "must be in [0, 1] (0: cluster after the first round; c: once c of the training devices were seen)")
+        # the wait keeps each seen device's model on the server and fits M on them: per-device reads DP cannot noise
+        require(self.coverage == 0 or cfg.privacy.mode == "off", f"{prefix}.coverage", self.coverage,
+                "must be 0 under privacy.mode central (the wait keeps every seen device's model on the server)")
 
 
 @dataclass(frozen=True)
@@ -124,6 +129,8 @@ class LCFed(ClusteredStrategy[LCFedState, LCFedMessage, LCFedPayload]):
     name = "lcfed"
     params: LCFedParams
     supports_async = True
+    # under privacy.mode: central the codes are noised on the device and M reads no device (docs/privacy.md)
+    reads = ServerReads(sums=("models", "embeddings"), per_device=("codes",), private=True)
 
     def init(self) -> LCFedState:
         init = self.fed.init
@@ -132,7 +139,8 @@ class LCFed(ClusteredStrategy[LCFedState, LCFedMessage, LCFedPayload]):
             embedding=init[: self.fed.spec.embedding_size].clone(),
             centers=init.repeat(k, 1),
             assignment=self.unassigned(),
-            projector=None,
+            # private: a seeded random M from round 0, never the PCA of devices' models
+            projector=random_projector(init, self.params.rank, self.seed) if self.dp is not None else None,
             fitted_at=-1,
             center_codes=None,
         )
@@ -158,6 +166,8 @@ class LCFed(ClusteredStrategy[LCFedState, LCFedMessage, LCFedPayload]):
         waiting = self.params.coverage > 0 and payload.projector is None
         own, sent = self.train_own(ctx, self.fed.init if waiting else dev.weights, prox)
         code = payload.projector(sent.weights) if payload.projector is not None else None
+        if code is not None and self.dp is not None:
+            code = local_code(code, self.cfg.privacy.code_noise, ctx.seed, ctx.rnd, ctx.device)
         return own, LCFedMessage(sent.device, sent.num_samples, sent.loss, sent.weights, code)
 
     def aggregate(self, state: LCFedState, plan: RoundPlan, msgs: Sequence[LCFedMessage]) -> tuple[LCFedState, RoundStats]:
@@ -167,7 +177,8 @@ class LCFed(ClusteredStrategy[LCFedState, LCFedMessage, LCFedPayload]):
         if p.coverage > 0 and (state.assignment < 0).all():
             return self.first_clustering(state, plan, msgs, models, counts)
         projector, fitted_at = state.projector, state.fitted_at
-        if projector is None or (p.refit_every and plan.rnd - fitted_at >= p.refit_every):
+        refit = p.refit_every and plan.rnd - fitted_at >= p.refit_every and self.dp is None
+        if projector is None or refit:
             rng = np.random.default_rng([self.seed, plan.rnd, 0x9CA])
             size = min(p.sample_size or len(msgs), len(msgs))
             sample = np.sort(rng.choice(len(msgs), size=size, replace=False))
@@ -185,8 +196,8 @@ class LCFed(ClusteredStrategy[LCFedState, LCFedMessage, LCFedPayload]):
         assignment[list(plan.devices)] = labels
         emb = self.fed.spec.embedding_size
         new = LCFedState(
-            embedding=weighted_mean(models[:, :emb], counts),
-            centers=cluster_means(models, labels, state.centers),
+            embedding=self.private_mean(plan.rnd, models[:, :emb], counts, state.embedding, stream=1),
+            centers=self.private_means(plan.rnd, models, labels, state.centers, public_labels=True),
             assignment=assignment,
             projector=projector,
             fitted_at=fitted_at,

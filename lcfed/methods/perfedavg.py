@@ -36,7 +36,7 @@ import torch.nn.functional as F
 from lcfed.errors import require
 from lcfed.learning.local_update import LocalWork, batch_rng, loss_and_grad, minibatches
 from lcfed.learning.models import Model
-from lcfed.methods.base import DeviceContext, ModelMessage, RoundPlan, RoundStats, Strategy
+from lcfed.methods.base import DeviceContext, ModelMessage, RoundPlan, RoundStats, ServerReads, Strategy
 
 if TYPE_CHECKING:  # annotations only: lcfed.config finds the methods through the registry
     from lcfed.config import ExperimentConfig
@@ -112,6 +112,7 @@ def _batches(x: torch.Tensor, y: torch.Tensor, work: LocalWork, rng: np.random.G
 
 class PerFedAvg(Strategy[PerFedAvgState, None, ModelMessage, torch.Tensor]):
     name = "perfedavg"
+    reads = ServerReads(sums=("models",), per_device=())
     params: PerFedAvgParams
 
     @property

@@ -27,7 +27,7 @@ if TYPE_CHECKING:  # annotations only
     from lcfed.devices.fleet import Fleet
 
 __all__ = ["Arrival", "DeviceContext", "Federation", "M", "Message", "ModelMessage", "PersonalModel", "RoundPlan",
-           "RoundStats", "buffered_step", "select_devices"]
+           "RoundStats", "ServerReads", "buffered_step", "select_devices"]
 
 @dataclass(frozen=True)
 class Federation:
@@ -163,6 +163,26 @@ class RoundStats:
     layers_up: Mapping[str, int] = field(default_factory=dict)  # filled by the server from the messages
     layers_down: Mapping[str, int] = field(default_factory=dict)  # and from the plan's downlink
     participants: int = 0
+
+
+@dataclass(frozen=True)
+class ServerReads:
+    """What a method's server reads of each device (``Strategy.reads``), which decides what ``privacy.mode:
+    central`` can guarantee (docs/privacy.md).
+
+    Attributes:
+        sums: what the server only ever sums over devices (``"models"``, ``"embeddings"``): under ``central``
+            each device's part is clipped and every sum noised.
+        per_device: what it reads one device at a time (``"codes"``, ``"models"``, ``"update directions"``,
+            ``"losses"``, ``"cluster choices"``), beyond those sums.
+        private: whether the method privatizes all of it under ``central``: its sums go through
+            :meth:`Strategy.private_mean` / :meth:`Strategy.private_means`, and each ``per_device`` read is
+            noised on the device or hidden in the sums. A method without it is refused under ``central``.
+    """
+
+    sums: tuple[str, ...] = ("models",)
+    per_device: tuple[str, ...] = ("models",)
+    private: bool = False
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,7 @@ import torch
 
 from lcfed.errors import require
 from lcfed.learning.local_update import batch_rng, loss_and_grad, minibatches
-from lcfed.methods.base import DeviceContext, Message, RoundPlan, RoundStats, Strategy
+from lcfed.methods.base import DeviceContext, Message, RoundPlan, RoundStats, ServerReads, Strategy
 
 if TYPE_CHECKING:  # annotations only: lcfed.config finds the methods through the registry
     from lcfed.config import ExperimentConfig
@@ -107,6 +107,7 @@ def option_two(c_i: torch.Tensor, c: torch.Tensor, x: torch.Tensor, y: torch.Ten
 
 class Scaffold(Strategy[ScaffoldState, ControlVariate, ScaffoldMessage, ScaffoldPayload]):
     name = "scaffold"
+    reads = ServerReads(sums=("updates", "control variates"), per_device=())
     params: ScaffoldParams
 
     def init(self) -> ScaffoldState:

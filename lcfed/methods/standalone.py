@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from lcfed.methods.base import DeviceContext, Message, RoundPlan, RoundStats, Strategy
+from lcfed.methods.base import DeviceContext, Message, RoundPlan, RoundStats, ServerReads, Strategy
 
 if TYPE_CHECKING:  # annotations only: lcfed.config finds the methods through the registry
     from lcfed.config import ExperimentConfig
@@ -37,6 +37,7 @@ class LocalModel:
 
 class Standalone(Strategy[StandaloneState, LocalModel, Message, None]):
     name = "standalone"
+    reads = ServerReads(sums=(), per_device=(), private=True)
 
     def init(self) -> StandaloneState:
         return StandaloneState()

@@ -36,6 +36,7 @@ from lcfed.run.contracts import (
     Server,
 )
 from lcfed.run.faults import ClusterLost
+from lcfed.run.privacy import privacy_metrics
 from lcfed.run.result import FinalModels, RunResult, newcomer, newcomer_metrics
 from lcfed.run.rounds import TOTALS, evaluate_round, round_metrics, should_evaluate, sim_clock, time_to_target
 from lcfed.run.stop import STOP, Stopped
@@ -176,7 +177,7 @@ class _Played:
 
 def _play(
     cfg: ExperimentConfig, fed: Federation, server: Server[PlanT], pool: DevicePool[PlanT], rnd: int,
-    trained: np.ndarray, totals: dict[str, float], clock: SimClock | None,
+    trained: np.ndarray, totals: dict[str, float], clock: SimClock | None, history: Sequence[dict[str, float]] = (),
 ) -> _Played:
     """Round ``rnd``: train its participants, aggregate, evaluate when due, and the round's metrics
     (the held-out devices join after the last round). ``clock``: the device model's (:func:`sim_clock`)."""
@@ -191,6 +192,7 @@ def _play(
     metrics = round_metrics(cfg, rnd, stats, evaluation, fed, totals, now_trained)
     if plan.timing is not None:
         metrics.update(plan.timing.metrics())
+    metrics.update(privacy_metrics(cfg, len(plan.devices), plan.timing, history))
     if fed.held_out and rnd == cfg.train.rounds - 1:
         metrics.update(newcomer_metrics(pool.join(fed.held_out, newcomer(server.get_state(), fed.spec))))
     metrics["round_seconds"] = time.perf_counter() - t0
@@ -228,7 +230,7 @@ def _loop(
     while rnd < cfg.train.rounds:
         try:
             clock = sim_clock(fed, result.history[-1] if result.history else {})
-            played = _play(cfg, fed, server, pool, rnd, trained, totals, clock)
+            played = _play(cfg, fed, server, pool, rnd, trained, totals, clock, result.history)
             time_to_target(cfg, played.metrics, result.history)
             history = [*result.history, played.metrics]
             if ckpt is not None and checkpoint.due(rnd, cfg.checkpoint.every, cfg.train.rounds):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["CATALOG", "FAMILIES", "LAYER_FAMILIES", "Metric", "PLOTTED", "SECTIONS", "SUMMARY", "objectives",
+__all__ = ["CATALOG", "FAMILIES", "LAYER_FAMILIES", "Metric", "PLOTTED", "SECTIONS", "SUMMARY", "SUMMARY_AVERAGED", "objectives",
            "docs_table", "order_key"]
 
 #: MLflow's run page shows one section per metric-key prefix, sorted by name: these read accuracy, loss,
@@ -30,11 +30,13 @@ class Metric:
     summary: bool = False  # in ``lcfed run``'s summary: the last evaluation and the mean of the last N
     plotted: bool = False  # drawn in the accuracy-vs-round figure
     objective: bool = True  # a ``lcfed sweep --metric`` / Tune result
+    averaged: bool = True  # the summary's mean of the last N: not for a running total such as ε spent
 
 
 _EVAL = "evaluation rounds (`train.eval_every`)"
 _CLUSTERED = "clustered methods"
 _DEVICES = "with a device model (`devices` section)"
+_PRIVACY = "with `privacy.mode: central` ([Privacy](privacy.md))"
 
 CATALOG: tuple[Metric, ...] = (
     Metric("acc_mean", "accuracy", "max", "mean test accuracy over the devices that have trained", _EVAL,
@@ -84,6 +86,13 @@ CATALOG: tuple[Metric, ...] = (
            _DEVICES),
     Metric("staleness_mean", "server", "min", "mean staleness (server versions) of the aggregated updates",
            "with a device model, `devices.aggregation: async`"),
+    Metric("dp_epsilon", "server", "min", "ε of client-level DP spent so far, at `dp_delta` (dp-accounting's RDP, "
+           "composed over the rounds' sampling rates)", _PRIVACY, summary=True, averaged=False),
+    Metric("dp_delta", "server", None, "the δ that `dp_epsilon` is at (`privacy.delta`)", _PRIVACY, objective=False),
+    Metric("dp_sampling_rate", "server", None, "the round's sampling rate: the cohort over the training devices; with "
+           "a device model, the selected over those online", _PRIVACY, objective=False),
+    Metric("dp_noise_multiplier", "server", None, "σ of each sum's noise (given, or solved for `privacy.target_epsilon`)",
+           _PRIVACY, objective=False),
     Metric("bytes_up", "traffic", "min", "bytes the round's devices uploaded"),
     Metric("bytes_down", "traffic", "min", "bytes the round's devices downloaded"),
     Metric("bytes_up_total", "traffic", "min", "running sum of `bytes_up`"),
@@ -133,6 +142,9 @@ def objectives() -> dict[str, str | None]:
 
 #: what ``lcfed run``'s summary reports, per evaluation and averaged over the last ``tracking.summary_evals``
 SUMMARY = tuple(m.name for m in CATALOG if m.summary)
+
+#: the summary metrics whose mean of the last N evaluations means something (not ε, which only grows)
+SUMMARY_AVERAGED = tuple(m.name for m in CATALOG if m.summary and m.averaged)
 
 #: what the accuracy-vs-round figure draws
 PLOTTED = tuple(m.name for m in CATALOG if m.plotted)
