@@ -44,7 +44,16 @@ from lcfed.errors import require
 from lcfed.learning.clustering import weighted_mean
 from lcfed.learning.local_update import DeviceData, LocalWork, batch_rng, minibatches
 from lcfed.learning.models import Model
-from lcfed.methods.base import Arrival, DeviceContext, Message, RoundPlan, RoundStats, Strategy, buffered_step
+from lcfed.methods.base import (
+    Arrival,
+    DeviceContext,
+    Message,
+    RoundPlan,
+    RoundStats,
+    ServerReads,
+    Strategy,
+    buffered_step,
+)
 from lcfed.methods.ifca import distinct_inits
 
 if TYPE_CHECKING:  # annotations only: lcfed.config finds the methods through the registry
@@ -117,6 +126,7 @@ def weighted_fit(net: Model, w0: torch.Tensor, q: torch.Tensor, data: DeviceData
 class FedEM(Strategy[FedEMState, MixtureWeights, FedEMMessage, torch.Tensor]):
     name = "fedem"
     supports_async = True
+    reads = ServerReads(sums=("models",), per_device=("models (one per component)", "sample counts per component"))
     params: FedEMParams
 
     def init(self) -> FedEMState:

@@ -36,7 +36,7 @@ import torch
 
 from lcfed.errors import require
 from lcfed.learning.local_update import pull_towards
-from lcfed.methods.base import DeviceContext, Message, PersonalModel, RoundPlan, RoundStats
+from lcfed.methods.base import DeviceContext, Message, PersonalModel, RoundPlan, RoundStats, ServerReads
 from lcfed.methods.clustered import ClusteredStrategy
 from lcfed.methods.fedem import sample_losses
 from lcfed.methods.ifca import distinct_inits
@@ -87,6 +87,7 @@ def importance_weights(losses: torch.Tensor, smoother: float) -> torch.Tensor:
 
 class FedSoft(ClusteredStrategy[FedSoftState, FedSoftMessage, torch.Tensor]):
     name = "fedsoft"
+    reads = ServerReads(sums=("models",), per_device=("models", "importance weights"))
     params: FedSoftParams
 
     def init(self) -> FedSoftState:

@@ -48,7 +48,7 @@ import torch
 
 from lcfed.errors import require
 from lcfed.learning.clustering import cluster_means, weighted_mean
-from lcfed.methods.base import DeviceContext, Message, RoundPlan, RoundStats, Strategy
+from lcfed.methods.base import DeviceContext, Message, RoundPlan, RoundStats, ServerReads, Strategy
 from lcfed.methods.clustered import EvalPayload
 
 if TYPE_CHECKING:  # annotations only: lcfed.config finds the methods through the registry
@@ -154,6 +154,7 @@ def nearest_cluster(distance_to_members: torch.Tensor, labels: np.ndarray) -> in
 
 class PACFL(Strategy[PACFLState, None, PACFLMessage, torch.Tensor]):
     name = "pacfl"
+    reads = ServerReads(sums=("models",), per_device=("data subspaces (principal vectors)",))
     params: PACFLParams
 
     def init(self) -> PACFLState:

@@ -108,6 +108,9 @@ APPLIES: dict[str, Rule] = {
     # the run's name is the run's (and config.yaml has it): as a param each trial's own value was an axis of
     # the UI's parallel-coordinates plot of a sweep
     "tracking.run_name": lambda c: False,
+    # the privacy section's settings only for a private run (its mode says it is not one)
+    **{f"privacy.{f}": (lambda c: c.privacy.on) for f in ("clip", "noise_multiplier", "target_epsilon", "delta",
+                                                           "per_layer", "noise_cohort", "code_noise")},
 }
 
 
