@@ -37,6 +37,11 @@ _PORT_FLAGS = ("--node-manager-port", "--object-manager-port", "--dashboard-agen
                "--dashboard-agent-grpc-port", "--runtime-env-agent-port", "--metrics-export-port")
 
 
+def _count(x: float) -> str:
+    """A resource count as ``ray start`` takes it: a whole number without a fraction (it refuses ``0.0``)."""
+    return str(int(x)) if float(x).is_integer() else str(x)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -157,7 +162,7 @@ class LocalCluster:
         home.mkdir(exist_ok=True)
         chosen = {flag: free_port() for flag in _PORT_FLAGS}
         ports = [x for flag, port in chosen.items() for x in (flag, str(port))]
-        cmd = [str(BIN / "ray"), "start", "--block", *args, "--num-cpus", str(cpus), "--num-gpus", str(gpus),
+        cmd = [str(BIN / "ray"), "start", "--block", *args, "--num-cpus", _count(cpus), "--num-gpus", _count(gpus),
                "--object-store-memory", str(self.object_store_mb * 2**20), "--disable-usage-stats", *ports]
         if self.hidden and not name.startswith("head"):  # `unshare` makes mounts private to the new namespace
             mounts = " ".join(f"mount -t tmpfs none {shlex.quote(str(h))} &&" for h in self.hidden)

@@ -222,7 +222,9 @@ LATER_DEFAULTS: dict[str, dict[str, Any]] = {"data": {
     "device_column": "device", "group_column": "", "image_size": (), "user_selection": "largest", "testbed": "none",
     "testbed_groups": 4, "synthetic_samples": 0, "synthetic_alpha": 1.0, "synthetic_beta": 1.0, "synthetic_clusters": 0,
 }, "train": {}, "devices": {f.name: f.default for f in dataclasses.fields(DevicesConfig)},
-    "privacy": {f.name: f.default for f in dataclasses.fields(PrivacyConfig)}}
+    "privacy": {f.name: f.default for f in dataclasses.fields(PrivacyConfig)},
+    # LCFed's, FedAC's and FL+HC's wait for coverage, added after their checkpoints existed
+    "method": {"coverage": 0.0}}
 
 
 #: the sections every digest has always had (a later one at its defaults leaves the digest as it was)
