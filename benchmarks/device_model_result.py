@@ -46,6 +46,8 @@ ASYNC = {"aggregation": "async", "async_buffer": 10}
 #: label -> (method section, devices policy, rounds)
 RUNS: dict[str, tuple[dict[str, Any], dict[str, Any], int]] = {
     "LCFed": ({"name": "lcfed", "num_clusters": 4, "rank": 4}, SYNC, 30),
+    # the first clustering waits until every training device was seen (method.coverage)
+    "LCFed, coverage 1": ({"name": "lcfed", "num_clusters": 4, "rank": 4, "coverage": 1.0}, SYNC, 30),
     "IFCA": ({"name": "ifca", "num_clusters": 4}, SYNC, 30),
     "FedAvg": ({"name": "fedavg"}, SYNC, 30),
     "FedBuff-FedAvg": ({"name": "fedavg"}, ASYNC, 60),
@@ -70,6 +72,8 @@ def main() -> None:
     p.add_argument("--data-dir", default="~/.cache/lcfed")
     p.add_argument("--out", default=".bench/devices")
     p.add_argument("--seeds", type=int, nargs="+", default=[0])
+    p.add_argument("--labels", nargs="+", choices=list(RUNS), default=list(RUNS),
+                   help="the runs to make (those already in results.json are kept)")
     args = p.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -77,7 +81,7 @@ def main() -> None:
     results: dict[str, Any] = json.loads(results_file.read_text()) if results_file.exists() else {}
     for seed in args.seeds:
         for phase in ("groups", "random"):
-            for label in RUNS:
+            for label in args.labels:
                 key = f"{label}/{phase}/{seed}"
                 if key in results:
                     continue
@@ -109,7 +113,7 @@ def table(results: dict[str, Any], seeds: list[int]) -> str:
     rows = ["| method | availability | final acc (%) | final ARI | sim. hours | hours to 80 % (seeds) | kept / selected | "
             "mean staleness |", "|---|---|---|---|---|---|---|---|"]
     for phase in ("groups", "random"):
-        for label in RUNS:
+        for label in [x for x in RUNS if all(f"{x}/{phase}/{s}" in results for s in seeds)]:
             hist = [results[f"{label}/{phase}/{s}"]["history"] for s in seeds]
             last = [h[-1] for h in hist]
             reach = [next((r["sim_seconds_to_target"] / 3600 for r in h if "sim_seconds_to_target" in r), float("nan"))
@@ -134,7 +138,7 @@ def figure(results: dict[str, Any], seed: int, path: Path) -> None:
 
     fig, axes = plt.subplots(2, 2, figsize=(10, 7), sharex="col", layout="constrained")
     for col, phase in enumerate(("groups", "random")):
-        for label in RUNS:
+        for label in [x for x in RUNS if f"{x}/{phase}/{seed}" in results]:
             rows = [r for r in results[f"{label}/{phase}/{seed}"]["history"] if "acc_mean" in r]
             x = [r["sim_clock_seconds"] / 3600 for r in rows]
             axes[0, col].plot(x, [r["acc_mean"] for r in rows], label=label)
