@@ -14,20 +14,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from devices_scale import run  # noqa: E402  (one federation in a process of its own)
 
 PRIVATE = ["privacy.mode=central", "privacy.noise_multiplier=1.0", "privacy.clip=1.0", "privacy.noise_cohort=10000"]
-
-
-def run(m: int, rounds: int, extra: list[str]) -> dict:
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "scale_devices.py"), "--one", str(m), "--rounds", str(rounds),
-           *[f"--set={e}" for e in extra]]
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
-    return json.loads(out.strip().splitlines()[-1])
 
 
 def main() -> None:
