@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import time
 from pathlib import Path
@@ -48,6 +49,7 @@ RUNS: dict[str, tuple[dict[str, Any], dict[str, Any], int]] = {
     "LCFed": ({"name": "lcfed", "num_clusters": 4, "rank": 4}, SYNC, 30),
     # the first clustering waits until every training device was seen (method.coverage)
     "LCFed, coverage 1": ({"name": "lcfed", "num_clusters": 4, "rank": 4, "coverage": 1.0}, SYNC, 30),
+    "LCFed, coverage 0.75": ({"name": "lcfed", "num_clusters": 4, "rank": 4, "coverage": 0.75}, SYNC, 30),
     "IFCA": ({"name": "ifca", "num_clusters": 4}, SYNC, 30),
     "FedAvg": ({"name": "fedavg"}, SYNC, 30),
     "FedBuff-FedAvg": ({"name": "fedavg"}, ASYNC, 60),
@@ -58,7 +60,7 @@ def config(data_dir: str, label: str, phase: str, seed: int) -> Any:
     base = load_config(str(ROOT / "configs" / "rotated_mnist.yaml"))
     method, policy, rounds = RUNS[label]
     raw = to_dict(base)
-    raw.update(name=f"devices-{label}-{phase}", seed=seed, method=method)
+    raw.update(name=re.sub(r"[^A-Za-z0-9._-]+", "-", f"devices-{label}-{phase}"), seed=seed, method=method)
     raw["data"]["data_dir"] = data_dir
     raw["train"].update(rounds=rounds, eval_every=3 if rounds == 30 else 6)
     raw["network"] = {"bandwidth_mbps": 1.0, "device_gflops": 0.05}
