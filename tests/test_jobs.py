@@ -259,5 +259,7 @@ def test_printed_ui_links_use_a_ui_that_already_serves_the_store(mlflow_server, 
         assert ui._serves("127.0.0.1", port, exp, "0" * 32) is False  # another store's run: not this store
         assert ui.ui_port("sqlite:///a.db", exp, run, ports=[busy, free, port]) == port
         assert ui.ui_port("sqlite:///b.db", exp, "0" * 32, ports=[busy, free, port]) == free
+    assert "sqlite:///a.db" in ui._SERVED and "sqlite:///b.db" not in ui._SERVED
     ui._PORTS.pop("sqlite:///a.db")
     ui._PORTS.pop("sqlite:///b.db")
+    ui._SERVED.discard("sqlite:///a.db")

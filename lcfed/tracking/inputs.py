@@ -20,6 +20,7 @@ from typing import Any
 import yaml
 
 from lcfed.config import ExperimentConfig, drop_later_defaults, flatten, to_dict
+from lcfed.config.privacy import PrivacyConfig
 from lcfed.data.generated import GENERATED
 from lcfed.methods.round import Federation
 from lcfed.run.sources import file_source
@@ -109,8 +110,7 @@ APPLIES: dict[str, Rule] = {
     # the UI's parallel-coordinates plot of a sweep
     "tracking.run_name": lambda c: False,
     # the privacy section's settings only for a private run (its mode says it is not one)
-    **{f"privacy.{f}": (lambda c: c.privacy.on) for f in ("clip", "noise_multiplier", "target_epsilon", "delta",
-                                                           "per_layer", "noise_cohort", "code_noise")},
+    **{f"privacy.{f.name}": (lambda c: c.privacy.on) for f in dataclasses.fields(PrivacyConfig) if f.name != "mode"},
 }
 
 

@@ -41,6 +41,8 @@ ML_VIEW = "workflowType=machine_learning"
 
 #: the port each local store's addresses use, decided on first use (:func:`ui_port`)
 _PORTS: dict[str, int] = {}
+#: the local stores whose port an MLflow UI already served when it was decided (their hint prints no command)
+_SERVED: set[str] = set()
 
 
 def ui_port(uri: str = "", exp_id: str | None = None, run_id: str | None = None, host: str = "127.0.0.1",
@@ -56,6 +58,7 @@ def ui_port(uri: str = "", exp_id: str | None = None, run_id: str | None = None,
             serving = _serves(host, port, exp_id, run_id)
             if serving:
                 free = port
+                _SERVED.add(uri)
                 break
             if serving is None and free is None:
                 free = port
@@ -106,7 +109,7 @@ def ui_hint(uri: str, exp_id: str | None = None, run_id: str | None = None) -> s
     if is_server_uri(uri):
         return f"open {where}"
     port = ui_port(uri, exp_id, run_id)
-    if (exp_id or run_id) and _serves("127.0.0.1", port, exp_id, run_id):
+    if uri in _SERVED:
         return f"open {where}   (the MLflow UI there serves this store)"
     return (f"{mlflow_command()} ui --backend-store-uri {uri} --host 127.0.0.1 --port {port}   "
             f"# then open {where}")
