@@ -20,8 +20,11 @@ Choices the paper leaves open, or that this repository fixes: the paper re-estim
 clients the server samples per cluster with probability ∝ u_ks n_k; here the round's devices come from
 ``train.participation`` (or the device model) like every method's, and each re-estimates u whenever it takes
 part (τ = 1), since it downloads every centre anyway. The renormalization after the smoother is ours (the paper's
-Σ_s u_ks need not be 1 after it). Centres start apart (IFCA's seeded permuted inits): from one shared init every
-sample would pick centre 0. What the server reads: each device's model and its u_k (S numbers, counted in
+Σ_s u_ks need not be 1 after it). Centres start from the federation's one init, each but the first with seeded
+Gaussian noise of a tenth of each tensor's spread: from one init exactly every sample would pick centre 0 and the
+centres would never part, and apart inits (IFCA's permuted copies) are not averaged soundly, since every centre
+averages every device's model (models of other lineages: on rotated MNIST with S = 4 the devices never learned).
+What the server reads: each device's model and its u_k (S numbers, counted in
 ``bytes_up``). No asynchronous aggregation.
 """
 
@@ -36,10 +39,10 @@ import torch
 
 from lcfed.errors import require
 from lcfed.learning.local_update import pull_towards
+from lcfed.learning.models import ParamSpec
 from lcfed.methods.base import DeviceContext, Message, PersonalModel, RoundPlan, RoundStats, ServerReads
 from lcfed.methods.clustered import ClusteredStrategy
 from lcfed.methods.fedem import sample_losses
-from lcfed.methods.ifca import distinct_inits
 
 if TYPE_CHECKING:  # annotations only: lcfed.config finds the methods through the registry
     from lcfed.config import ExperimentConfig
@@ -75,6 +78,26 @@ class FedSoftMessage(Message):
     importance: torch.Tensor  # (S,): u_k
 
 
+#: the noise that parts the centres, relative to each parameter tensor's standard deviation
+INIT_SPREAD = 0.1
+
+
+def nearby_inits(init: torch.Tensor, spec: ParamSpec, k: int, rng: np.random.Generator) -> torch.Tensor:
+    """``k`` initial centres of one lineage: ``init``, then copies with seeded Gaussian noise of
+    :data:`INIT_SPREAD` times each tensor's standard deviation (its mean magnitude for a single number)."""
+    out = [init.clone()]
+    for _ in range(1, k):
+        w = init.clone()
+        for shape, off in zip(spec.shapes, spec.offsets, strict=True):
+            n = int(np.prod(shape))
+            piece = init[off : off + n]
+            spread = float(piece.std()) if n > 1 else float(piece.abs().mean())
+            noise = torch.from_numpy(rng.standard_normal(n).astype(np.float32)).to(init.dtype)
+            w[off : off + n] = piece + INIT_SPREAD * spread * noise
+        out.append(w)
+    return torch.stack(out)
+
+
 def importance_weights(losses: torch.Tensor, smoother: float) -> torch.Tensor:
     """u: the share of the samples (columns of the (S, n) ``losses``) on which each centre has the smallest loss
     (ties: the lowest), each raised to at least ``smoother``, renormalized to sum to 1 (float64)."""
@@ -92,7 +115,7 @@ class FedSoft(ClusteredStrategy[FedSoftState, FedSoftMessage, torch.Tensor]):
 
     def init(self) -> FedSoftState:
         rng = np.random.default_rng([self.seed, 0, _INIT_TAG])
-        return FedSoftState(distinct_inits(self.fed.init, self.fed.spec, self.params.num_clusters, rng), self.unassigned())
+        return FedSoftState(nearby_inits(self.fed.init, self.fed.spec, self.params.num_clusters, rng), self.unassigned())
 
     def configure(self, state: FedSoftState, rnd: int) -> RoundPlan:
         devices = self.participants(rnd)
