@@ -31,7 +31,7 @@ def tutorial_code(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     are forgotten afterwards, so no other test imports them by accident."""
     monkeypatch.syspath_prepend(str(CODE))
     yield CODE
-    for name in ("ditto", "cfl", "make_groups_csv"):
+    for name in ("ditto", "cfl", "make_groups_csv", "balanced"):
         sys.modules.pop(name, None)
 
 
@@ -45,7 +45,7 @@ def test_every_include_names_a_file_that_exists(page):
         assert (ROOT / path).is_file(), f"{page} includes {path}, which does not exist"
 
 
-@pytest.mark.parametrize("method", ["ditto:Ditto", "cfl:CFL"])
+@pytest.mark.parametrize("method", ["ditto:Ditto", "cfl:CFL", "balanced:BalancedFedAvg"])
 def test_the_tutorial_methods_keep_the_contract(tutorial_code, method):
     assert_conforms(method)  # seeded, pure, priced, resumable: what `lcfed check` reports
 
@@ -90,6 +90,26 @@ def test_ditto_lam_moves_the_personal_models_only(tutorial_code):
     # a strong pull keeps the personal model nearer the global one
     w = tight.models.server_state.weights
     assert (tight.models.personal[0] - w).norm() < (loose.models.personal[0] - w).norm()
+
+
+def test_an_own_local_loop_weighs_classes_and_runs_unbatched_under_the_vectorized_step(tutorial_code):
+    """The contract page's own loop: weights by hand; power 0 trains as FedAvg's loop does, up to float rounding;
+    under ``engine.vectorize=always`` the loop runs in its device's thread, with the same numbers."""
+    from balanced import class_weights
+
+    y = torch.tensor([1, 1, 1, 7])  # n = 4, two classes: 4/(2*3) for each "1", 4/(2*1) for the "7"
+    assert class_weights(y, 1.0).tolist() == pytest.approx([2 / 3, 2 / 3, 2 / 3, 2.0])
+    assert class_weights(y, 0.0).tolist() == [1.0] * 4
+
+    balanced = api.run(tiny_config("method.name=balanced:BalancedFedAvg", "engine.vectorize=never"))
+    vectorized = api.run(tiny_config("method.name=balanced:BalancedFedAvg", "engine.vectorize=always"))
+    assert [r["acc_mean"] for r in vectorized.history] == [r["acc_mean"] for r in balanced.history]
+    assert [r["train_loss"] for r in vectorized.history] == [r["train_loss"] for r in balanced.history]
+    plain = api.run(tiny_config("method.name=balanced:BalancedFedAvg", "method.power=0"))
+    fedavg = api.run(tiny_config("method.name=fedavg"))
+    for a, b in zip(plain.history, fedavg.history, strict=True):
+        assert a["train_loss"] == pytest.approx(b["train_loss"], rel=1e-4)
+    assert balanced.history[-1]["train_loss"] < balanced.history[0]["train_loss"]
 
 
 @pytest.mark.subprocess
