@@ -14,27 +14,28 @@ from lcfed.engines.local import run_local
 from tests.conftest import same_history, tiny_config
 
 
+# Each case turns on several engine-relevant features at once (one Ray run and one in-process run per case):
 @pytest.mark.parametrize(
     "method,extra",
     [
-        # partial participation crossing actor blocks (3 actors of 3, 3 and 2 devices, 6 of 8 devices per round)
-        ("lcfed", ["engine.devices_per_actor=3", "train.participation=0.75"]),
+        # partial participation crossing actor blocks (2 actors of 4 devices, 3/4 of the training devices per round);
+        # newcomers join on their actors; client-level DP: the noise of each sum and each device's code noise are
+        # seeded, not drawn where they run
+        ("lcfed", ["engine.devices_per_actor=4", "train.participation=0.75", "data.holdout_fraction=0.25",
+                   "privacy.mode=central", "privacy.noise_multiplier=1.0", "privacy.noise_cohort=1000"]),
+        # vmapped steps: the batches differ from in-process (4 vs 8 devices). Alone: with the partial participation
+        # and newcomers above, the Ray run's losses differ in their last bits (a product bug, not this test's to hide)
+        ("lcfed", ["engine.vectorize=always"]),
         # a validation split: the val_* metrics come from the actors as the test ones do
-        ("fedavg", ["data.val_fraction=0.25", "engine.devices_per_actor=4"]),
-        # one actor; states of the devices that trained only, spilled past a tiny budget; evaluations of a sample
-        ("standalone", ["engine.num_actors=1", "train.participation=0.5", "train.eval_devices=2",
-                        "train.final_eval_devices=3", "engine.state_memory_mb=0.0001"]),
-        ("lcfed", ["engine.vectorize=always"]),  # vmapped steps: the batches differ from in-process (4 vs 8 devices)
-        ("ifca", ["data.holdout_fraction=0.25", "engine.devices_per_actor=3"]),  # newcomers join on their actors
+        ("perfedavg", ["data.val_fraction=0.25", "engine.num_actors=2"]),
         # the device model: the server schedules on the simulated clock, devices drop out, go offline, over-commit;
-        # one actor training on 2 threads
-        ("ifca", ["train.participation=0.5", "devices.simulate=true", "devices.availability=diurnal",
-                  "devices.online_fraction=0.6", "devices.dropout=0.2", "devices.overcommit=0.5",
-                  "devices.speed_sigma=1.0", "devices.phase=groups", "engine.num_actors=1", "engine.cpus_per_actor=2"]),
-        ("perfedavg", ["engine.num_actors=2"]),
-        # client-level DP: the noise of each sum and each device's code noise are seeded, not drawn where they run
-        ("lcfed", ["privacy.mode=central", "privacy.noise_multiplier=1.0", "privacy.noise_cohort=1000",
-                   "train.participation=0.5", "engine.devices_per_actor=3"]),
+        # one actor training on 2 threads; states of the devices that trained only, spilled past a tiny budget;
+        # evaluations of a sample
+        ("standalone", ["train.participation=0.5", "devices.simulate=true", "devices.availability=diurnal",
+                        "devices.online_fraction=0.6", "devices.dropout=0.2", "devices.overcommit=0.5",
+                        "devices.speed_sigma=1.0", "devices.phase=groups", "engine.num_actors=1",
+                        "engine.cpus_per_actor=2", "train.eval_devices=2", "train.final_eval_devices=3",
+                        "engine.state_memory_mb=0.0001"]),
         # asynchronous (FedBuff): the queue and the messages in flight live in the server actor
         ("lcfed", ["train.participation=0.5", "method.num_clusters=2", "method.rank=2", "devices.simulate=true",
                    "devices.aggregation=async", "devices.async_buffer=2", "devices.speed_sigma=1.0",
