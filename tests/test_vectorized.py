@@ -33,6 +33,16 @@ def test_vectorized_training_matches_the_loop(method):
     assert loop.final["acc_mean"] == vec.final["acc_mean"]
 
 
+def test_an_asynchronous_round_that_gives_a_device_two_jobs_trains_both():
+    """FedBuff gives a fast device a second job in the same aggregation window: the batcher takes each of its
+    jobs in a batch of its own (a device asking twice in one batch would be out of turn), as the loop does."""
+    sets = ("devices.simulate=true", "devices.aggregation=async", "devices.async_buffer=2", "devices.speed_sigma=1.0",
+            "method.num_clusters=2", "method.rank=2", "train.participation=0.5")
+    loop = run_local(tiny_config(*sets, "engine.vectorize=never"))
+    vec = run_local(tiny_config(*sets, "engine.vectorize=always"))
+    _close(loop.history, vec.history, 1e-5)
+
+
 def test_vectorized_training_is_reproducible_and_chunked():
     a = run_local(tiny_config("engine.vectorize=always", "engine.vectorize_max=3"))
     b = run_local(tiny_config("engine.vectorize=always", "engine.vectorize_max=3", "engine.workers=2"))

@@ -125,13 +125,13 @@ class HostedDevices:
     ) -> list[tuple[Any, Message]]:
         """Every device in a thread of its own, their gradients batched by a :class:`StepBatcher`
         (which orders each batch by device id, so batches are reproducible); at most
-        ``vectorize_max`` devices at a time."""
+        ``vectorize_max`` devices at a time, and a device twice in ``todo`` (asynchronous rounds give a fast one
+        two jobs) in two batches, each job from the state it had before the round, as unbatched."""
         assert self._batch_net is not None
         if self._vpool is None:
             self._vpool = ThreadPoolExecutor(self.vectorize_max, thread_name_prefix="lcfed-vdevice")
         out: list[tuple[Any, Message]] = []
-        for start in range(0, len(todo), self.vectorize_max):
-            chunk = todo[start : start + self.vectorize_max]
+        for chunk in _batches(todo, self.vectorize_max):
             batcher = StepBatcher(self._batch_net, chunk)
 
             def one(dev: int, batcher: StepBatcher = batcher) -> tuple[Any, Message]:
@@ -268,3 +268,15 @@ class DeviceHost:
 
     def recover(self, states: Mapping[int, Any] | None) -> None:
         self.hosted.recover(states)
+
+
+def _batches(todo: Sequence[int], size: int) -> Iterator[list[int]]:
+    """``todo`` in order, cut into runs of at most ``size`` devices, none of them twice in a run."""
+    chunk: list[int] = []
+    for dev in todo:
+        if len(chunk) == size or dev in chunk:
+            yield chunk
+            chunk = []
+        chunk.append(dev)
+    if chunk:
+        yield chunk
