@@ -31,11 +31,11 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-# SIGTERM and SIGHUP take the signal handler's path, which test_jobs' Ctrl-C (SIGINT) test of the server also
-# takes: run on request only, to keep the CI suite short; SIGKILL (the watchdog's path) runs in CI
-@pytest.mark.parametrize("sig", [pytest.param(signal.SIGTERM, marks=pytest.mark.slow),
-                                 pytest.param(signal.SIGHUP, marks=pytest.mark.slow), signal.SIGKILL],
-                         ids=lambda s: s.name)
+# run on request only, to keep the CI suite short: SIGTERM and SIGHUP take the signal handler's path, which
+# test_jobs' Ctrl-C (SIGINT) test of the server also takes; SIGKILL (the watchdog's path): test_safety's first
+# outage kills its server's `lcfed mlflow-server` command with it and makes these checks
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGKILL], ids=lambda s: s.name)
 def test_mlflow_server_goes_down_with_its_command(tmp_path, sig):
     """SIGTERM and SIGHUP are handled (exit 0); SIGKILL is not, and the watchdog stops the server's group.
     Either way, within 20 s the port is free and no process the command started is left."""

@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import mlflow
+import psutil
 import pytest
 import torch
 
@@ -97,26 +102,55 @@ def test_tracking_uri_is_made_absolute(tmp_path, monkeypatch):
 
 class Server:
     """A real MLflow tracking server on 127.0.0.1 that the outage tests stop and start again: their own, not the
-    shared :func:`tests.conftest.mlflow_server`."""
+    shared :func:`tests.conftest.mlflow_server`. The first is ``lcfed mlflow-server``'s, and the first outage
+    kills that command with SIGKILL: no handler runs, and its watchdog must take the server down (within 20 s
+    the port is free and nothing the command started is left; the handler's path: test_jobs' Ctrl-C). Later
+    starts are :func:`start_mlflow_server`'s."""
 
     def __init__(self, store: Path) -> None:
         from tests.raycluster import free_port
 
         self.port, self.store, self.proc = free_port(), store, None
+        self.command: subprocess.Popen[bytes] | None = None
+        self.started: list = []  # what the command started
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
+    def start_command(self) -> None:
+        from tune_jobs.mlflow_server import healthy
+
+        log = self.store / "command.log"
+        with log.open("w") as out:
+            self.command = subprocess.Popen([str(Path(sys.executable).parent / "lcfed"), "mlflow-server", "--port",
+                                             str(self.port), "--store-dir", str(self.store)], stdout=out,
+                                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=self.store)
+        deadline = time.monotonic() + 120
+        while not healthy(self.url, timeout=1.0):
+            assert self.command.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.3)
+        # everything it started, found before the kill (afterwards they are no longer its children)
+        self.started = psutil.Process(self.command.pid).children(recursive=True)
+        cmds = [" ".join(p.cmdline()) for p in self.started]
+        assert any("watchdog" in c for c in cmds) and any("uvicorn" in c for c in cmds), cmds
+
     def start(self) -> None:
         from tune_jobs.mlflow_server import start_mlflow_server
 
-        if self.proc is None:
+        if self.proc is None and self.command is None:
             self.proc = start_mlflow_server("127.0.0.1", self.port, self.store)[0]
 
     def stop(self) -> None:
-        from tune_jobs.mlflow_server import stop
+        from tune_jobs.mlflow_server import port_free, stop
 
+        if self.command is not None:
+            command, self.command = self.command, None
+            command.kill()
+            assert command.wait(timeout=30) == -signal.SIGKILL
+            _, alive = psutil.wait_procs(self.started, timeout=20)
+            assert not alive, f"left after SIGKILL: {[(p.pid, p.cmdline()) for p in alive]}"
+            assert port_free("127.0.0.1", self.port)
         proc, self.proc = self.proc, None
         if proc is not None:
             stop(proc)
@@ -126,11 +160,18 @@ class Server:
 def server(tmp_path_factory):
     """One server for the module's outage tests (a start costs seconds); each test leaves it running."""
     srv = Server(tmp_path_factory.mktemp("mlflow"))
-    srv.start()
     try:
+        srv.start_command()
         yield srv
     finally:
-        srv.stop()
+        try:
+            srv.stop()  # the command, if no outage killed it yet: with the same checks
+        finally:
+            for p in srv.started:  # only what the command started
+                try:
+                    p.kill()
+                except psutil.NoSuchProcess:
+                    pass
 
 
 @pytest.fixture
