@@ -190,10 +190,12 @@ def test_mlflow_server_warns_on_all_interfaces_and_refuses_a_taken_port(tmp_path
 # ---- against the shared Ray head and MLflow server ------------------------------------------------
 
 
-def test_submit_runs_lcfed_on_ray_and_logs_to_mlflow_server(ray_head, served, mlflow_experiment, tmp_path, capsys):
+def test_submit_runs_lcfed_on_ray_and_logs_to_mlflow_server(ray_head, served, mlflow_experiment, tmp_path, capsys,
+                                                            monkeypatch):
     import mlflow
 
     mlflow_server = served.url
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server)  # the trial's logged models' URIs resolve against it
 
     # token auth is on: a request without the token is refused
     with pytest.raises(urllib.error.HTTPError) as refused:
