@@ -11,6 +11,7 @@ import pytest
 
 from lcfed import registry
 from lcfed.methods.base import Strategy
+from tests.conftest import tiny_config
 
 
 @pytest.fixture
@@ -73,3 +74,13 @@ def test_a_typo_in_a_nested_attribute_is_suggested_with_its_path(plugin_dir):
     _write(plugin_dir, "plugnest", "class Box:\n    class FedProx(FedAvg):\n        pass\n")
     with pytest.raises(registry.PluginError, match=r"did you mean plugnest:Box\.FedProx\?"):
         registry.method("plugnest:Box.FedProxx")
+
+
+def test_no_track_is_tracking_enabled_false():
+    """A sweep or comparison with ``--no-track`` is the one whose config says ``tracking.enabled: false`` (so the
+    untracked sweep of tests/test_sweep.py, run with the flag, stands for both)."""
+    from tune_jobs.sweep.options import tracking_of
+
+    tracked, untracked = tiny_config("tracking.enabled=true"), tiny_config()
+    assert tracking_of(tracked, True) == untracked.replace(**{"tracking.uri": tracked.tracking.uri})
+    assert tracking_of(tracked, False) is tracked and tracking_of(untracked, True) is untracked

@@ -449,17 +449,8 @@ def workdir(tmp_path, monkeypatch):
     return tmp_path
 
 
-def test_no_track_is_tracking_enabled_false():
-    """A sweep or comparison with ``--no-track`` is the one whose config says ``tracking.enabled: false`` (so the
-    untracked sweep below, run with the flag, stands for both)."""
-    from tune_jobs.sweep.options import tracking_of
-
-    tracked, untracked = tiny_config("tracking.enabled=true"), tiny_config()
-    assert tracking_of(tracked, True) == untracked.replace(**{"tracking.uri": tracked.tracking.uri})
-    assert tracking_of(tracked, False) is tracked and tracking_of(untracked, True) is untracked
-
-
 def test_an_untracked_sweep_reports_its_best_trial_and_creates_no_mlflow_file(shared_ray, workdir, capsys):
+    """``--no-track``, which stands for ``tracking.enabled: false`` (tests/test_plugin_errors.py)."""
     code = main(["sweep", "-c", "base.yaml", "--space", "space.yaml", "--set", "train.rounds=2", "--scheduler", "fifo",
                  "--max-concurrent", "1", "--storage", "tune", "--name", "untracked", "--json", "summary.json",
                  "--no-track"])
