@@ -1,7 +1,7 @@
-"""`lcfed compare`: a tiny real comparison (2 methods x 2 trials x 2 seeds on digits, read from IDX files),
+"""`lcfed compare`: a tiny real comparison (2 methods x 1 trial x 2 seeds on digits, read from IDX files),
 its report, the MLflow hierarchy, resume, and that phase 1 decides on validation accuracy only (the same
-comparison on files whose test samples are noise chooses the same); the report of more methods (the best
-other one of each, the pairs with Standalone) on fixed numbers."""
+comparison on files whose test samples are noise chooses the same); an untracked comparison; the report of
+more methods (the best other one of each, the pairs with Standalone) on fixed numbers."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from lcfed.config import to_dict
 from lcfed.data.sources import load_dataset
 from lcfed.errors import ConfigError
 from lcfed.run.setup import prepare
-from tests.conftest import tiny_config
+from tests.conftest import start_test_ray, tiny_config
 from tests.test_data import write_idx
 from tune_jobs.cli import main
 from tune_jobs.compare import parse_seeds
@@ -56,7 +56,20 @@ def base_config(uri: str, data_dir: Path, experiment: str = "compare"):
 
 
 @pytest.fixture(scope="module")
-def compared(tmp_path_factory):
+def shared_ray():
+    """One small Ray for the module's comparisons (a start costs seconds): they attach to it, as a comparison in
+    a Ray job does (a command's private Ray: tests/test_connect.py)."""
+    import ray
+
+    start_test_ray()
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def compared(shared_ray, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("compare")
     uri = f"sqlite:///{tmp / 'mlflow.db'}"
     digits = load_dataset("digits", tmp)
@@ -67,7 +80,7 @@ def compared(tmp_path_factory):
     spaces.mkdir()
     for m, text in SPACES.items():
         (spaces / f"{m}.yaml").write_text(text)
-    args = ["compare", "-c", str(tmp / "base.yaml"), "--methods", "lcfed,standalone", "--budget", "2",
+    args = ["compare", "-c", str(tmp / "base.yaml"), "--methods", "lcfed,standalone", "--budget", "1",
             "--seeds", "2", "--space-dir", str(spaces), "--out", str(tmp / "out"), "--register", "cmp-best",
             "--scheduler", "fifo", "--max-concurrent", "1"]  # one trial process per sweep, reused: its imports once
     assert main(args) == 0
@@ -95,7 +108,7 @@ def test_the_report_has_every_method_with_intervals_and_paired_tests(compared):
     assert "| lcfed vs standalone | " in within
     assert "n = 8" in within  # the 8 devices of each seed, paired
     phase1 = json.loads((out / "phase1" / "lcfed.json").read_text())
-    assert set(phase1["best_config"]) == {"train.lr", "method.mu"} and phase1["trials"] == 2
+    assert set(phase1["best_config"]) == {"train.lr", "method.mu"} and phase1["trials"] == 1
     # every phase-2 run says what produced its numbers, all alike: no note
     phase2 = json.loads((out / "phase2" / "lcfed.json").read_text())
     assert {phase2[s]["provenance"]["numerics"] for s in ("0", "1")} == {"portable"}
@@ -116,7 +129,8 @@ def test_mlflow_holds_one_parent_with_a_sweep_per_method_and_phase(compared):
     for name, sweep in sweeps.items():
         assert sweep.data.params["metric"] == "val_acc_mean"  # phase 1 decides on validation, never test
         trials = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == sweep.info.run_id]
-        assert len(trials) == 2 and all(t.info.status == "FINISHED" for t in trials)
+        assert len(trials) == (2 if name.endswith("-seeds") else 1)  # a seed each; the budget
+        assert all(t.info.status == "FINISHED" for t in trials)
         assert {t.data.tags.get("provenance.numerics") for t in trials} == {"portable"}  # the trials' own record
         if name.endswith("-seeds"):
             assert sorted(t.data.params["seed"] for t in trials) == ["0", "1"]
@@ -173,7 +187,7 @@ def test_phase_one_decides_the_same_when_the_test_split_is_poisoned(compared):
     as_mnist_files(tmp / "poisoned", x, digits.y)
     base = base_config(uri, tmp / "poisoned", "compare-poisoned")
     (tmp / "poisoned.yaml").write_text(yaml.safe_dump(to_dict(base)))
-    assert main(["compare", "-c", str(tmp / "poisoned.yaml"), "--methods", "lcfed,standalone", "--budget", "2",
+    assert main(["compare", "-c", str(tmp / "poisoned.yaml"), "--methods", "lcfed,standalone", "--budget", "1",
                  "--seeds", "1", "--space-dir", str(tmp / "spaces"), "--out", str(tmp / "poisoned-out"),
                  "--scheduler", "fifo"]) == 0
     for m in ("lcfed", "standalone"):
@@ -183,6 +197,32 @@ def test_phase_one_decides_the_same_when_the_test_split_is_poisoned(compared):
                            for out in ("out", "poisoned-out"))
         assert poisoned["val_acc_mean"] == clean["val_acc_mean"]
         assert poisoned["acc_mean"] < clean["acc_mean"] - 0.05  # the test samples are noise now
+
+
+def test_an_untracked_compare_writes_its_report_and_creates_no_mlflow_file(shared_ray, tmp_path, monkeypatch, capsys):
+    """``--no-track`` (moved here from tests/test_plugin_errors.py: on this module's Ray): the report, no MLflow
+    file in the working directory, and a tracked rerun into its --out refused."""
+    from tests.test_sweep import mlflow_files
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    base = tiny_config("engine.num_cpus=2", "tracking.enabled=true")  # the flag turns it off
+    (tmp_path / "base.yaml").write_text(yaml.safe_dump(to_dict(base)))
+    args = ["compare", "-c", "base.yaml", "--methods", "fedavg,standalone", "--budget", "1", "--seeds", "1",
+            "--scheduler", "fifo", "--max-concurrent", "1", "--set", "train.rounds=2", "--out", "cmp", "-q",
+            "--no-track"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "fedavg" in out and "standalone" in out and "MLflow" not in out
+    for name in ("compare.md", "compare.csv", "phase1/fedavg.json", "phase2/standalone.json"):
+        assert (tmp_path / "cmp" / name).is_file(), name
+    state = json.loads((tmp_path / "cmp" / "state.json").read_text())
+    assert state["parent_run_id"] is None and state["params"]["tracking"] == "off"
+    assert mlflow_files(tmp_path) == []
+    # a tracked rerun into the untracked comparison's --out is refused (it has no parent run to continue)
+    assert main(args[:-1]) == 2
+    assert "holds a comparison with other settings" in capsys.readouterr().err
+    assert mlflow_files(tmp_path) == []
 
 
 def test_the_report_by_hand_with_newcomers(tmp_path):

@@ -1,9 +1,10 @@
 """Job submission and the MLflow server, end to end on this machine.
 
-``lcfed submit`` runs ``lcfed run`` / ``lcfed sweep`` as jobs on the test process's shared Ray head
-(:func:`tests.conftest.shared_head`: own ports, own temp dir, token auth on); the runs land in the shared MLflow
-server (:func:`tests.conftest.mlflow_server`), each test in an experiment of its own, and the tests look only at
-their own jobs and runs. ``lcfed mlflow-server`` itself is started and stopped here, on a port of its own.
+``lcfed submit`` runs ``lcfed run`` as jobs (``lcfed sweep``: tests/test_multinode.py) on the test process's shared Ray head
+(:func:`tests.conftest.shared_head`: own ports, own temp dir, token auth on); the runs land in the server of the
+module's ``lcfed mlflow-server`` command (:func:`served`: the command's output, binding and Ctrl-C are checked on
+it, so one server start serves all), each test in an experiment of its own, and the tests look only at their own
+jobs and runs.
 
 The head is never stopped with ``ray stop`` (that kills every Ray on the machine, other tests'
 and other users' included). It runs as ``ray start --head --block`` in its own process group:
@@ -23,6 +24,8 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -109,47 +112,63 @@ def _listening(port: int) -> list[str]:
     return found
 
 
-def test_mlflow_server_command_binds_loopback_by_default_and_stops_on_ctrl_c(tmp_path):
+@dataclass
+class Served:
+    """An ``lcfed mlflow-server`` command: its process, port, store directory and what it printed."""
+
+    proc: subprocess.Popen[str]
+    port: int
+    store: Path
+    text: str
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    """One ``lcfed mlflow-server`` for the module (a server start costs seconds), run as from a terminal: the
+    first test below checks what it printed and where it listens, the jobs and the UI test log to it, the last
+    one stops it with Ctrl-C."""
+    store = tmp_path_factory.mktemp("lcfed-mlflow-server")
     port = free_port()
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    with (tmp_path / "stderr").open("w") as err:
+    with (store / "stderr").open("w") as err:
         proc = subprocess.Popen(from_a_terminal([str(BIN / "lcfed"), "mlflow-server", "--port", str(port),
-                                                 "--store-dir", str(tmp_path)]),
-                                stdout=subprocess.PIPE, stderr=err,
-                                text=True, env=env, cwd=tmp_path)
-    lines: list[str] = []
+                                                 "--store-dir", str(store)]),
+                                stdout=subprocess.PIPE, stderr=err, text=True, env=env, cwd=store)
     try:
+        lines: list[str] = []
         assert proc.stdout is not None
         for line in proc.stdout:
             lines.append(line)
             if "Ctrl-C stops it" in line:
                 break
-        text = "".join(lines)
-        assert f"MLflow server ready: http://127.0.0.1:{port}" in text, text + (tmp_path / "stderr").read_text()
-        assert f"--set tracking.uri=http://127.0.0.1:{port}" in text
-        assert f"sqlite:///{tmp_path.resolve()}/mlflow.db" in text  # absolute store
-        addrs = _listening(port)
-        assert addrs and all(a == "0100007F" for a in addrs), addrs  # 127.0.0.1 only, not 0.0.0.0
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=10) as resp:
-            assert resp.status == 200
-        proc.send_signal(signal.SIGINT)  # Ctrl-C: the command stops its server and exits
-        assert proc.wait(timeout=60) == 0
-        deadline = time.monotonic() + 30
-        while _listening(port) and time.monotonic() < deadline:
-            time.sleep(0.5)
-        assert not _listening(port), "the MLflow server outlived its command"
+        yield Served(proc, port, store, "".join(lines) + (store / "stderr").read_text())
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-        # if an assertion failed before Ctrl-C, the server (own process group) is still up: stop it,
-        # found by its store directory (unique to this test)
-        for pid in pids_marked(str(tmp_path)):
+        # if a test failed before Ctrl-C, the server (own process group) is still up: stop it, found by its
+        # store directory (unique to this module)
+        for pid in pids_marked(str(store)):
             try:
                 if (pgid := os.getpgid(pid)) != os.getpgrp():  # never our own group
                     os.killpg(pgid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+
+def test_mlflow_server_command_binds_loopback_by_default(served):
+    port, text = served.port, served.text
+    assert f"MLflow server ready: http://127.0.0.1:{port}" in text, text
+    assert f"--set tracking.uri=http://127.0.0.1:{port}" in text
+    assert f"sqlite:///{served.store.resolve()}/mlflow.db" in text  # absolute store
+    addrs = _listening(port)
+    assert addrs and all(a == "0100007F" for a in addrs), addrs  # 127.0.0.1 only, not 0.0.0.0
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=10) as resp:
+        assert resp.status == 200
 
 
 def test_mlflow_server_warns_on_all_interfaces_and_refuses_a_taken_port(tmp_path, capsys):
@@ -171,9 +190,12 @@ def test_mlflow_server_warns_on_all_interfaces_and_refuses_a_taken_port(tmp_path
 # ---- against the shared Ray head and MLflow server ------------------------------------------------
 
 
-def test_submit_runs_lcfed_on_ray_and_logs_to_mlflow_server(ray_head, mlflow_server, mlflow_store, mlflow_experiment,
-                                                            tmp_path, capsys):
+def test_submit_runs_lcfed_on_ray_and_logs_to_mlflow_server(ray_head, served, mlflow_experiment, capsys,
+                                                            monkeypatch):
     import mlflow
+
+    mlflow_server = served.url
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server)  # the run's logged models' URIs resolve against it
 
     # token auth is on: a request without the token is refused
     with pytest.raises(urllib.error.HTTPError) as refused:
@@ -183,10 +205,9 @@ def test_submit_runs_lcfed_on_ray_and_logs_to_mlflow_server(ray_head, mlflow_ser
     sets = ["train.rounds=2", "data.num_devices=6", "method.num_clusters=2", "method.rank=3",
             "train.local_steps=2", f"tracking.uri={mlflow_server}", f"tracking.experiment={mlflow_experiment}",
             "engine.torch_threads=1"]
-    # a tiny sweep: 2 trials, each a federation on Ray actors inside the job's cluster
-    entry = ["lcfed", "sweep", "--space", "mu_lambda.yaml", "--num-samples", "2", "--scheduler", "fifo",
-             "--max-concurrent", "1", "--name", "jobs-e2e", "--storage", str(tmp_path / "tune")]
-    entry += [a for s in sets for a in ("--set", s)]
+    # a tiny run in the job (a sweep in a job, its trials logged through the driver: tests/test_multinode.py's
+    # plugin sweep)
+    entry = ["lcfed", "run", *[a for s in sets for a in ("--set", s)]]
     code = main(["submit", "--address", ray_head.dashboard, "--working-dir", str(ROOT),
                  "--env", "LCFED_JOB_TEST=1", "--", *entry])
     out = capsys.readouterr().out
@@ -197,7 +218,7 @@ def test_submit_runs_lcfed_on_ray_and_logs_to_mlflow_server(ray_head, mlflow_ser
     assert main(["job", "status", job_id, "--address", ray_head.dashboard]) == 0
     assert "SUCCEEDED" in capsys.readouterr().out
     assert main(["job", "logs", job_id, "--address", ray_head.dashboard]) == 0
-    assert "MLflow parent run" in capsys.readouterr().out
+    assert f"in experiment {mlflow_experiment!r}" in capsys.readouterr().out
     assert main(["job", "list", "--address", ray_head.dashboard]) == 0
     assert job_id in capsys.readouterr().out
     assert main(["job", "stop", job_id, "--address", ray_head.dashboard]) == 0
@@ -206,13 +227,8 @@ def test_submit_runs_lcfed_on_ray_and_logs_to_mlflow_server(ray_head, mlflow_ser
     client = mlflow.MlflowClient(tracking_uri=mlflow_server)
     exp = client.get_experiment_by_name(mlflow_experiment)
     assert exp is not None
-    runs = client.search_runs([exp.experiment_id])
-    parents = [r for r in runs if r.data.tags.get("sweep_parent") == "true"]
-    children = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
-    assert len(parents) == 1 and len(children) == 2
-    assert parents[0].info.status == "FINISHED" and "best.method.mu" in parents[0].data.tags
-    assert all(c.info.status == "FINISHED" for c in children)
-    run = children[0]
+    (run,) = client.search_runs([exp.experiment_id])
+    assert run.info.status == "FINISHED"
     assert run.data.params["train.rounds"] == "2" and run.data.params["method.name"] == "lcfed"
     for key in ("accuracy/acc_mean", "accuracy/acc_weighted", "loss/train_loss", "server/num_clusters"):
         assert key in run.data.metrics, key
@@ -220,7 +236,7 @@ def test_submit_runs_lcfed_on_ray_and_logs_to_mlflow_server(ray_head, mlflow_ser
     # artifacts went through the server's proxy into its artifact directory
     names = {a.path for a in client.list_artifacts(run.info.run_id, "clusters")}
     assert "clusters/assignment.csv" in names
-    assert list((mlflow_store / "mlartifacts" / exp.experiment_id / run.info.run_id).rglob("assignment.csv"))
+    assert list((served.store / "mlartifacts" / exp.experiment_id / run.info.run_id).rglob("assignment.csv"))
 
 
 def test_wrong_token_is_a_clear_error(ray_head, monkeypatch, capsys):
@@ -237,10 +253,12 @@ def test_failed_job_exits_1(ray_head, capsys):
     assert code == 1 and "FAILED" in out
 
 
-def test_printed_ui_links_use_a_ui_that_already_serves_the_store(mlflow_server, mlflow_experiment):
-    """A UI left open on a port (here the shared server) that knows the run is where the addresses point, with no
-    command to start another; a port where something else listens is passed over for a free one."""
+def test_printed_ui_links_use_a_ui_that_already_serves_the_store(served, mlflow_experiment):
+    """A UI left open on a port (here the module's server) that knows the run is where the addresses point, with
+    no command to start another; a port where something else listens is passed over for a free one."""
     import mlflow
+
+    mlflow_server = served.url
 
     from lcfed.tracking import ui
 
@@ -263,3 +281,14 @@ def test_printed_ui_links_use_a_ui_that_already_serves_the_store(mlflow_server, 
     ui._PORTS.pop("sqlite:///a.db")
     ui._PORTS.pop("sqlite:///b.db")
     ui._SERVED.discard("sqlite:///a.db")
+
+
+def test_mlflow_server_command_stops_on_ctrl_c(served):
+    """Last in the module: the tests above used the server."""
+    proc, port = served.proc, served.port
+    proc.send_signal(signal.SIGINT)  # Ctrl-C: the command stops its server and exits
+    assert proc.wait(timeout=60) == 0
+    deadline = time.monotonic() + 30
+    while _listening(port) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not _listening(port), "the MLflow server outlived its command"

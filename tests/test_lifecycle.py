@@ -31,11 +31,11 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-# SIGTERM and SIGHUP take the signal handler's path, which test_jobs' Ctrl-C (SIGINT) test of the server also
-# takes: run on request only, to keep the CI suite short; SIGKILL (the watchdog's path) runs in CI
-@pytest.mark.parametrize("sig", [pytest.param(signal.SIGTERM, marks=pytest.mark.slow),
-                                 pytest.param(signal.SIGHUP, marks=pytest.mark.slow), signal.SIGKILL],
-                         ids=lambda s: s.name)
+# run on request only, to keep the CI suite short: SIGTERM and SIGHUP take the signal handler's path, which
+# test_jobs' Ctrl-C (SIGINT) test of the server also takes; SIGKILL (the watchdog's path): test_safety's first
+# outage kills its server's `lcfed mlflow-server` command with it and makes these checks
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGKILL], ids=lambda s: s.name)
 def test_mlflow_server_goes_down_with_its_command(tmp_path, sig):
     """SIGTERM and SIGHUP are handled (exit 0); SIGKILL is not, and the watchdog stops the server's group.
     Either way, within 20 s the port is free and no process the command started is left."""
@@ -72,23 +72,30 @@ def test_mlflow_server_goes_down_with_its_command(tmp_path, sig):
                 pass
 
 
-def _concurrent_runs(tmp_path: Path, n: int) -> None:
-    """``n`` real ``lcfed run`` processes started at once on one fresh sqlite file: all exit 0, and the
-    store holds ``n`` FINISHED runs with every round's metrics."""
-    import mlflow
+ROUNDS = 2  # of each concurrent run
 
-    db = tmp_path / "mlflow.db"
-    uri = f"sqlite:///{db}"
-    rounds = 2
+
+def _start_concurrent(tmp_path: Path, n: int) -> tuple[list[subprocess.Popen[bytes]], str]:
+    """``n`` real ``lcfed run`` processes (:data:`ROUNDS` each) started at once on the sqlite file ``mlflow.db``."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     procs = []
     for i in range(n):
         with (tmp_path / f"r{i}.log").open("w") as log:
             procs.append(subprocess.Popen(
                 [str(BIN / "lcfed"), "run", "--set", "data.dataset=digits", "--set", "data.num_devices=4",
-                 "--set", f"train.rounds={rounds}", "--set", "train.local_steps=2", "--set", "model.name=lenet5",
+                 "--set", f"train.rounds={ROUNDS}", "--set", "train.local_steps=2", "--set", "model.name=lenet5",
                  "--set", "method.name=fedavg", "--set", f"tracking.uri={uri}", "--set", f"tracking.run_name=r{i}",
                  "-q"], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=tmp_path, env=env))
+    return procs, uri
+
+
+def _check_concurrent(tmp_path: Path, procs: list[subprocess.Popen[bytes]], uri: str) -> None:
+    """The runs of :func:`_start_concurrent` all exit 0, and the store holds them all FINISHED with every
+    round's metrics."""
+    import mlflow
+
+    n = len(procs)
     try:
         codes = [p.wait(timeout=600) for p in procs]
     finally:
@@ -111,11 +118,7 @@ def _concurrent_runs(tmp_path: Path, n: int) -> None:
             if key.startswith("system/"):
                 continue
             steps = sorted(m.step for m in client.get_metric_history(run.info.run_id, key))
-            assert steps == list(range(rounds)), (run.info.run_name, key, steps)
-
-
-def test_concurrent_runs_on_a_fresh_sqlite_store(tmp_path):
-    _concurrent_runs(tmp_path, 4)
+            assert steps == list(range(ROUNDS)), (run.info.run_name, key, steps)
 
 
 def test_runs_racing_to_log_the_same_dataset_all_log_it(tmp_path):
@@ -158,7 +161,7 @@ def test_runs_racing_to_log_the_same_dataset_all_log_it(tmp_path):
 
 @pytest.mark.slow
 def test_ten_concurrent_runs_on_a_fresh_sqlite_store(tmp_path):
-    _concurrent_runs(tmp_path, 10)
+    _check_concurrent(tmp_path, *_start_concurrent(tmp_path, 10))
 
 
 def _start_run(tmp_path: Path, *sets: str) -> tuple[subprocess.Popen[str], str]:
@@ -205,16 +208,31 @@ def _wait_closed(uri: str, timeout: float = 30) -> object:
     raise AssertionError(f"the run is still RUNNING {timeout:.0f} s after its process died")
 
 
-def test_kill_9_of_a_run_marks_it_failed_with_the_reason_and_keeps_its_metrics(tmp_path):
-    proc, uri = _start_run(tmp_path, "checkpoint.dir=ck", "checkpoint.every=1000")
-    _wait_for_rounds(proc, uri, 2)
-    proc.kill()
-    proc.wait(timeout=10)
-    run = _wait_closed(uri)
-    assert run.info.status == "FAILED"
-    reason = run.data.tags["failure_reason"]
-    assert "ended without closing this run" in reason and "--resume" in reason
-    assert _steps(uri, run.info.run_id) >= 2  # what was logged stays
+def test_concurrent_runs_on_a_fresh_sqlite_store_and_kill_9_of_one(tmp_path):
+    """Four ``lcfed run`` processes started at once on one fresh sqlite file: three run to the end and are all
+    recorded (:func:`_check_concurrent`); the fourth (its own experiment) is killed with ``kill -9`` after
+    round 2, and is FAILED with the reason, not left RUNNING, keeping its metrics (one set of processes for
+    both: each costs seconds)."""
+    killed, uri = _start_run(tmp_path, "checkpoint.dir=ck", "checkpoint.every=1000")
+    procs, _ = _start_concurrent(tmp_path, 3)
+    try:
+        _wait_for_rounds(killed, uri, 2)
+        killed.kill()
+        killed.wait(timeout=10)
+        run = _wait_closed(uri)
+        assert run.info.status == "FAILED"
+        reason = run.data.tags["failure_reason"]
+        assert "ended without closing this run" in reason and "--resume" in reason
+        assert _steps(uri, run.info.run_id) >= 2  # what was logged stays
+    except BaseException:
+        for p in procs:
+            p.kill()
+        raise
+    finally:
+        if killed.poll() is None:
+            killed.kill()
+            killed.wait()
+    _check_concurrent(tmp_path, procs, uri)
 
 
 #: a FedAvg whose cluster is lost in round 3 (from 1) while the file ``cluster-dies`` exists (it removes it):

@@ -1,25 +1,17 @@
 """A plugin author's mistakes are one line when the method is resolved (the CLI's rows: tests/test_bad_inputs.py),
-with no false alarm for a sound method; and tracking off everywhere it can be: an untracked ``lcfed sweep`` or
-``lcfed compare`` (``--no-track`` or ``tracking.enabled=false``) runs, reports the best trial and leaves no MLflow
-file behind."""
+with no false alarm for a sound method. (An untracked ``lcfed sweep`` and ``lcfed compare``: tests/test_sweep.py
+and tests/test_compare.py, on their modules' Ray.)"""
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
 from lcfed import registry
-from lcfed.config import to_dict
 from lcfed.methods.base import Strategy
-from tests.conftest import start_test_ray, tiny_config
-from tune_jobs.cli import main
-
-#: what MLflow creates in the working directory (the default store, a file store, a server's artifacts)
-MLFLOW_FILES = ("mlflow.db", "mlruns", "mlartifacts")
+from tests.conftest import tiny_config
 
 
 @pytest.fixture
@@ -84,79 +76,11 @@ def test_a_typo_in_a_nested_attribute_is_suggested_with_its_path(plugin_dir):
         registry.method("plugnest:Box.FedProxx")
 
 
-# -- untracked sweeps and comparisons ---------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def shared_ray():
-    """One small Ray for the module's commands (each attaches to it, as a command in a Ray job does)."""
-    import ray
-
-    start_test_ray()
-    try:
-        yield
-    finally:
-        ray.shutdown()
-
-
-@pytest.fixture
-def workdir(tmp_path, monkeypatch):
-    """An empty working directory, with no tracking store named by the environment; the base config there
-    asks for tracking (so it is the flag or the --set that turns it off)."""
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    base = tiny_config("engine.num_cpus=2", "tracking.enabled=true")
-    (tmp_path / "base.yaml").write_text(yaml.safe_dump(to_dict(base)))
-    (tmp_path / "space.yaml").write_text("method.mu: {grid: [0.05, 0.5]}\n")
-    return tmp_path
-
-
-def _mlflow_files(root: Path) -> list[str]:
-    return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.name in MLFLOW_FILES)
-
-
 def test_no_track_is_tracking_enabled_false():
     """A sweep or comparison with ``--no-track`` is the one whose config says ``tracking.enabled: false`` (so the
-    untracked sweep below, run with the flag, stands for both)."""
+    untracked sweep of tests/test_sweep.py, run with the flag, stands for both)."""
     from tune_jobs.sweep.options import tracking_of
 
     tracked, untracked = tiny_config("tracking.enabled=true"), tiny_config()
     assert tracking_of(tracked, True) == untracked.replace(**{"tracking.uri": tracked.tracking.uri})
     assert tracking_of(tracked, False) is tracked and tracking_of(untracked, True) is untracked
-
-
-def test_an_untracked_sweep_reports_its_best_trial_and_creates_no_mlflow_file(shared_ray, workdir, capsys):
-    code = main(["sweep", "-c", "base.yaml", "--space", "space.yaml", "--set", "train.rounds=2", "--scheduler", "fifo",
-                 "--max-concurrent", "1", "--storage", "tune", "--name", "untracked", "--json", "summary.json",
-                 "--no-track"])
-    out = capsys.readouterr().out
-    assert code == 0, out[-3000:]
-    summary = json.loads((workdir / "summary.json").read_text())
-    assert summary["trials"] == 2 and summary["errors"] == 0
-    assert summary["best_config"]["method.mu"] in (0.05, 0.5) and summary["best_acc_mean"] > 0
-    assert (summary["parent_run_id"], summary["tracking_uri"], summary["view"], summary["registered"]) == (
-        None, None, None, None)
-    assert "sweep: 2/2 trials ended; best acc_mean" in out and "MLflow" not in out
-    assert f"not tracked: the trials are in Tune's storage, {workdir / 'tune' / 'untracked'}" in out
-    assert _mlflow_files(workdir) == []
-    assert (workdir / "tune" / "untracked").is_dir()
-    assert not list((workdir / "tune").rglob("final_models.pt"))  # no run to log them on: none kept
-
-
-def test_an_untracked_compare_writes_its_report_and_creates_no_mlflow_file(shared_ray, workdir, capsys):
-    args = ["compare", "-c", "base.yaml", "--methods", "fedavg,standalone", "--budget", "1", "--seeds", "1",
-            "--scheduler", "fifo", "--max-concurrent", "1", "--set", "train.rounds=2", "--out", "cmp", "-q",
-            "--no-track"]
-    assert main(args) == 0
-    out = capsys.readouterr().out
-    assert "fedavg" in out and "standalone" in out and "MLflow" not in out
-    for name in ("compare.md", "compare.csv", "phase1/fedavg.json", "phase2/standalone.json"):
-        assert (workdir / "cmp" / name).is_file(), name
-    state = json.loads((workdir / "cmp" / "state.json").read_text())
-    assert state["parent_run_id"] is None and state["params"]["tracking"] == "off"
-    assert _mlflow_files(workdir) == []
-    # a tracked rerun into the untracked comparison's --out is refused (it has no parent run to continue)
-    assert main(args[:-1]) == 2
-    assert "holds a comparison with other settings" in capsys.readouterr().err
-    assert _mlflow_files(workdir) == []

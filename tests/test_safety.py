@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import mlflow
+import psutil
 import pytest
 import torch
 
@@ -97,26 +102,55 @@ def test_tracking_uri_is_made_absolute(tmp_path, monkeypatch):
 
 class Server:
     """A real MLflow tracking server on 127.0.0.1 that the outage tests stop and start again: their own, not the
-    shared :func:`tests.conftest.mlflow_server`."""
+    shared :func:`tests.conftest.mlflow_server`. The first is ``lcfed mlflow-server``'s, and the first outage
+    kills that command with SIGKILL: no handler runs, and its watchdog must take the server down (within 20 s
+    the port is free and nothing the command started is left; the handler's path: test_jobs' Ctrl-C). Later
+    starts are :func:`start_mlflow_server`'s."""
 
     def __init__(self, store: Path) -> None:
         from tests.raycluster import free_port
 
         self.port, self.store, self.proc = free_port(), store, None
+        self.command: subprocess.Popen[bytes] | None = None
+        self.started: list = []  # what the command started
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
+    def start_command(self) -> None:
+        from tune_jobs.mlflow_server import healthy
+
+        log = self.store / "command.log"
+        with log.open("w") as out:
+            self.command = subprocess.Popen([str(Path(sys.executable).parent / "lcfed"), "mlflow-server", "--port",
+                                             str(self.port), "--store-dir", str(self.store)], stdout=out,
+                                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=self.store)
+        deadline = time.monotonic() + 120
+        while not healthy(self.url, timeout=1.0):
+            assert self.command.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.3)
+        # everything it started, found before the kill (afterwards they are no longer its children)
+        self.started = psutil.Process(self.command.pid).children(recursive=True)
+        cmds = [" ".join(p.cmdline()) for p in self.started]
+        assert any("watchdog" in c for c in cmds) and any("uvicorn" in c for c in cmds), cmds
+
     def start(self) -> None:
         from tune_jobs.mlflow_server import start_mlflow_server
 
-        if self.proc is None:
+        if self.proc is None and self.command is None:
             self.proc = start_mlflow_server("127.0.0.1", self.port, self.store)[0]
 
     def stop(self) -> None:
-        from tune_jobs.mlflow_server import stop
+        from tune_jobs.mlflow_server import port_free, stop
 
+        if self.command is not None:
+            command, self.command = self.command, None
+            command.kill()
+            assert command.wait(timeout=30) == -signal.SIGKILL
+            _, alive = psutil.wait_procs(self.started, timeout=20)
+            assert not alive, f"left after SIGKILL: {[(p.pid, p.cmdline()) for p in alive]}"
+            assert port_free("127.0.0.1", self.port)
         proc, self.proc = self.proc, None
         if proc is not None:
             stop(proc)
@@ -126,11 +160,18 @@ class Server:
 def server(tmp_path_factory):
     """One server for the module's outage tests (a start costs seconds); each test leaves it running."""
     srv = Server(tmp_path_factory.mktemp("mlflow"))
-    srv.start()
     try:
+        srv.start_command()
         yield srv
     finally:
-        srv.stop()
+        try:
+            srv.stop()  # the command, if no outage killed it yet: with the same checks
+        finally:
+            for p in srv.started:  # only what the command started
+                try:
+                    p.kill()
+                except psutil.NoSuchProcess:
+                    pass
 
 
 @pytest.fixture
@@ -139,38 +180,28 @@ def running(server):
     return server
 
 
-def test_tracking_server_lost_mid_run_buffers_and_flushes(running):
+def test_tracking_server_lost_mid_run_and_restarted_within_the_end_wait_loses_nothing(running, tmp_path, monkeypatch):
+    """One run, two outages (one run for both: a run and its server restarts cost seconds). The server stops
+    after round 0 and is back for round 2: the rounds between are buffered and flushed while the run goes on.
+    It goes down again in the last round and its restart (seconds) ends while the run waits for it
+    (tracking.end_wait_s; 120 here, not the default 30, so that a slow start on a busy machine cannot fail the
+    test): every round logged, the run FINISHED with its artifacts, no unlogged-metrics file."""
     # MLflow's client settings as a user has them: the product bounds its own retries
-    class Outage(RoundHook):
-        """Stops the tracking server after round 0 and brings it back after round 2."""
-
-        def on_round(self, rnd, metrics, stats):
-            if rnd == 0:
-                running.stop()
-            elif rnd == 2:
-                running.start()
-
-    tracker = MLflowObserver(running.url)
-    with pytest.warns(UserWarning, match="buffering metrics"):
-        run_local(tiny_config("train.rounds=4", "tracking.enabled=true", f"tracking.uri={running.url}"),
-                  [tracker, Outage()])
-    client = mlflow.MlflowClient(tracking_uri=running.url)
-    assert client.get_run(tracker.run_id).info.status == "FINISHED"
-    assert [m.step for m in client.get_metric_history(tracker.run_id, "loss/train_loss")] == [0, 1, 2, 3]
-
-
-def test_tracking_server_restarted_within_the_end_wait_loses_nothing(running, tmp_path, monkeypatch):
-    """The server goes down in the last round and its restart (seconds) ends while the run waits for it
-    (tracking.end_wait_s; 120 here, not the default 30, so that a slow start on a busy machine cannot
-    fail the test): every round logged, the run FINISHED with its artifacts, no unlogged-metrics file."""
     import threading
 
     monkeypatch.chdir(tmp_path)
     restart = threading.Thread(target=running.start)
+    flushed: list[int] = []
 
-    class Restart(RoundHook):
-        def on_round(self, rnd, metrics, stats):
-            if rnd == 3:  # before the tracker hears of the last round: it is buffered, then sent after the wait
+    class Outages(RoundHook):
+        def on_round(self, rnd, metrics, stats):  # before the tracker hears of the round
+            if rnd == 0:
+                running.stop()
+            elif rnd == 2:
+                running.start()
+            elif rnd == 3:  # the last round: buffered, then sent after the wait
+                client = mlflow.MlflowClient(tracking_uri=running.url)
+                flushed.extend(m.step for m in client.get_metric_history(tracker.run_id, "loss/train_loss"))
                 running.stop()
                 restart.start()
 
@@ -178,11 +209,16 @@ def test_tracking_server_restarted_within_the_end_wait_loses_nothing(running, tm
     cfg = tiny_config("train.rounds=4", "tracking.enabled=true", f"tracking.uri={running.url}",
                       "tracking.end_wait_s=120")
     try:
-        with pytest.warns(UserWarning, match="unreachable at the end of the run: trying again for up to 120 s") as seen:
-            result = run_local(cfg, [Restart(), tracker])
+        with pytest.warns(UserWarning) as seen:
+            result = run_local(cfg, [Outages(), tracker])
     finally:
-        restart.join()
-    assert not [str(w.message) for w in seen if "saved in" in str(w.message)]
+        if restart.ident is not None:  # started
+            restart.join()
+    said = [str(w.message) for w in seen]
+    assert any("buffering metrics" in m for m in said), said
+    assert flushed == [0, 1, 2]  # the mid-run outage's rounds reached the store before the end
+    assert any("unreachable at the end of the run: trying again for up to 120 s" in m for m in said), said
+    assert not [m for m in said if "saved in" in m]
     assert "unlogged_metrics" not in result.tracking and not list(tmp_path.glob("unlogged-metrics-*"))
     client = mlflow.MlflowClient(tracking_uri=running.url)
     assert client.get_run(tracker.run_id).info.status == "FINISHED"

@@ -1,10 +1,12 @@
-"""A real Tune sweep: 4 trials, each a federation on Ray actors, logged as MLflow child runs."""
+"""Real Tune sweeps: trials, each a federation, logged as MLflow child runs; ASHA, a diverging trial, a signal
+and resume; an untracked sweep."""
 
 from __future__ import annotations
 
 import contextlib
 import io
 import json
+import os
 import re
 from pathlib import Path
 
@@ -31,8 +33,8 @@ pytestmark = [pytest.mark.ray, pytest.mark.subprocess]  # what it starts: `make 
 
 @pytest.fixture(scope="module")
 def shared_ray():
-    """One Ray for the module's in-process sweeps (a start costs seconds): they run on it as a sweep in a Ray
-    job runs on its cluster. A sweep's own private Ray: the signal test's ``lcfed sweep`` process."""
+    """One Ray for the module's sweeps (a start costs seconds): they run on it as a sweep in a Ray job runs on its
+    cluster, the signal test's ``lcfed sweep`` process too."""
     import ray
 
     start_test_ray()
@@ -58,27 +60,29 @@ def test_space_files_are_validated_against_the_base_config(tmp_path):
         load_space(bad, base)
 
 
-def test_sweep_of_four_trials_logs_children_and_parent(shared_ray, tmp_path, tracking_uri, monkeypatch):
+def test_sweep_of_two_trials_logs_children_and_parent(shared_ray, tmp_path, tracking_uri, monkeypatch):
+    # two trials one after the other (the second in the first's warm process); trials at once: the plugin sweep
+    # of tests/test_multinode.py
     monkeypatch.setenv("MLFLOW_TRACKING_URI", tracking_uri)  # models:/ URIs (registered ones too) resolve against it
     base = tiny_config("train.rounds=3", "engine.num_cpus=2", "tracking.enabled=true", f"tracking.uri={tracking_uri}",
                        "tracking.experiment=sweep-test")
     space = load_space("mu_lambda.yaml", base)
-    summary = run_sweep(base, space, SweepOptions(num_samples=4, scheduler="fifo", max_concurrent=2, name="t4",
-                                                  storage=tmp_path / "tune", register="t4-best"))
-    assert summary["trials"] == 4 and summary["errors"] == 0
+    summary = run_sweep(base, space, SweepOptions(num_samples=2, scheduler="fifo", max_concurrent=1, name="t2",
+                                                  storage=tmp_path / "tune", register="t2-best"))
+    assert summary["trials"] == 2 and summary["errors"] == 0
     assert set(summary["best_config"]) == {"method.mu", "method.lam"}
     client = mlflow.MlflowClient(tracking_uri=tracking_uri)
     exp = client.get_experiment_by_name("sweep-test")
     runs = client.search_runs([exp.experiment_id])
     parent = [r for r in runs if r.data.tags.get("sweep_parent") == "true"]
     children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == summary["parent_run_id"]]
-    assert len(parent) == 1 and len(children) == 4
+    assert len(parent) == 1 and len(children) == 2
     for child in children:
         assert child.info.status == "FINISHED"
         assert "accuracy/acc_mean" in child.data.metrics and "loss/train_loss" in child.data.metrics
         assert child.data.params["method.mu"] == child.data.tags["space.method.mu"]
     mus = {c.data.params["method.mu"] for c in children}
-    assert len(mus) == 4  # four different samples
+    assert len(mus) == 2  # two different samples
     # on one node each trial runs its federation in its own (reused) process: the numbers of `lcfed run`
     assert summary["trial_engine"] == "local" and parent[0].data.params["trial_engine"] == "local"
     for child in children:
@@ -104,19 +108,19 @@ def test_sweep_of_four_trials_logs_children_and_parent(shared_ray, tmp_path, tra
     assert [c.info.run_id for c in children if c.data.tags.get("best_trial") == "true"] == [best_child.info.run_id]
     assert p.params["space.method.mu"] == p.params["space.method.lam"] == "loguniform(0.001, 1)"
     # the UI view of the trials: the metric and the swept values as columns, best first
-    view = json.loads(exp.tags["mlflow.sharedViewState.sweep-t4"])
+    view = json.loads(exp.tags["mlflow.sharedViewState.sweep-t2"])
     assert view["selectedColumns"][:4] == ["metrics.`accuracy/acc_mean`", "metrics.`loss/train_loss`",
                                            "params.`method.mu`", "params.`method.lam`"]
     assert (view["orderByKey"], view["orderByAsc"], view["searchFilter"]) == ("metrics.`accuracy/acc_mean`", False,
-                                                                              "tags.sweep = 't4'")
+                                                                              "tags.sweep = 't2'")
     assert summary["view"].endswith(f"/#/experiments/{exp.experiment_id}/runs?workflowType=machine_learning"
-                                   "&viewStateShareKey=sweep-t4")
+                                   "&viewStateShareKey=sweep-t2")
     assert (p.params["metric"], p.params["mode"], p.params["scheduler"]) == ("acc_mean", "max", "fifo")
     assert "grace_period" not in p.params
     text = Path(client.download_artifacts(summary["parent_run_id"], "space.yaml")).read_text()
     assert yaml.safe_load(text) == {"method.mu": {"loguniform": [0.001, 1.0]}, "method.lam": {"loguniform": [0.001, 1.0]}}
     names = [c.info.run_name for c in children]  # the swept values first, then the method, the data and the seed
-    assert len(set(names)) == 4
+    assert len(set(names)) == 2
     assert all(re.fullmatch(r"mu=[\d.e-]+ lam=[\d.e-]+ · lcfed · digits path2 · s0( #\d+)?", n) for n in names), names
     assert best_child.info.run_name.startswith(f"mu={float(best_child.data.params['method.mu']):.3g} ")
     assert {k: best_child.data.tags[k] for k in ("method", "dataset", "partition", "seed")} == {
@@ -124,7 +128,7 @@ def test_sweep_of_four_trials_logs_children_and_parent(shared_ray, tmp_path, tra
     # Tune's own view of the sweep agrees: Tuner.restore(path, trainable).get_results()
     # (on a tie Tune keeps the first trial of its own list; the summary the lowest trial id of those tied)
     grid = restore_results(summary["storage"])
-    assert len(grid) == 4 and grid.get_best_result().metrics["acc_mean"] == summary["best_acc_mean"]
+    assert len(grid) == 2 and grid.get_best_result().metrics["acc_mean"] == summary["best_acc_mean"]
     best = grid.get_best_result("acc_mean", "max")
     tied = {r.metrics["trial_id"]: {k: r.config[k] for k in ("method.mu", "method.lam")} for r in grid
             if r.metrics["acc_mean"] == best.metrics["acc_mean"]}
@@ -136,8 +140,8 @@ def _kept_checkpoints_and_the_registered_model(tmp_path, uri, base, summary, bes
     """Each trial kept its latest 2 of 3 checkpoints (the default), the best trial's last one with its final
     models; they are logged on its run, and its personalized models registered, linked to the run;
     through mlflow.pyfunc, each device's raw uint8 test images give the trial's acc_mean exactly."""
-    trials = [d for d in (tmp_path / "tune" / "t4").iterdir() if d.is_dir() and d.name.startswith("run_trial")]
-    assert len(trials) == 4
+    trials = [d for d in (tmp_path / "tune" / "t2").iterdir() if d.is_dir() and d.name.startswith("run_trial")]
+    assert len(trials) == 2
     for trial in trials:
         kept = sorted(c.name for c in trial.glob("checkpoint_*"))
         assert kept == ["checkpoint_000001", "checkpoint_000002"]
@@ -146,11 +150,11 @@ def _kept_checkpoints_and_the_registered_model(tmp_path, uri, base, summary, bes
     assert [t.name.split("_")[3] for t in trials if (t / "checkpoint_000002" / MODELS_FILE).is_file()] == [
         summary["best_trial_id"].split("_")[1]]
     reg = summary["registered"]
-    assert (reg["name"], reg["version"], reg["model"], reg["run_id"]) == ("t4-best", 1, "personal",
+    assert (reg["name"], reg["version"], reg["model"], reg["run_id"]) == ("t2-best", 1, "personal",
                                                                           best_child.info.run_id)
     assert set(summary["best_models"]) == {"personal", "clusters", "embedding"}
     client = mlflow.MlflowClient(tracking_uri=uri, registry_uri=uri)
-    version = client.get_model_version("t4-best", "1")
+    version = client.get_model_version("t2-best", "1")
     assert version.run_id == best_child.info.run_id and version.source == summary["best_models"]["personal"]
     assert client.get_run(best_child.info.run_id).data.tags["model.personal"] == version.source
     cfg = base.replace(**summary["best_config"])
@@ -324,7 +328,12 @@ def test_a_signal_stops_the_sweep_killed_with_a_reason_and_resume_finishes_it(sh
     space.write_text("method.mu: {grid: [0.05, 0.2]}\n")
     cmd = [sys.executable, "-m", "tune_jobs", "sweep", "-c", str(config), "--space", str(space), "--scheduler", "fifo",
            "--max-concurrent", "1", "--name", "sig", "--storage", str(tmp_path / "tune")]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    # the sweep attaches to the module's Ray, as a sweep in a Ray job does (a job is stopped by SIGTERM): a private
+    # start costs seconds (it is tested in tests/test_connect.py)
+    import ray
+
+    env = {**os.environ, "RAY_ADDRESS": ray.get_runtime_context().gcs_address}
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
     client = open_client(tracking_uri)  # under the store's lock: the sweep may be creating the database now
 
     def runs() -> list:
@@ -388,7 +397,7 @@ def test_a_local_trial_asks_for_its_threads_and_gpu_share_in_one_bundle():
     assert trial_config({**config, "__sweep__": meta}, "t1").engine.kind == "ray"  # a sweep from before
 
 
-@pytest.mark.slow  # ~20 s each; local: the four-trial sweep checks its trials' numbers and engine; ray: test_multinode
+@pytest.mark.slow  # ~20 s each; local: the two-trial sweep checks its trials' numbers and engine; ray: test_multinode
 @pytest.mark.parametrize("engine", ["local", "ray"])
 def test_trials_equal_lcfed_run_of_the_same_config_and_name_their_engine(shared_ray, tmp_path, tracking_uri, engine):
     """Every trial's numbers are those of ``lcfed run`` (run_local) of its config, on either trial
@@ -415,3 +424,45 @@ def test_trials_equal_lcfed_run_of_the_same_config_and_name_their_engine(shared_
         ref = run_local(base.replace(**{"method.mu": mu, "engine.kind": "local", "tracking.enabled": False}))
         for key in ("acc_mean", "train_loss"):
             assert child.data.metrics[mlflow_key(key)] == ref.final[key], (engine, mu, key)
+
+
+# -- untracked (moved here from tests/test_plugin_errors.py: on this module's Ray) ----------------------------
+
+#: what MLflow creates in the working directory (the default store, a file store, a server's artifacts)
+MLFLOW_FILES = ("mlflow.db", "mlruns", "mlartifacts")
+
+
+def mlflow_files(root: Path) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.name in MLFLOW_FILES)
+
+
+@pytest.fixture
+def workdir(tmp_path, monkeypatch):
+    """An empty working directory, with no tracking store named by the environment; the base config there
+    asks for tracking (so it is the flag or the --set that turns it off)."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    base = tiny_config("engine.num_cpus=2", "tracking.enabled=true")
+    (tmp_path / "base.yaml").write_text(yaml.safe_dump(to_dict(base)))
+    (tmp_path / "space.yaml").write_text("method.mu: {grid: [0.05, 0.5]}\n")
+    return tmp_path
+
+
+def test_an_untracked_sweep_reports_its_best_trial_and_creates_no_mlflow_file(shared_ray, workdir, capsys):
+    """``--no-track``, which stands for ``tracking.enabled: false`` (tests/test_plugin_errors.py)."""
+    code = main(["sweep", "-c", "base.yaml", "--space", "space.yaml", "--set", "train.rounds=2", "--scheduler", "fifo",
+                 "--max-concurrent", "1", "--storage", "tune", "--name", "untracked", "--json", "summary.json",
+                 "--no-track"])
+    out = capsys.readouterr().out
+    assert code == 0, out[-3000:]
+    summary = json.loads((workdir / "summary.json").read_text())
+    assert summary["trials"] == 2 and summary["errors"] == 0
+    assert summary["best_config"]["method.mu"] in (0.05, 0.5) and summary["best_acc_mean"] > 0
+    assert (summary["parent_run_id"], summary["tracking_uri"], summary["view"], summary["registered"]) == (
+        None, None, None, None)
+    assert "sweep: 2/2 trials ended; best acc_mean" in out and "MLflow" not in out
+    assert f"not tracked: the trials are in Tune's storage, {workdir / 'tune' / 'untracked'}" in out
+    assert mlflow_files(workdir) == []
+    assert (workdir / "tune" / "untracked").is_dir()
+    assert not list((workdir / "tune").rglob("final_models.pt"))  # no run to log them on: none kept
