@@ -1,12 +1,13 @@
 """The cluster path on a real multi-node Ray cluster on this machine, shaped like ``cluster.yaml``.
 
-One cluster for the module: a CPU-only head (2 CPUs, the dataset in its ``~/data``) and three
-workers with 1 CPU and 1 logical GPU each, which do not see the head's data directory (an empty tmpfs
-over it in their own mount namespace, as on machines without the head's disk), where importing ``mlflow``
-fails (so a trial or actor that tried to talk to MLflow would error), and whose environment asks torch
-for baseline kernels (``OTHER_CPU``, as another CPU would pick other kernels than the head's). ``lcfed`` commands run as
-drivers on the head, attached through ``RAY_ADDRESS`` as inside a submitted job, without
-``RAY_AUTH_MODE`` in their environment. An S3-compatible server (moto) runs on 127.0.0.1; the runs that are
+One cluster for the module: a CPU-only head (2 CPUs, the dataset in its ``~/data``) and two
+workers (what spreading over workers needs: each node costs seconds of CPU in daemons) with 1 CPU and 1
+logical GPU each, which do not see the head's data directory (an empty tmpfs over it in their own mount
+namespace, as on machines without the head's disk), where importing ``mlflow`` fails (so a trial or actor
+that tried to talk to MLflow would error), and whose environment asks torch for baseline kernels
+(``OTHER_CPU``, as another CPU would pick other kernels than the head's). ``lcfed`` commands run as drivers
+on the head, attached through ``RAY_ADDRESS`` as inside a submitted job, without ``RAY_AUTH_MODE`` in their
+environment. An S3-compatible server (moto) runs on 127.0.0.1; the runs that are
 tracked log to the test process's shared MLflow server (:func:`tests.conftest.mlflow_server`), each test to an
 experiment of its own. The cluster is the module's own, not the shared head: its shape is what is tested.
 """
@@ -22,6 +23,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import mlflow
 import pytest
@@ -68,6 +70,25 @@ class Env:
         return subprocess.run([sys.executable, "-m", "tune_jobs", *args], env=env, cwd=self.home,
                               capture_output=True, text=True, timeout=timeout)
 
+    def lcfed_each(self, *commands: list[str]) -> list[tuple[int, str]]:
+        """Each command's (exit code, stderr) from ``tune_jobs.cli.main`` called in turn in ONE driver process on
+        the head, attached as :meth:`lcfed` is: a process and an attach per command saved, for commands that
+        are refused (``python -m tune_jobs`` is ``sys.exit(main())``, run as such by :meth:`lcfed`)."""
+        code = ("import json, sys\nfrom tune_jobs.cli import main\n"
+                "for argv in json.loads(sys.argv[1]):\n"
+                "    print('@@start', file=sys.stderr, flush=True)\n"
+                "    rc = main(argv)\n"
+                "    sys.stdout.flush()\n"
+                "    print(f'@@exit {rc}', file=sys.stderr, flush=True)\n")
+        env = self.cluster.client_env(self.home, RAY_ADDRESS=self.cluster.gcs, **self.s3.env)
+        proc = subprocess.run([sys.executable, "-c", code, json.dumps(commands)], env=env, cwd=self.home,
+                              capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        calls = proc.stderr.split("@@start\n")[1:]
+        assert len(calls) == len(commands), proc.stderr[-4000:]
+        done = [call.rstrip("\n").rpartition("@@exit ") for call in calls]
+        return [(int(rc), err) for err, _, rc in done]
+
     def popen(self, log: Path, *args: str) -> subprocess.Popen[bytes]:
         env = self.cluster.client_env(self.home, RAY_ADDRESS=self.cluster.gcs, **self.s3.env)
         with open(log, "wb") as out:
@@ -82,7 +103,7 @@ def env(tmp_path_factory: pytest.TempPathFactory, mlflow_server: str) -> Iterato
     blocker.mkdir(parents=True)
     (blocker / "__init__.py").write_text("raise ImportError('mlflow imported on a worker node')\n")
     with S3Server() as s3:
-        cluster = LocalCluster.start(2, [(1, 1)] * 3, env=s3.env, worker_hidden=["home-head/data"],
+        cluster = LocalCluster.start(2, [(1, 1)] * 2, env=s3.env, worker_hidden=["home-head/data"],
                                      worker_env={"PYTHONPATH": str(blocker.parent), **OTHER_CPU})
         try:
             assert cluster.head is not None
@@ -95,6 +116,26 @@ def env(tmp_path_factory: pytest.TempPathFactory, mlflow_server: str) -> Iterato
         finally:
             left = cluster.stop()
             assert not left or print(f"SIGKILLed {len(left)} straggler(s) of the test cluster")
+
+
+#: CPU-only actors, 3: the head's 2 CPUs and a worker
+HEAD_DATA = ["train.rounds=2", "engine.gpus_per_actor=0", "engine.num_actors=3"]
+
+
+@pytest.fixture(scope="module")
+def refused(env: Env, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The commands the cluster refuses, each's (exit code, stderr), from one driver (:meth:`Env.lcfed_each`);
+    ``tmp``: the sweep's --storage and tracking store are in it."""
+    tmp = tmp_path_factory.mktemp("refused")
+    run = ["run", "--config", str(env.config), "--no-track", "-q"]
+    commands = {
+        "sweep": ["sweep", "--config", str(env.config), "--space", "mu_lambda.yaml", "--storage", str(tmp / "tune"),
+                  "--set", f"tracking.uri=sqlite:///{tmp / 'm.db'}"],
+        "nodes": [*run, *[a for s in [*HEAD_DATA, "engine.data_reads=nodes"] for a in ("--set", s)]],
+        "unplaceable": [*run, "--set", "engine.num_actors=4", "--set", "engine.gpus_per_actor=1",
+                        "--set", "engine.placement_timeout_s=3"],
+    }
+    return {**dict(zip(commands, env.lcfed_each(*commands.values()), strict=True)), "tmp": tmp}
 
 
 def _in_process(env: Env, *sets: str):
@@ -131,12 +172,12 @@ def test_run_places_device_actors_on_gpu_workers_and_matches_in_process(env: Env
         assert summary[key] == local.final[key], key
 
 
-def test_data_on_the_head_only_is_read_there_and_sent_to_the_workers_actors(env: Env, tmp_path: Path):
-    """CPU-only actors on the head and on the workers, which do not see the head's data directory: with
+def test_data_on_the_head_only_is_read_there_and_sent_to_the_workers_actors(env: Env, refused, tmp_path: Path):
+    """CPU-only actors on the head and on a worker, which does not see the head's data directory: with
     ``engine.data_reads=auto`` the head's actors read their rows of its cache file and the driver sends the
     workers' actors theirs, with the in-process numbers (``driver``, which sends them all: the device model's test
     below). ``nodes`` is refused in one line naming the workers, before any actor starts."""
-    sets = ["train.rounds=2", "engine.gpus_per_actor=0"]
+    sets = HEAD_DATA
     out = tmp_path / "auto.json"
     proc = env.lcfed("run", "--config", str(env.config), "--no-track", "-q", "--json", str(out),
                      *[a for s in sets for a in ("--set", s)])
@@ -146,14 +187,15 @@ def test_data_on_the_head_only_is_read_there_and_sent_to_the_workers_actors(env:
     head = place["server"]["node_id"]  # the server stays on the head
     by_node = {(a["node_id"] == head, a["samples"]) for a in place["device_actors"]}
     assert place["data_reads"] == "mixed" and by_node == {(True, "node"), (False, "driver")}, place
-    assert "read on the nodes by 2 actor(s), sent by the driver to 2" in proc.stdout, proc.stdout
+    on_head = sum(a["node_id"] == head for a in place["device_actors"])
+    line = f"read on the nodes by {on_head} actor(s), sent by the driver to {len(place['device_actors']) - on_head}"
+    assert line in proc.stdout, proc.stdout
     local = _in_process(env, *sets)
     for key in ("acc_mean", "acc_weighted", "train_loss", "test_loss"):
         assert summary[key] == local.final[key], key
-    refused = env.lcfed("run", "--config", str(env.config), "--no-track", "-q",
-                        *[a for s in [*sets, "engine.data_reads=nodes"] for a in ("--set", s)])
-    err = refused.stderr.strip()
-    assert refused.returncode == 2 and len(err.splitlines()) == 1 and "Traceback" not in err, err
+    code, err = refused["nodes"]  # these sets and engine.data_reads=nodes
+    err = err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and "Traceback" not in err, err
     assert "engine.data_reads=nodes: node(s) " in err and "do not see" in err and head[:8] not in err, err
     workers = {a["node_id"][:8] for a in place["device_actors"] if a["node_id"] != head}
     assert any(w in err for w in workers), (workers, err)
@@ -175,7 +217,7 @@ def test_each_actor_holds_only_its_own_devices_and_the_server_none(env: Env):
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     actors, server = out["holdings"]["device_actors"], out["holdings"]["server"]
     names = env.cluster.node_names()
-    assert {names[a["node_id"]] for a in actors} == {"w0", "w1", "w2"}  # the devices are spread over the workers
+    assert {names[a["node_id"]] for a in actors} == {"w0", "w1"}  # the devices are spread over the workers
     blocks = [set(a["devices"]) for a in actors]
     assert sum(map(len, blocks)) == m and set().union(*blocks) == set(range(m))
     for a, block in zip(actors, blocks, strict=True):
@@ -184,7 +226,7 @@ def test_each_actor_holds_only_its_own_devices_and_the_server_none(env: Env):
     trained = set(out["trained"])
     held = [d for a in actors for d in a["state_devices"]]
     assert 15 <= len(trained) < m and sorted(held) == sorted(trained)  # one stored state per trained device
-    assert len({a["node_id"] for a in actors if a["state_devices"]}) == 3
+    assert len({a["node_id"] for a in actors if a["state_devices"]}) == 2
     model = out["model_bytes"]
     # the server: Φ, K = 2 centers and their codes, the D = 4 rows of the projector (8 models in all, whatever m)
     # and a device -> cluster assignment (8 bytes a device)
@@ -196,21 +238,20 @@ def test_each_actor_holds_only_its_own_devices_and_the_server_none(env: Env):
           f"server {server['state_bytes'] / model:.1f} models; driver {out['driver_tensor_bytes'] / model:.1f} models")
 
 
-def test_unplaceable_pool_fails_with_the_ask_and_the_cluster(env: Env):
-    proc = env.lcfed("run", "--config", str(env.config), "--no-track", "-q", "--set", "engine.num_actors=4",
-                     "--set", "engine.gpus_per_actor=1", "--set", "engine.placement_timeout_s=3")
-    assert proc.returncode == 2, proc.stderr[-3000:]
-    err = proc.stderr.strip()
+def test_unplaceable_pool_fails_with_the_ask_and_the_cluster(refused):
+    code, err = refused["unplaceable"]  # 4 actors of a whole GPU each, waiting 3 s
+    assert code == 2, err[-3000:]
+    err = err.strip()
     assert "Traceback" not in err and "engine.placement_timeout_s" in err
-    assert "4 device actor(s) x {CPU: 0.5, GPU: 1}" in err and "4 alive node(s)" in err, err
+    assert "4 device actor(s) x {CPU: 0.5, GPU: 1}" in err and "3 alive node(s)" in err, err
 
 
-def test_sweep_refuses_node_local_storage_on_a_multi_node_cluster(env: Env, tmp_path: Path):
-    proc = env.lcfed("sweep", "--config", str(env.config), "--space", "mu_lambda.yaml",
-                     "--storage", str(tmp_path / "tune"), "--set", f"tracking.uri=sqlite:///{tmp_path / 'm.db'}")
-    assert proc.returncode == 2, proc.stderr[-3000:]
-    assert "--storage" in proc.stderr and "4 nodes" in proc.stderr and "s3://" in proc.stderr
-    assert not (tmp_path / "tune").exists() and not (tmp_path / "m.db").exists()
+def test_sweep_refuses_node_local_storage_on_a_multi_node_cluster(refused):
+    code, err = refused["sweep"]  # --storage a local path, tracking to a local sqlite file
+    tmp = refused["tmp"]
+    assert code == 2, err[-3000:]
+    assert "--storage" in err and "3 nodes" in err and "s3://" in err
+    assert not (tmp / "tune").exists() and not (tmp / "m.db").exists()
 
 
 def _children(client: mlflow.MlflowClient, exp_name: str) -> list:
@@ -297,7 +338,7 @@ def test_compare_needs_a_storage_every_node_reaches_and_runs_on_the_workers(env:
     client = mlflow.MlflowClient(tracking_uri=env.mlflow_url)
     refused = env.lcfed(*args)
     assert refused.returncode == 2, refused.stderr[-3000:]
-    assert "--storage" in refused.stderr and "4 nodes" in refused.stderr and "Traceback" not in refused.stderr
+    assert "--storage" in refused.stderr and "3 nodes" in refused.stderr and "Traceback" not in refused.stderr
     assert not out.exists() and client.get_experiment_by_name(mlflow_experiment) is None
 
     done = env.lcfed(*args, "--storage", env.s3.uri("compare"))
@@ -307,7 +348,7 @@ def test_compare_needs_a_storage_every_node_reaches_and_runs_on_the_workers(env:
     trials = [r for r in _children(client, mlflow_experiment) if "tune_trial_id" in r.data.tags]
     assert len(trials) == 2 + 4 and all(t.info.status == "FINISHED" for t in trials)  # 1 trial + 2 seeds per method
     names = env.cluster.node_names()
-    assert {names[t.data.tags["placement.trial_node"]] for t in trials} <= {"w0", "w1", "w2"}  # GPU workers only
+    assert {names[t.data.tags["placement.trial_node"]] for t in trials} <= {"w0", "w1"}  # GPU workers only
     assert any(k.startswith("compare/out-lcfed-seeds/") for k in env.s3.list("compare/"))
 
 
@@ -329,7 +370,7 @@ def test_a_plugin_in_the_jobs_working_directory_runs_in_trials_on_the_workers(en
     source = (ROOT / "examples" / "lcfed-example-plugin" / "lcfed_example" / "fedprox.py").read_text()
     (work / "mymethods.py").write_text(source.replace("    compare_space", "    # compare_space") + _IMPORT_PROBE)
     (work / "mn.yaml").write_text(env.config.read_text())
-    (work / "space.yaml").write_text("method.mu: {grid: [0.0, 0.5]}\n")
+    (work / "space.yaml").write_text("method.mu: {grid: [0.5]}\n")  # one trial: the import is per trial process
     imports = tmp_path / "imports.jsonl"
     entry = ["lcfed", "sweep", "--config", "mn.yaml", "--space", "space.yaml", "--scheduler", "fifo",
              "--gpus-per-trial", "0.5", "--storage", env.s3.uri("plugin"), "--name", "plugin",
@@ -341,16 +382,16 @@ def test_a_plugin_in_the_jobs_working_directory_runs_in_trials_on_the_workers(en
                           env=env.cluster.client_env(env.home), cwd=tmp_path, capture_output=True, text=True,
                           timeout=600)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-3000:]
-    assert "2/2 trials ended" in proc.stdout
+    assert "1/1 trials ended" in proc.stdout
 
     client = mlflow.MlflowClient(tracking_uri=env.mlflow_url)
     trials = [r for r in _children(client, mlflow_experiment) if "tune_trial_id" in r.data.tags]
-    assert len(trials) == 2 and all(t.info.status == "FINISHED" for t in trials)
+    assert len(trials) == 1 and all(t.info.status == "FINISHED" for t in trials)
     assert {t.data.params["method.name"] for t in trials} == {"mymethods:FedProx"}
-    assert {t.data.params["method.mu"] for t in trials} == {"0.0", "0.5"}
+    assert {t.data.params["method.mu"] for t in trials} == {"0.5"}
     names = env.cluster.node_names()
     placed = {names[t.data.tags["placement.trial_node"]] for t in trials}
-    assert placed <= {"w0", "w1", "w2"}
+    assert placed <= {"w0", "w1"}
     seen = [json.loads(line) for line in imports.read_text().splitlines()]
     on_workers = [s for s in seen if Path(s["home"]).name != env.home.name]
     assert on_workers, seen  # imported in the trials on worker nodes ...
