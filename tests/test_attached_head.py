@@ -124,8 +124,8 @@ def test_what_a_lost_head_or_driver_node_is_called():
 
 @pytest.fixture
 def cluster() -> Iterator[LocalCluster]:
-    """A head of its own (2 CPUs, no dashboard), stopped through its process group."""
-    c = LocalCluster.start(2, [], dashboard=False)
+    """A head of its own (1 CPU: the run's one device actor; no dashboard), stopped through its process group."""
+    c = LocalCluster.start(1, [], dashboard=False)
     try:
         yield c
     finally:
