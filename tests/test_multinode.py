@@ -71,12 +71,13 @@ class Env:
         return subprocess.run([sys.executable, "-m", "tune_jobs", *args], env=env, cwd=self.home,
                               capture_output=True, text=True, timeout=timeout)
 
-    def lcfed_each(self, *commands: list[str]) -> list[tuple[int, str]]:
-        """Each command's (exit code, stderr) from ``tune_jobs.cli.main`` called in turn in ONE driver process on
-        the head, attached as :meth:`lcfed` is: a process and an attach per command saved, for commands that
-        are refused (``python -m tune_jobs`` is ``sys.exit(main())``, run as such by :meth:`lcfed`)."""
+    def lcfed_each(self, *commands: list[str]) -> list[tuple[int, str, str]]:
+        """Each command's (exit code, stdout, stderr) from ``tune_jobs.cli.main`` called in turn in ONE driver
+        process on the head, attached as :meth:`lcfed` is: a process and an attach per command saved
+        (``python -m tune_jobs`` is ``sys.exit(main())``, run as such by :meth:`lcfed`)."""
         code = ("import json, sys\nfrom tune_jobs.cli import main\n"
                 "for argv in json.loads(sys.argv[1]):\n"
+                "    print('@@start', flush=True)\n"
                 "    print('@@start', file=sys.stderr, flush=True)\n"
                 "    rc = main(argv)\n"
                 "    sys.stdout.flush()\n"
@@ -84,11 +85,11 @@ class Env:
         env = self.cluster.client_env(self.home, RAY_ADDRESS=self.cluster.gcs, **self.s3.env)
         proc = subprocess.run([sys.executable, "-c", code, json.dumps(commands)], env=env, cwd=self.home,
                               capture_output=True, text=True, timeout=600)
-        assert proc.returncode == 0, proc.stderr[-4000:]
-        calls = proc.stderr.split("@@start\n")[1:]
-        assert len(calls) == len(commands), proc.stderr[-4000:]
-        done = [call.rstrip("\n").rpartition("@@exit ") for call in calls]
-        return [(int(rc), err) for err, _, rc in done]
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+        outs, errs = proc.stdout.split("@@start\n")[1:], proc.stderr.split("@@start\n")[1:]
+        assert len(outs) == len(errs) == len(commands), proc.stdout[-2000:] + proc.stderr[-4000:]
+        done = [err.rstrip("\n").rpartition("@@exit ") for err in errs]
+        return [(int(rc), out, err) for out, (err, _, rc) in zip(outs, done, strict=True)]
 
     def head_id(self) -> str:
         """The head's Ray node id, from its dashboard (no driver process to start)."""
@@ -133,12 +134,14 @@ HEAD_DATA = ["train.rounds=2", "engine.gpus_per_actor=0", "engine.num_actors=2"]
 
 
 @pytest.fixture(scope="module")
-def refused(env: Env, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """The commands the cluster refuses, each's (exit code, stderr), from one driver (:meth:`Env.lcfed_each`);
-    ``tmp``: the sweep's --storage and tracking store are in it."""
-    tmp = tmp_path_factory.mktemp("refused")
+def driver(env: Env, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """A run with :data:`HEAD_DATA` (its summary in ``tmp/auto.json``), then the commands the cluster refuses,
+    each's (exit code, stdout, stderr), from one driver (:meth:`Env.lcfed_each`); ``tmp``: the sweep's --storage
+    and tracking store are in it."""
+    tmp = tmp_path_factory.mktemp("driver")
     run = ["run", "--config", str(env.config), "--no-track", "-q"]
     commands = {
+        "auto": [*run, "--json", str(tmp / "auto.json"), *[a for s in HEAD_DATA for a in ("--set", s)]],
         "sweep": ["sweep", "--config", str(env.config), "--space", "mu_lambda.yaml", "--storage", str(tmp / "tune"),
                   "--set", f"tracking.uri=sqlite:///{tmp / 'm.db'}"],
         "nodes": [*run, *[a for s in [*HEAD_DATA, "engine.data_reads=nodes"] for a in ("--set", s)]],
@@ -183,28 +186,25 @@ def test_run_places_device_actors_on_gpu_workers_and_matches_in_process(env: Env
         assert summary[key] == local.final[key], key
 
 
-def test_data_on_the_head_only_is_read_there_and_sent_to_the_workers_actors(env: Env, refused, tmp_path: Path):
+def test_data_on_the_head_only_is_read_there_and_sent_to_the_workers_actors(env: Env, driver):
     """CPU-only actors on the head and on a worker, which does not see the head's data directory: with
     ``engine.data_reads=auto`` the head's actors read their rows of its cache file and the driver sends the
     workers' actors theirs, with the in-process numbers (``driver``, which sends them all: the device model's test
     below). ``nodes`` is refused in one line naming the workers, before any actor starts."""
-    sets = HEAD_DATA
-    out = tmp_path / "auto.json"
-    proc = env.lcfed("run", "--config", str(env.config), "--no-track", "-q", "--json", str(out),
-                     *[a for s in sets for a in ("--set", s)])
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    summary = json.loads(out.read_text())
+    code, stdout, stderr = driver["auto"]
+    assert code == 0, stdout[-2000:] + stderr[-4000:]
+    summary = json.loads((driver["tmp"] / "auto.json").read_text())
     place = summary["placement"]
     head = place["server"]["node_id"]  # the server stays on the head
     by_node = {(a["node_id"] == head, a["samples"]) for a in place["device_actors"]}
     assert place["data_reads"] == "mixed" and by_node == {(True, "node"), (False, "driver")}, place
     on_head = sum(a["node_id"] == head for a in place["device_actors"])
     line = f"read on the nodes by {on_head} actor(s), sent by the driver to {len(place['device_actors']) - on_head}"
-    assert line in proc.stdout, proc.stdout
-    local = _in_process(env, *sets)
+    assert line in stdout, stdout
+    local = _in_process(env, *HEAD_DATA)
     for key in ("acc_mean", "acc_weighted", "train_loss", "test_loss"):
         assert summary[key] == local.final[key], key
-    code, err = refused["nodes"]  # these sets and engine.data_reads=nodes
+    code, _, err = driver["nodes"]  # these sets and engine.data_reads=nodes
     err = err.strip()
     assert code == 2 and len(err.splitlines()) == 1 and "Traceback" not in err, err
     assert "engine.data_reads=nodes: node(s) " in err and "do not see" in err and head[:8] not in err, err
@@ -249,17 +249,17 @@ def test_each_actor_holds_only_its_own_devices_and_the_server_none(env: Env):
           f"server {server['state_bytes'] / model:.1f} models; driver {out['driver_tensor_bytes'] / model:.1f} models")
 
 
-def test_unplaceable_pool_fails_with_the_ask_and_the_cluster(refused):
-    code, err = refused["unplaceable"]  # 4 actors of a whole GPU each, waiting 3 s
+def test_unplaceable_pool_fails_with_the_ask_and_the_cluster(driver):
+    code, _, err = driver["unplaceable"]  # 4 actors of a whole GPU each, waiting 3 s
     assert code == 2, err[-3000:]
     err = err.strip()
     assert "Traceback" not in err and "engine.placement_timeout_s" in err
     assert "4 device actor(s) x {CPU: 0.5, GPU: 1}" in err and "3 alive node(s)" in err, err
 
 
-def test_sweep_refuses_node_local_storage_on_a_multi_node_cluster(refused):
-    code, err = refused["sweep"]  # --storage a local path, tracking to a local sqlite file
-    tmp = refused["tmp"]
+def test_sweep_refuses_node_local_storage_on_a_multi_node_cluster(driver):
+    code, _, err = driver["sweep"]  # --storage a local path, tracking to a local sqlite file
+    tmp = driver["tmp"]
     assert code == 2, err[-3000:]
     assert "--storage" in err and "3 nodes" in err and "s3://" in err
     assert not (tmp / "tune").exists() and not (tmp / "m.db").exists()
