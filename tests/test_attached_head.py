@@ -141,20 +141,23 @@ def _runs(uri: str) -> list[Any]:
 
 
 def _wait_for_checkpoint(proc: subprocess.Popen[str], ck: Path, uri: str, rounds: int, timeout: float = 180) -> None:
-    """Until round ``rounds`` (from 1) is checkpointed and logged."""
-    from lcfed.run import checkpoint
+    """Until round ``rounds`` (from 1) is checkpointed and logged: round ``rounds + 1`` logged (a round's checkpoint
+    is written before the next round plays). The store is asked, not the checkpoint: a reader of a checkpoint
+    loses the race to the next round's write when rounds are quick, and one client serves every poll (opening
+    the store each time costs a CPU-second)."""
     from lcfed.tracking.store import open_client
 
+    db = Path(uri.removeprefix("sqlite:///"))
+    client = None
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and proc.poll() is None:
-        with contextlib.suppress(Exception):  # the checkpoint or the store half-written
-            # the checkpoint first: opening the MLflow store each poll costs the test process a CPU-second
-            if ck.is_file() and checkpoint.load(ck).next_round >= rounds:
-                client = open_client(uri)
-                exp = client.get_experiment_by_name(EXPERIMENT)
-                runs = client.search_runs([exp.experiment_id]) if exp else []
-                if runs and len(client.get_metric_history(runs[0].info.run_id, "loss/train_loss")) >= rounds:
-                    return
+        with contextlib.suppress(Exception):  # the store half-made
+            if client is None and db.is_file() and ck.is_file():
+                client = open_client(uri)  # under the store's lock: the run may be creating the database now
+            exp = client.get_experiment_by_name(EXPERIMENT) if client is not None else None
+            runs = client.search_runs([exp.experiment_id]) if exp else []
+            if runs and len(client.get_metric_history(runs[0].info.run_id, "loss/train_loss")) > rounds:
+                return
         time.sleep(0.5)
     _, err = proc.communicate(timeout=5) if proc.poll() is not None else ("", "")
     raise AssertionError(f"round {rounds} not checkpointed (exit {proc.poll()}): {err[-3000:]}")
