@@ -38,8 +38,7 @@ def test_a_head_that_listens_on_loopback_only_runs_attached_and_stops_cleanly(st
     cfg = tiny_config("engine.kind=ray", "engine.num_actors=1", "tracking.enabled=false")
     assert attach_to_head(cfg, private=False) is cfg  # no head recorded: the private Ray, silently
     port, dash = free_port(), free_port()
-    # one CPU: the run's one device actor (the server asks none); Ray starts an idle worker per CPU
-    assert main(["head", "start", "--port", str(port), "--dashboard-port", str(dash), "--num-cpus", "1"]) == 0
+    assert main(["head", "start", "--port", str(port), "--dashboard-port", str(dash), "--num-cpus", "2"]) == 0
     out = capsys.readouterr().out
     state = json.loads((state_home / "head.json").read_text())
     pid = int(state["pid"])
