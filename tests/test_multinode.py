@@ -73,8 +73,9 @@ class Env:
 
     def lcfed_each(self, *commands: list[str]) -> list[tuple[int, str, str]]:
         """Each command's (exit code, stdout, stderr) from ``tune_jobs.cli.main`` called in turn in ONE driver
-        process on the head, attached as :meth:`lcfed` is: a process and an attach per command saved
-        (``python -m tune_jobs`` is ``sys.exit(main())``, run as such by :meth:`lcfed`)."""
+        process on the head, attached as :meth:`lcfed` is: a process, an attach and each node's probe workers per
+        command saved (``python -m tune_jobs`` is ``sys.exit(main())``; ``lcfed run`` as a process attached through
+        ``RAY_ADDRESS``: tests/test_attached_head.py, tests/test_head.py)."""
         code = ("import json, sys\nfrom tune_jobs.cli import main\n"
                 "for argv in json.loads(sys.argv[1]):\n"
                 "    print('@@start', flush=True)\n"
@@ -91,14 +92,13 @@ class Env:
         done = [err.rstrip("\n").rpartition("@@exit ") for err in errs]
         return [(int(rc), out, err) for out, (err, _, rc) in zip(outs, done, strict=True)]
 
-    def head_id(self) -> str:
-        """The head's Ray node id, from its dashboard (no driver process to start)."""
+    def node_ids(self) -> dict[str, bool]:
+        """Each alive node's Ray id -> whether it is the head, from the head's dashboard (no driver to start)."""
         request = urllib.request.Request(f"{self.cluster.dashboard}/api/v0/nodes?limit=100",
                                          headers={"Authorization": f"Bearer {self.cluster.token.read_text().strip()}"})
         with urllib.request.urlopen(request, timeout=30) as resp:
             nodes = json.load(resp)["data"]["result"]["result"]
-        (head,) = [n["node_id"] for n in nodes if n["is_head_node"] and n["state"] == "ALIVE"]
-        return str(head)
+        return {str(n["node_id"]): bool(n["is_head_node"]) for n in nodes if n["state"] == "ALIVE"}
 
     def popen(self, log: Path, *args: str) -> subprocess.Popen[bytes]:
         env = self.cluster.client_env(self.home, RAY_ADDRESS=self.cluster.gcs, **self.s3.env)
@@ -129,18 +129,24 @@ def env(tmp_path_factory: pytest.TempPathFactory, mlflow_server: str) -> Iterato
             assert not left or print(f"SIGKILLed {len(left)} straggler(s) of the test cluster")
 
 
+#: asynchronous LCFed on simulated devices, GPU actors by default; 6 devices: three actors (blocks of 2), two on a
+#: worker, one on the other
+GPU_ASYNC = ["train.participation=0.5", "method.rank=2", "devices.simulate=true", "devices.aggregation=async",
+             "devices.async_buffer=2", "devices.speed_sigma=1.0", "devices.availability=diurnal",
+             "devices.online_fraction=0.6", "devices.dropout=0.2", "engine.data_reads=driver", "data.num_devices=6"]
 #: CPU-only actors, 2: one on the head's CPU, one on a worker's
 HEAD_DATA = ["train.rounds=2", "engine.gpus_per_actor=0", "engine.num_actors=2"]
 
 
 @pytest.fixture(scope="module")
 def driver(env: Env, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """A run with :data:`HEAD_DATA` (its summary in ``tmp/auto.json``), then the commands the cluster refuses,
-    each's (exit code, stdout, stderr), from one driver (:meth:`Env.lcfed_each`); ``tmp``: the sweep's --storage
-    and tracking store are in it."""
+    """Runs with :data:`GPU_ASYNC` and :data:`HEAD_DATA` (their summaries ``tmp/gpu.json``, ``tmp/auto.json``),
+    then the commands the cluster refuses, each's (exit code, stdout, stderr), from one driver
+    (:meth:`Env.lcfed_each`); ``tmp``: the sweep's --storage and tracking store are in it."""
     tmp = tmp_path_factory.mktemp("driver")
     run = ["run", "--config", str(env.config), "--no-track", "-q"]
     commands = {
+        "gpu": [*run, "--json", str(tmp / "gpu.json"), *[a for s in GPU_ASYNC for a in ("--set", s)]],
         "auto": [*run, "--json", str(tmp / "auto.json"), *[a for s in HEAD_DATA for a in ("--set", s)]],
         "sweep": ["sweep", "--config", str(env.config), "--space", "mu_lambda.yaml", "--storage", str(tmp / "tune"),
                   "--set", f"tracking.uri=sqlite:///{tmp / 'm.db'}"],
@@ -156,31 +162,25 @@ def _in_process(env: Env, *sets: str):
     return run_local(cfg)
 
 
-def test_run_places_device_actors_on_gpu_workers_and_matches_in_process(env: Env, tmp_path: Path):
+def test_run_places_device_actors_on_gpu_workers_and_matches_in_process(env: Env, driver):
     """Default engine settings place the device actors on the GPU workers; asynchronous LCFed on devices that come
     and go there (the queue lives in the server actor on the head) has the in-process clock and numbers; the
     workers' samples are sent by the driver, as engine.data_reads=driver says."""
-    sets = ["train.participation=0.5", "method.rank=2", "devices.simulate=true", "devices.aggregation=async",
-            "devices.async_buffer=2", "devices.speed_sigma=1.0", "devices.availability=diurnal",
-            "devices.online_fraction=0.6", "devices.dropout=0.2", "engine.data_reads=driver",
-            "data.num_devices=6"]  # 6: three actors (blocks of 2 by default), two on a worker, one on the other
-    out = tmp_path / "run.json"
-    proc = env.lcfed("run", "--config", str(env.config), "--no-track", "-q", "--json", str(out),
-                     *[a for s in sets for a in ("--set", s)])
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    summary = json.loads(out.read_text())
+    code, stdout, stderr = driver["gpu"]
+    assert code == 0, stdout[-2000:] + stderr[-4000:]
+    summary = json.loads((driver["tmp"] / "gpu.json").read_text())
     actors = summary["placement"]["device_actors"]
     # every device actor on a GPU worker, sharing its GPU fractionally, over more than one worker
     assert actors and all(a["node_gpus"] == 1 and 0 < a["gpus"] < 1 for a in actors)
     assert len({a["node_id"] for a in actors}) > 1
     assert sum(a["devices"] for a in actors) == 6
     assert summary["placement"]["server"]["node_gpus"] == 0  # the server stays on the head, by the driver
-    assert "placement" in proc.stdout and "device actors" in proc.stdout
+    assert "placement" in stdout and "device actors" in stdout
     # the workers do not see the head's data: the driver sends their actors' samples, and the numbers are the same;
     # the workers' environment asks for baseline kernels, and their actors run the portable ones all the same
-    assert summary["placement"]["data_reads"] == "driver" and "samples sent by the driver" in proc.stdout
+    assert summary["placement"]["data_reads"] == "driver" and "samples sent by the driver" in stdout
     assert summary["provenance"]["kernels"] == numerics.kernel_level() and "numerics_note" not in summary["provenance"]
-    local = _in_process(env, *sets)
+    local = _in_process(env, *GPU_ASYNC)
     for key in ("sim_clock_seconds", "staleness_mean", "devices_kept", "acc_mean", "acc_weighted", "train_loss",
                 "test_loss"):
         assert summary[key] == local.final[key], key
@@ -190,7 +190,7 @@ def test_data_on_the_head_only_is_read_there_and_sent_to_the_workers_actors(env:
     """CPU-only actors on the head and on a worker, which does not see the head's data directory: with
     ``engine.data_reads=auto`` the head's actors read their rows of its cache file and the driver sends the
     workers' actors theirs, with the in-process numbers (``driver``, which sends them all: the device model's test
-    below). ``nodes`` is refused in one line naming the workers, before any actor starts."""
+    below). ``nodes`` is refused in one line naming a worker, before any actor starts."""
     code, stdout, stderr = driver["auto"]
     assert code == 0, stdout[-2000:] + stderr[-4000:]
     summary = json.loads((driver["tmp"] / "auto.json").read_text())
@@ -208,7 +208,7 @@ def test_data_on_the_head_only_is_read_there_and_sent_to_the_workers_actors(env:
     err = err.strip()
     assert code == 2 and len(err.splitlines()) == 1 and "Traceback" not in err, err
     assert "engine.data_reads=nodes: node(s) " in err and "do not see" in err and head[:8] not in err, err
-    workers = {a["node_id"][:8] for a in place["device_actors"] if a["node_id"] != head}
+    workers = {n[:8] for n, is_head in env.node_ids().items() if not is_head}
     assert any(w in err for w in workers), (workers, err)
 
 
@@ -401,7 +401,7 @@ def test_a_plugin_in_the_jobs_working_directory_runs_in_trials_on_the_workers(en
     assert {t.data.params["method.name"] for t in trials} == {"mymethods:FedProx"}
     assert {t.data.params["method.mu"] for t in trials} == {"0.5"}
     placed = {t.data.tags["placement.trial_node"] for t in trials}
-    assert placed and env.head_id() not in placed  # on the GPU workers
+    assert placed and not any(env.node_ids()[n] for n in placed)  # on the GPU workers, not the head
     seen = [json.loads(line) for line in imports.read_text().splitlines()]
     on_workers = [s for s in seen if Path(s["home"]).name != env.home.name]
     assert on_workers, seen  # imported in the trials on worker nodes ...
