@@ -38,6 +38,7 @@ from tests.conftest import from_a_terminal
 from tests.raycluster import ROOT, LocalCluster
 from tests.s3server import S3Server
 from tests.test_data import write_mnist_dir
+from tune_jobs.cli import main
 
 pytestmark = [pytest.mark.timeout(900), pytest.mark.cluster, pytest.mark.server, pytest.mark.subprocess]  # what it starts: `make test-core` leaves it out
 
@@ -372,7 +373,9 @@ with open(_os.environ["LCFED_TEST_IMPORTS"], "a") as _f:
 
 
 def test_a_plugin_in_the_jobs_working_directory_runs_in_trials_on_the_workers(env: Env, tmp_path: Path,
-                                                                              mlflow_experiment: str):
+                                                                              mlflow_experiment: str,
+                                                                              monkeypatch: pytest.MonkeyPatch,
+                                                                              capsys: pytest.CaptureFixture[str]):
     """``lcfed submit -- lcfed sweep --set method.name=mymethods:FedProx``: the plugin exists only in the
     submitted directory; the workers' Python path does not have it (Ray adds the driver's directory only
     without a job working directory), so the trials import it from what Ray shipped, on the GPU workers."""
@@ -388,12 +391,15 @@ def test_a_plugin_in_the_jobs_working_directory_runs_in_trials_on_the_workers(en
              "--set", "method.name=mymethods:FedProx", "--set", "engine.cpus_per_actor=0.5", "--set", "train.rounds=1",
              "--set", "tracking.enabled=true", "--set", f"tracking.uri={env.mlflow_url}",
              "--set", f"tracking.experiment={mlflow_experiment}"]
-    proc = subprocess.run([sys.executable, "-m", "tune_jobs", "submit", "--address", env.cluster.dashboard,
-                           "--working-dir", str(work), "--env", f"LCFED_TEST_IMPORTS={imports}", "--", *entry],
-                          env=env.cluster.client_env(env.home), cwd=tmp_path, capture_output=True, text=True,
-                          timeout=600)
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-3000:]
-    assert "1/1 trials ended" in proc.stdout
+    # the job client in this process (as tests/test_jobs.py submits): it talks HTTP to the job server, no Ray here
+    monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(env.cluster.token))
+    for name in ("RAY_AUTH_TOKEN", "RAY_ADDRESS", "RAY_API_SERVER_ADDRESS", "RAY_AUTH_MODE"):
+        monkeypatch.delenv(name, raising=False)
+    code = main(["submit", "--address", env.cluster.dashboard, "--working-dir", str(work),
+                 "--env", f"LCFED_TEST_IMPORTS={imports}", "--", *entry])
+    out, err = capsys.readouterr()
+    assert code == 0, out[-4000:] + err[-3000:]
+    assert "1/1 trials ended" in out
 
     client = mlflow.MlflowClient(tracking_uri=env.mlflow_url)
     trials = [r for r in _children(client, mlflow_experiment) if "tune_trial_id" in r.data.tags]
