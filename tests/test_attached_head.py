@@ -174,7 +174,8 @@ def test_a_killed_head_is_one_line_exit_3_and_failed_with_the_reason_within_seco
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     args = ["run", "--engine", "ray", "-q"]
     for s in ("data.dataset=digits", "data.num_devices=4", f"train.rounds={rounds}", "train.local_steps=1",
-              "method.name=fedavg", "engine.torch_threads=1", "engine.num_actors=1",  # one actor: a process less "checkpoint.dir=ck", "checkpoint.every=1",
+              "method.name=fedavg", "engine.torch_threads=1", "checkpoint.dir=ck", "checkpoint.every=1",
+              "engine.num_actors=1",  # one device actor: a process less
               f"tracking.uri={uri}", f"tracking.experiment={EXPERIMENT}"):
         args += ["--set", s]
     env = cluster.client_env(RAY_ADDRESS=cluster.gcs, PYTHONUNBUFFERED="1")
