@@ -124,8 +124,8 @@ def test_what_a_lost_head_or_driver_node_is_called():
 
 @pytest.fixture
 def cluster() -> Iterator[LocalCluster]:
-    """A head of its own (2 CPUs, no dashboard), stopped through its process group."""
-    c = LocalCluster.start(2, [], dashboard=False)
+    """A head of its own (1 CPU: the run's one device actor; no dashboard), stopped through its process group."""
+    c = LocalCluster.start(1, [], dashboard=False)
     try:
         yield c
     finally:
@@ -141,16 +141,22 @@ def _runs(uri: str) -> list[Any]:
 
 
 def _wait_for_checkpoint(proc: subprocess.Popen[str], ck: Path, uri: str, rounds: int, timeout: float = 180) -> None:
-    """Until round ``rounds`` (from 1) is checkpointed and logged."""
-    from lcfed.run import checkpoint
+    """Until round ``rounds`` (from 1) is checkpointed and logged: round ``rounds + 1`` logged (a round's checkpoint
+    is written before the next round plays). The store is asked, not the checkpoint: a reader of a checkpoint
+    loses the race to the next round's write when rounds are quick, and one client serves every poll (opening
+    the store each time costs a CPU-second)."""
     from lcfed.tracking.store import open_client
 
+    db = Path(uri.removeprefix("sqlite:///"))
+    client = None
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and proc.poll() is None:
-        with contextlib.suppress(Exception):  # the checkpoint or the store half-written
-            runs = _runs(uri)
-            if (runs and ck.is_file() and checkpoint.load(ck).next_round >= rounds
-                    and len(open_client(uri).get_metric_history(runs[0].info.run_id, "loss/train_loss")) >= rounds):
+        with contextlib.suppress(Exception):  # the store half-made
+            if client is None and db.is_file() and ck.is_file():
+                client = open_client(uri)  # under the store's lock: the run may be creating the database now
+            exp = client.get_experiment_by_name(EXPERIMENT) if client is not None else None
+            runs = client.search_runs([exp.experiment_id]) if exp else []
+            if runs and len(client.get_metric_history(runs[0].info.run_id, "loss/train_loss")) > rounds:
                 return
         time.sleep(0.5)
     _, err = proc.communicate(timeout=5) if proc.poll() is not None else ("", "")
@@ -169,6 +175,7 @@ def test_a_killed_head_is_one_line_exit_3_and_failed_with_the_reason_within_seco
     args = ["run", "--engine", "ray", "-q"]
     for s in ("data.dataset=digits", "data.num_devices=4", f"train.rounds={rounds}", "train.local_steps=1",
               "method.name=fedavg", "engine.torch_threads=1", "checkpoint.dir=ck", "checkpoint.every=1",
+              "engine.num_actors=1",  # one device actor: a process less
               f"tracking.uri={uri}", f"tracking.experiment={EXPERIMENT}"):
         args += ["--set", s]
     env = cluster.client_env(RAY_ADDRESS=cluster.gcs, PYTHONUNBUFFERED="1")
