@@ -21,7 +21,7 @@ from lcfed.config.data import DataConfig
 from lcfed.config.devices import DevicesConfig, NetworkConfig, check_fleet_size
 from lcfed.config.engine import EngineConfig, machine_limits
 from lcfed.config.overrides import apply_overrides, parse_override, resolve
-from lcfed.config.privacy import PrivacyConfig, check_privacy
+from lcfed.config.privacy import PrivacyConfig, check_count_noise, check_privacy
 from lcfed.config.tracking import CheckpointConfig, TrackingConfig
 from lcfed.config.train import ModelConfig, TrainConfig
 from lcfed.config.types import build_dataclass, typed_value
@@ -121,6 +121,8 @@ class ExperimentConfig:
                     f"method {self.method.name} {what}; those that can run under central: {', '.join(able)}")
         require(not (self.devices.simulate and self.devices.aggregation == "async"), "privacy.mode",
                 self.privacy.mode, "needs devices.aggregation: sync (asynchronous updates are not accounted)")
+        if self.privacy.noise_multiplier is not None:  # a solved σ is checked when solved (lcfed.methods.privacy)
+            check_count_noise(self.privacy, self.privacy.noise_multiplier, len(reads.sums), devices_per_round(self))
 
     def digest(self) -> str:
         """Hash of what determines the numbers (not rounds, engine, tracking or checkpointing), so a

@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from functools import lru_cache
 from typing import Any
 
-__all__ = ["ACCOUNTANTS", "epsilon", "joint_multiplier", "solve_multiplier"]
+__all__ = ["ACCOUNTANTS", "epsilon", "joint_multiplier", "solve_multiplier", "update_multiplier"]
 
 #: ``accountant`` names: Rényi DP (Mironov 2017; what TF-privacy's tables use) or privacy loss distributions
 ACCOUNTANTS = ("rdp", "pld")
@@ -26,6 +26,17 @@ def joint_multiplier(multipliers: Iterable[float]) -> float:
     multiplier: ``(Σ 1/σ_j²)^(-1/2)`` (their concatenation has sensitivity √n at per-coordinate std σ_j)."""
     inv = sum(1.0 / (s * s) for s in multipliers)
     return math.inf if inv == 0 else 1.0 / math.sqrt(inv)
+
+
+def update_multiplier(sigma: float, count_std: float, sums: int = 1) -> float:
+    """The noise multiplier σ_Δ of each of ``sums`` sums when a noised count of std ``count_std`` (sensitivity 1/2)
+    is released beside them, such that the round's joint release stays that of ``sums`` sums at ``sigma``:
+    ``(σ^-2 − (2 σ_b)^-2 / sums)^(-1/2)``; for one sum Andrew et al. 2021's Theorem 1. Raises ValueError when the
+    count alone would spend it all (``2 σ_b sqrt(sums) <= σ``)."""
+    inv = sigma ** -2 - (2.0 * count_std) ** -2 / sums
+    if inv <= 0:
+        raise ValueError(f"a count noise of {count_std:.4g} spends all of σ = {sigma:.4g} over {sums} sum(s)")
+    return 1.0 / math.sqrt(inv)
 
 
 def _accountant(kind: str) -> Any:
