@@ -35,6 +35,10 @@ from tests.conftest import same_history, tiny_config
         # client-level DP: the noise of each sum and each device's code noise are seeded, not drawn where they run
         ("lcfed", ["privacy.mode=central", "privacy.noise_multiplier=1.0", "privacy.noise_cohort=1000",
                    "train.participation=0.5", "engine.devices_per_actor=3"]),
+        # adaptive clipping: the round's clip comes from the driver's history, its count's noise is seeded
+        ("ifca", ["privacy.mode=central", "privacy.noise_multiplier=1.0", "privacy.noise_cohort=1000",
+                  "privacy.clip_quantile=0.5", "privacy.clip=0.05", "train.participation=0.5",
+                  "engine.devices_per_actor=3"]),
         # asynchronous (FedBuff): the queue and the messages in flight live in the server actor
         ("lcfed", ["train.participation=0.5", "method.num_clusters=2", "method.rank=2", "devices.simulate=true",
                    "devices.aggregation=async", "devices.async_buffer=2", "devices.speed_sigma=1.0",

@@ -135,8 +135,12 @@ class ExperimentConfig:
         d.pop("name", None)
         if not self.privacy.on:  # off, its other fields change nothing
             d.pop("privacy", None)
-        elif self.privacy.target_epsilon is not None:  # σ is solved for the planned rounds
-            d["privacy"]["rounds"] = self.train.rounds
+        else:
+            if self.privacy.target_epsilon is not None:  # σ is solved for the planned rounds
+                d["privacy"]["rounds"] = self.train.rounds
+            if self.privacy.clip_quantile is None:  # a fixed clip: the adaptive knobs change nothing
+                for knob in ("clip_lr", "count_noise"):
+                    d["privacy"].pop(knob, None)
         drop_later_defaults(d)
         return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
