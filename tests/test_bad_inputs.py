@@ -467,6 +467,17 @@ PRIVACY_ROWS = [
     ("privacy-count-noise-spends-solved-sigma", f"{P} --set privacy.target_epsilon=0.05 --set privacy.clip_quantile=0.5 "
      "--set privacy.count_noise=0.1 --set method.name=fedavg", {},
      ("privacy.count_noise: got 0.1; must be > ", "over 1 sum(s)")),
+    # sample-level DP-SGD (privacy.sample_noise), with or without privacy.mode: central
+    ("privacy-sample-noise-zero", f"{R} --set privacy.sample_noise=0", {},
+     "privacy.sample_noise: got 0.0; must be in (0, 1e4]"),
+    ("privacy-sample-clip-zero", f"{R} --set privacy.sample_noise=1 --set privacy.sample_clip=0", {},
+     "privacy.sample_clip: got 0.0; must be > 0"),
+    ("privacy-sample-delta-one", f"{R} --set privacy.sample_noise=1 --set privacy.sample_delta=1", {},
+     "privacy.sample_delta: got 1.0; must be in (0, 1)"),
+    ("privacy-sample-method-reads-losses", f"{R} --set privacy.sample_noise=1 --set method.name=ifca", {},
+     "privacy.sample_noise: got 1.0; method ifca reads its devices' samples outside the shared local SGD"),
+    ("privacy-sample-vectorized", f"{R} --set privacy.sample_noise=1 --set engine.vectorize=always", {},
+     "engine.vectorize: got 'always'; must be auto or never with privacy.sample_noise"),
     ("privacy-method-unclipped-sums", f"{P} --set privacy.noise_multiplier=1 --set method.name=scaffold", {},
      "method scaffold sums updates, control variates without clipping and noise"),
 ]

@@ -106,6 +106,8 @@ class ExperimentConfig:
                     f"method {self.method.name} does not aggregate asynchronously; those that do: {', '.join(able)}")
         if self.privacy.on:
             self._check_private_method()
+        if self.privacy.sample_on:
+            self._check_sample_dp()
         self.method.validate(self)
         return self
 
@@ -124,6 +126,19 @@ class ExperimentConfig:
         if self.privacy.noise_multiplier is not None:  # a solved σ is checked when solved (lcfed.methods.privacy)
             check_count_noise(self.privacy, self.privacy.noise_multiplier, len(reads.sums), devices_per_round(self))
 
+    def _check_sample_dp(self) -> None:
+        """Sample-level DP-SGD covers a device's samples only where every read of them is a step of the shared local
+        SGD, and its per-sample gradients run in the device loop, not in the vectorized step."""
+        strategy = resolve("method", "method.name", self.method.name).strategy
+        if not getattr(strategy, "samples_in_sgd_only", False):
+            able = [e.name for e in registry.names("method")
+                    if e.origin == "built-in" and registry.method(e.name).strategy.samples_in_sgd_only]
+            require(False, "privacy.sample_noise", self.privacy.sample_noise,
+                    f"method {self.method.name} reads its devices' samples outside the shared local SGD (DP-SGD would "
+                    f"not cover it); those that can run with it: {', '.join(able)}")
+        require(self.engine.vectorize != "always", "engine.vectorize", self.engine.vectorize,
+                "must be auto or never with privacy.sample_noise (DP-SGD's per-sample gradients run device by device)")
+
     def digest(self) -> str:
         """Hash of what determines the numbers (not rounds, engine, tracking or checkpointing), so a
         checkpoint is only resumed by a config that would have produced it."""
@@ -133,9 +148,9 @@ class ExperimentConfig:
         d["train"] = {k: v for k, v in d["train"].items() if k not in ("rounds", "eval_every", "eval_devices",
                                                                        "final_eval_devices")}
         d.pop("name", None)
-        if not self.privacy.on:  # off, its other fields change nothing
+        if not self.privacy.on and not self.privacy.sample_on:  # off, its other fields change nothing
             d.pop("privacy", None)
-        else:
+        elif self.privacy.on:
             if self.privacy.target_epsilon is not None:  # σ is solved for the planned rounds
                 d["privacy"]["rounds"] = self.train.rounds
             if self.privacy.clip_quantile is None:  # a fixed clip: the adaptive knobs change nothing

@@ -31,6 +31,14 @@ class PrivacyConfig:
     clip_quantile: float | None = None
     clip_lr: float = 0.2
     count_noise: float | None = None
+    sample_noise: float | None = None
+    sample_clip: float = 1.0
+    sample_delta: float | None = None
+
+    @property
+    def sample_on(self) -> bool:
+        """Whether each device trains with sample-level DP-SGD (per-sample clipping and noise), central mode or not."""
+        return self.sample_noise is not None
 
     @property
     def adaptive(self) -> bool:
@@ -43,6 +51,15 @@ class PrivacyConfig:
 
     def validate(self, prefix: str = "privacy") -> None:
         require(self.mode in PRIVACY_MODES, f"{prefix}.mode", self.mode, f"must be one of {list(PRIVACY_MODES)}")
+        if self.sample_noise is not None:
+            require(0 < self.sample_noise <= 1e4, f"{prefix}.sample_noise", self.sample_noise,
+                    "must be in (0, 1e4] (DP-SGD's noise std in units of privacy.sample_clip), or null for no "
+                    "sample-level DP")
+            require(self.sample_clip > 0, f"{prefix}.sample_clip", self.sample_clip,
+                    "must be > 0 (the L2 norm each sample's gradient is clipped to)")
+            if self.sample_delta is not None:
+                require(0 < self.sample_delta < 1, f"{prefix}.sample_delta", self.sample_delta,
+                        "must be in (0, 1), below 1/n of the smallest device's n samples (null: that n^-1.1)")
         if not self.on:
             return
         require(self.clip > 0, f"{prefix}.clip", self.clip, "must be > 0 (the L2 norm C each device's update is clipped to)")

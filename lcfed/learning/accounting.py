@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from functools import lru_cache
 from typing import Any
 
-__all__ = ["ACCOUNTANTS", "epsilon", "joint_multiplier", "solve_multiplier", "update_multiplier"]
+__all__ = ["ACCOUNTANTS", "epsilon", "joint_multiplier", "sample_epsilon", "solve_multiplier", "update_multiplier"]
 
 #: ``accountant`` names: Rényi DP (Mironov 2017; what TF-privacy's tables use) or privacy loss distributions
 ACCOUNTANTS = ("rdp", "pld")
@@ -97,3 +97,25 @@ def solve_multiplier(target_epsilon: float, delta: float, rate: float, rounds: i
         return float(dp_accounting.calibrate_dp_mechanism(
             lambda: _accountant(kind), lambda s: _event([rate] * rounds, s), target_epsilon, delta,
             dp_accounting.LowerEndpointAndGuess(1e-3, 1.0), tol=1e-4))
+
+
+def sample_epsilon(steps: Iterable[tuple[float, int]], multiplier: float, delta: float) -> float:
+    """Sample-level DP-SGD: the largest ε over devices, each given as (its sampling rate b/n, the DP-SGD steps it
+    took), each step a Poisson-sampled Gaussian of noise multiplier ``multiplier``. Only devices no other device
+    dominates (a higher rate and more steps) are computed: ε grows with both."""
+    front: list[tuple[float, int]] = []
+    for q, count in sorted(set(steps), key=lambda p: (-p[0], -p[1])):
+        if count > 0 and (not front or count > front[-1][1]):
+            front.append((q, count))
+    return max((_sampled(q, count, float(multiplier), float(delta)) for q, count in front), default=0.0)
+
+
+@lru_cache(maxsize=1024)
+def _sampled(q: float, count: int, multiplier: float, delta: float) -> float:
+    import dp_accounting
+
+    with _quiet():
+        acc = _accountant("rdp")
+        acc.compose(dp_accounting.SelfComposedDpEvent(
+            dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(multiplier)), count))
+        return float(acc.get_epsilon(delta))

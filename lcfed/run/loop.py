@@ -36,7 +36,7 @@ from lcfed.run.contracts import (
     Server,
 )
 from lcfed.run.faults import ClusterLost
-from lcfed.run.privacy import privacy_metrics, round_clip
+from lcfed.run.privacy import privacy_metrics, round_clip, sample_metrics
 from lcfed.run.result import FinalModels, RunResult, newcomer, newcomer_metrics
 from lcfed.run.rounds import TOTALS, evaluate_round, round_metrics, should_evaluate, sim_clock, time_to_target
 from lcfed.run.stop import STOP, Stopped
@@ -194,6 +194,7 @@ def _play(
     if plan.timing is not None:
         metrics.update(plan.timing.metrics())
     metrics.update(privacy_metrics(cfg, len(plan.devices), plan.timing, history, clip, stats.clip_fraction))
+    metrics.update(sample_metrics(cfg, fed, rnd))
     if fed.held_out and rnd == cfg.train.rounds - 1:
         metrics.update(newcomer_metrics(pool.join(fed.held_out, newcomer(server.get_state(), fed.spec))))
     metrics["round_seconds"] = time.perf_counter() - t0

@@ -12,10 +12,12 @@ from collections.abc import Sequence
 from lcfed import registry
 from lcfed.config import ExperimentConfig
 from lcfed.devices.clock import RoundTiming
+from lcfed.learning.local_update import LocalWork
 from lcfed.learning.privacy import next_clip
 from lcfed.methods.privacy import delta, joint, noise_multiplier
+from lcfed.methods.round import Federation
 
-__all__ = ["privacy_metrics", "round_clip", "sampling_rate"]
+__all__ = ["privacy_metrics", "round_clip", "sample_metrics", "sampling_rate"]
 
 
 def sampling_rate(cfg: ExperimentConfig, participants: int, timing: RoundTiming | None) -> float:
@@ -63,3 +65,22 @@ def privacy_metrics(cfg: ExperimentConfig, participants: int, timing: RoundTimin
         if fraction is not None:
             out["dp_clip_fraction"] = fraction
     return out
+
+
+def sample_metrics(cfg: ExperimentConfig, fed: Federation, rnd: int) -> dict[str, float]:
+    """Sample-level DP-SGD's ``dp_sample_*`` after round ``rnd`` (none without ``privacy.sample_noise``): the worst
+    training device's ε, counting every round so far for every device (exact when all take part in every round,
+    cross-silo's usual setting; an upper bound otherwise), at ``privacy.sample_delta`` or n_min^-1.1."""
+    p = cfg.privacy
+    if p.sample_noise is None:
+        return {}
+    from lcfed.learning.accounting import sample_epsilon
+
+    held = set(fed.held_out)
+    sizes = sorted({int(n) for d, n in enumerate(fed.train_sizes) if d not in held and n > 0})
+    if not sizes:
+        return {}
+    work = LocalWork(cfg.train.lr, cfg.train.batch_size, cfg.train.local_steps, cfg.train.local_epochs)
+    delta = p.sample_delta if p.sample_delta is not None else float(sizes[0]) ** -1.1
+    steps = [(min(1.0, cfg.train.batch_size / n), work.steps_for(n) * (rnd + 1)) for n in sizes]
+    return {"dp_sample_epsilon": sample_epsilon(steps, p.sample_noise, delta), "dp_sample_delta": delta}
