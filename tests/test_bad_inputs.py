@@ -474,6 +474,8 @@ PRIVACY_ROWS = [
      "privacy.sample_clip: got 0.0; must be > 0"),
     ("privacy-sample-delta-one", f"{R} --set privacy.sample_noise=1 --set privacy.sample_delta=1", {},
      "privacy.sample_delta: got 1.0; must be in (0, 1)"),
+    ("privacy-sample-delta-over-1/n", f"{R} --set privacy.sample_noise=1 --set privacy.sample_delta=0.5", {},
+     ("privacy.sample_delta: got 0.5; must be below 1/n = ", "for the smallest training device's n = ")),
     ("privacy-sample-method-reads-losses", f"{R} --set privacy.sample_noise=1 --set method.name=ifca", {},
      "privacy.sample_noise: got 1.0; method ifca reads its devices' samples outside the shared local SGD"),
     ("privacy-sample-vectorized", f"{R} --set privacy.sample_noise=1 --set engine.vectorize=always", {},
