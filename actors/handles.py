@@ -46,8 +46,8 @@ class RayServer:
     def __init__(self, hosts: Hosts) -> None:
         self.hosts = hosts
 
-    def configure(self, rnd: int, clock: SimClock | None = None) -> RayPlan:
-        plan, (ref,) = self.hosts.call(lambda: get(self.hosts.server.configure.remote(rnd, clock)))
+    def configure(self, rnd: int, clock: SimClock | None = None, clip: float | None = None) -> RayPlan:
+        plan, (ref,) = self.hosts.call(lambda: get(self.hosts.server.configure.remote(rnd, clock, clip)))
         return RayPlan(plan, ref)
 
     def aggregate(self, plan: RayPlan, msgs: list[Any]) -> RoundStats:

@@ -162,8 +162,8 @@ class ServerActor:
         torch.set_num_threads(setup.cfg.engine.torch_threads)
         self.server = LocalServer(setup.strategy())
 
-    def configure(self, rnd: int, clock: SimClock | None = None) -> tuple[RoundPlan, Any]:
-        plan = self.server.configure(rnd, clock)
+    def configure(self, rnd: int, clock: SimClock | None = None, clip: float | None = None) -> tuple[RoundPlan, Any]:
+        plan = self.server.configure(rnd, clock, clip)
         # the broadcast is stored once; every device actor resolves the same object
         return replace(plan, payload=None), [ray.put(plan.payload)]
 

@@ -452,6 +452,34 @@ PRIVACY_ROWS = [
     ("privacy-method-reads-directions", f"{P} --set privacy.noise_multiplier=1 --set method.name=fedgroup", {},
      "privacy.mode: got 'central'; method fedgroup reads per-device update directions beyond the clipped and noised "
      "aggregate; those that can run under central: "),
+    ("privacy-clip-quantile-one", f"{P} --set privacy.noise_multiplier=1 --set privacy.clip_quantile=1", {},
+     "privacy.clip_quantile: got 1.0; must be in (0, 1)"),
+    ("privacy-clip-quantile-zero", f"{P} --set privacy.noise_multiplier=1 --set privacy.clip_quantile=0", {},
+     "privacy.clip_quantile: got 0.0; must be in (0, 1)"),
+    ("privacy-clip-lr-zero", f"{P} --set privacy.noise_multiplier=1 --set privacy.clip_quantile=0.5 "
+     "--set privacy.clip_lr=0", {}, "privacy.clip_lr: got 0.0; must be in (0, 10]"),
+    ("privacy-count-noise-negative", f"{P} --set privacy.noise_multiplier=1 --set privacy.clip_quantile=0.5 "
+     "--set privacy.count_noise=-1", {}, "privacy.count_noise: got -1.0; must be in (0, 1e9]"),
+    # LCFed's two sums at σ = 1: the count's noise must exceed 1 / (2 sqrt 2)
+    ("privacy-count-noise-spends-sigma", f"{P} --set privacy.noise_multiplier=1 --set privacy.clip_quantile=0.5 "
+     "--set privacy.count_noise=0.3", {}, "privacy.count_noise: got 0.3; must be > 0.3536 for a noise multiplier of 1 "
+     "over 2 sum(s)"),
+    ("privacy-count-noise-spends-solved-sigma", f"{P} --set privacy.target_epsilon=0.05 --set privacy.clip_quantile=0.5 "
+     "--set privacy.count_noise=0.1 --set method.name=fedavg", {},
+     ("privacy.count_noise: got 0.1; must be > ", "over 1 sum(s)")),
+    # sample-level DP-SGD (privacy.sample_noise), with or without privacy.mode: central
+    ("privacy-sample-noise-zero", f"{R} --set privacy.sample_noise=0", {},
+     "privacy.sample_noise: got 0.0; must be in (0, 1e4]"),
+    ("privacy-sample-clip-zero", f"{R} --set privacy.sample_noise=1 --set privacy.sample_clip=0", {},
+     "privacy.sample_clip: got 0.0; must be > 0"),
+    ("privacy-sample-delta-one", f"{R} --set privacy.sample_noise=1 --set privacy.sample_delta=1", {},
+     "privacy.sample_delta: got 1.0; must be in (0, 1)"),
+    ("privacy-sample-delta-over-1/n", f"{R} --set privacy.sample_noise=1 --set privacy.sample_delta=0.5", {},
+     ("privacy.sample_delta: got 0.5; must be below 1/n = ", "for the smallest training device's n = ")),
+    ("privacy-sample-method-reads-losses", f"{R} --set privacy.sample_noise=1 --set method.name=ifca", {},
+     "privacy.sample_noise: got 1.0; method ifca reads its devices' samples outside the shared local SGD"),
+    ("privacy-sample-vectorized", f"{R} --set privacy.sample_noise=1 --set engine.vectorize=always", {},
+     "engine.vectorize: got 'always'; must be auto or never with privacy.sample_noise"),
     ("privacy-method-unclipped-sums", f"{P} --set privacy.noise_multiplier=1 --set method.name=scaffold", {},
      "method scaffold sums updates, control variates without clipping and noise"),
 ]

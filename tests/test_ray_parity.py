@@ -20,9 +20,11 @@ from tests.conftest import same_history, tiny_config
     [
         # partial participation crossing actor blocks (2 actors of 4 devices, 3/4 of the training devices per round);
         # newcomers join on their actors; client-level DP: the noise of each sum and each device's code noise are
-        # seeded, not drawn where they run
+        # seeded, not drawn where they run; adaptive clipping: the round's clip comes from the driver's history, its
+        # count's noise is seeded
         ("lcfed", ["engine.devices_per_actor=4", "train.participation=0.75", "data.holdout_fraction=0.25",
-                   "privacy.mode=central", "privacy.noise_multiplier=1.0", "privacy.noise_cohort=1000"]),
+                   "privacy.mode=central", "privacy.noise_multiplier=1.0", "privacy.noise_cohort=1000",
+                   "privacy.clip_quantile=0.5", "privacy.clip=0.05"]),
         # vmapped steps: the batches differ from in-process (4 vs 8 devices). Alone: with the partial participation
         # and newcomers above, the Ray run's losses differ in their last bits (a product bug, not this test's to hide)
         ("lcfed", ["engine.vectorize=always"]),

@@ -21,7 +21,7 @@ from lcfed.config.data import DataConfig
 from lcfed.config.devices import DevicesConfig, NetworkConfig, check_fleet_size
 from lcfed.config.engine import EngineConfig, machine_limits
 from lcfed.config.overrides import apply_overrides, parse_override, resolve
-from lcfed.config.privacy import PrivacyConfig, check_privacy
+from lcfed.config.privacy import PrivacyConfig, check_count_noise, check_privacy
 from lcfed.config.tracking import CheckpointConfig, TrackingConfig
 from lcfed.config.train import ModelConfig, TrainConfig
 from lcfed.config.types import build_dataclass, typed_value
@@ -106,6 +106,8 @@ class ExperimentConfig:
                     f"method {self.method.name} does not aggregate asynchronously; those that do: {', '.join(able)}")
         if self.privacy.on:
             self._check_private_method()
+        if self.privacy.sample_on:
+            self._check_sample_dp()
         self.method.validate(self)
         return self
 
@@ -121,6 +123,21 @@ class ExperimentConfig:
                     f"method {self.method.name} {what}; those that can run under central: {', '.join(able)}")
         require(not (self.devices.simulate and self.devices.aggregation == "async"), "privacy.mode",
                 self.privacy.mode, "needs devices.aggregation: sync (asynchronous updates are not accounted)")
+        if self.privacy.noise_multiplier is not None:  # a solved σ is checked when solved (lcfed.methods.privacy)
+            check_count_noise(self.privacy, self.privacy.noise_multiplier, len(reads.sums), devices_per_round(self))
+
+    def _check_sample_dp(self) -> None:
+        """Sample-level DP-SGD covers a device's samples only where every read of them is a step of the shared local
+        SGD, and its per-sample gradients run in the device loop, not in the vectorized step."""
+        strategy = resolve("method", "method.name", self.method.name).strategy
+        if not getattr(strategy, "samples_in_sgd_only", False):
+            able = [e.name for e in registry.names("method")
+                    if e.origin == "built-in" and registry.method(e.name).strategy.samples_in_sgd_only]
+            require(False, "privacy.sample_noise", self.privacy.sample_noise,
+                    f"method {self.method.name} reads its devices' samples outside the shared local SGD (DP-SGD would "
+                    f"not cover it); those that can run with it: {', '.join(able)}")
+        require(self.engine.vectorize != "always", "engine.vectorize", self.engine.vectorize,
+                "must be auto or never with privacy.sample_noise (DP-SGD's per-sample gradients run device by device)")
 
     def digest(self) -> str:
         """Hash of what determines the numbers (not rounds, engine, tracking or checkpointing), so a
@@ -131,10 +148,14 @@ class ExperimentConfig:
         d["train"] = {k: v for k, v in d["train"].items() if k not in ("rounds", "eval_every", "eval_devices",
                                                                        "final_eval_devices")}
         d.pop("name", None)
-        if not self.privacy.on:  # off, its other fields change nothing
+        if not self.privacy.on and not self.privacy.sample_on:  # off, its other fields change nothing
             d.pop("privacy", None)
-        elif self.privacy.target_epsilon is not None:  # σ is solved for the planned rounds
-            d["privacy"]["rounds"] = self.train.rounds
+        elif self.privacy.on:
+            if self.privacy.target_epsilon is not None:  # σ is solved for the planned rounds
+                d["privacy"]["rounds"] = self.train.rounds
+            if self.privacy.clip_quantile is None:  # a fixed clip: the adaptive knobs change nothing
+                for knob in ("clip_lr", "count_noise"):
+                    d["privacy"].pop(knob, None)
         drop_later_defaults(d)
         return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
 

@@ -78,7 +78,8 @@ class HostedDevices:
         self._local.net = self.net
         self._build = threading.Lock()  # building a skeleton forks torch's global RNG
         vec = cfg.engine.vectorize
-        self.vectorize = vec == "always" or (vec == "auto" and self.where.type == "cuda")
+        # DP-SGD's per-sample gradients run device by device (config refuses "always" with them)
+        self.vectorize = (vec == "always" or (vec == "auto" and self.where.type == "cuda")) and not cfg.privacy.sample_on
         self.vectorize_max = max(1, min(cfg.engine.vectorize_max, len(self.devices)))
         self._vpool: ThreadPoolExecutor | None = None
         self._batch_net = self._new_net() if self.vectorize else None

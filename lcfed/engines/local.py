@@ -20,6 +20,7 @@ from lcfed.devices.schedule import Scheduler
 from lcfed.engines import run_closed
 from lcfed.engines.hosted import DeviceHost, HostedDevices, auto_workers
 from lcfed.methods.base import Strategy
+from lcfed.methods.privacy import ClipTally
 from lcfed.methods.round import Arrival, Message, RoundPlan, RoundStats
 from lcfed.methods.traffic import downlink_traffic, layer_traffic
 from lcfed.numerics import provenance
@@ -44,9 +45,10 @@ class LocalServer:
         self.pending: Pending | None = None  # asynchronous: the queue between aggregations
         self._round: tuple[BufferedRound, Any] | None = None  # asynchronous: the round planned, its payload
 
-    def configure(self, rnd: int, clock: SimClock | None = None) -> RoundPlan:
+    def configure(self, rnd: int, clock: SimClock | None = None, clip: float | None = None) -> RoundPlan:
         """Round ``rnd``'s plan; with the device model (``clock`` given) only of the devices it keeps, or
-        asynchronously of the devices that start from this version."""
+        asynchronously of the devices that start from this version. ``clip``: adaptive clipping's clip for the
+        round (the loop's, from the history), carried on the plan to :meth:`aggregate`."""
         if clock is not None and self.buffered is not None:
             plan = self._buffered(rnd, clock)
         elif clock is not None and self.scheduler is not None:
@@ -54,7 +56,7 @@ class LocalServer:
         else:
             plan = self.strategy.configure(self.state, rnd)
         # the downlink's objects are priced here, per layer, and not shipped along with the plan
-        return replace(plan, downlink=(), layers_down=downlink_traffic(self.strategy.fed.spec, plan.downlink))
+        return replace(plan, downlink=(), layers_down=downlink_traffic(self.strategy.fed.spec, plan.downlink), clip=clip)
 
     def _configure_for(self, rnd: int, devices: tuple[int, ...]) -> RoundPlan:
         """The strategy's plan for round ``rnd`` with ``devices`` as what ``Strategy.participants`` returns."""
@@ -105,6 +107,20 @@ class LocalServer:
         self._round = None
         return replace(stats, participants=len(arrivals)), [a.message for a in arrivals]
 
+    def _aggregate_clipped(self, plan: RoundPlan, ordered: Sequence[Message]) -> tuple[Any, RoundStats]:
+        """The strategy's aggregate at the round's adaptive clip, and the noised fraction of updates within it.
+        The strategy's private aggregation is swapped for the round's around the hook (as ``scheduled`` is
+        around ``configure``), so the clip stays out of every method's state."""
+        dp, tally = self.strategy.dp, ClipTally()
+        assert dp is not None and plan.clip is not None
+        self.strategy.dp = dp.at(plan.clip, tally)
+        try:
+            state, stats = self.strategy.aggregate(self.state, plan, ordered)
+        finally:
+            self.strategy.dp = dp
+        fraction = None if tally.within is None else dp.fraction(plan.rnd, tally.within)
+        return state, replace(stats, clip_fraction=fraction)
+
     def aggregate(self, plan: RoundPlan, msgs: Sequence[Message]) -> RoundStats:
         if not plan.devices and self._round is None:  # the device model kept no one: the state stays
             return RoundStats(float("nan"), 0, 0)
@@ -118,6 +134,8 @@ class LocalServer:
         uploaded: Sequence[Message] = ordered
         if self._round is not None:
             stats, uploaded = self._aggregate_buffered(plan, ordered)
+        elif plan.clip is not None:
+            self.state, stats = self._aggregate_clipped(plan, ordered)
         else:
             self.state, stats = self.strategy.aggregate(self.state, plan, ordered)
         spec = self.strategy.fed.spec

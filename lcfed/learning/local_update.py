@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 import torch.nn.functional as F
+from torch.func import grad_and_value, vmap
 
 from lcfed.learning.models import Model
 
@@ -40,13 +41,31 @@ class DeviceData:
 
 
 @dataclass(frozen=True)
+class SampleDP:
+    """Sample-level DP-SGD (Abadi et al. 2016): each sample's gradient clipped to ``clip``, N(0, (noise·clip)²) added
+    to their sum, divided by the batch size."""
+
+    clip: float
+    noise: float
+
+
+@dataclass(frozen=True)
 class LocalWork:
-    """How much local training a round does: ``steps`` minibatches, or ``epochs`` full passes."""
+    """How much local training a round does: ``steps`` minibatches, or ``epochs`` full passes; each a DP-SGD step
+    with ``sample_dp``."""
 
     lr: float
     batch_size: int
     steps: int | None = None
     epochs: int | None = None
+    sample_dp: SampleDP | None = None
+
+    def steps_for(self, n: int) -> int:
+        """The steps a round takes on ``n`` samples."""
+        if self.epochs is not None:
+            return self.epochs * -(-n // min(self.batch_size, n))
+        assert self.steps is not None
+        return self.steps
 
 
 @dataclass(frozen=True)
@@ -112,6 +131,21 @@ def loss_and_grad(net: Model, w: torch.Tensor, x: torch.Tensor, y: torch.Tensor)
     return float(loss.detach()), grad
 
 
+def private_loss_and_grad(net: Model, w: torch.Tensor, x: torch.Tensor, y: torch.Tensor, dp: SampleDP,
+                          noise: torch.Generator) -> tuple[float, torch.Tensor]:
+    """The mean loss at ``w`` on ``(x, y)`` and the DP-SGD gradient: per-sample gradients (``torch.func``: vmap
+    over the samples) each clipped to ``dp.clip``, summed, plus N(0, (dp.noise·dp.clip)²) drawn from ``noise``,
+    over the batch size."""
+
+    def one(w: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(net(w, x[None]), y[None])
+
+    grads, losses = vmap(grad_and_value(one), in_dims=(None, 0, 0))(w.detach(), x, y)
+    scale = (dp.clip / grads.norm(dim=1, keepdim=True).clamp_min(1e-30)).clamp(max=1.0)
+    drawn = torch.randn(w.shape, generator=noise, dtype=torch.float64) * (dp.noise * dp.clip)
+    return float(losses.mean()), ((grads * scale).sum(0) + drawn.to(w.device, w.dtype)) / x.shape[0]
+
+
 def local_update(
     net: Model,
     w0: torch.Tensor,
@@ -120,12 +154,19 @@ def local_update(
     rng: np.random.Generator,
     proximal: Sequence[Proximal] = (),
 ) -> LocalResult:
-    """Run the local SGD of one device from ``w0``; ``w0`` is not modified."""
+    """Run the local SGD of one device from ``w0``; ``w0`` is not modified. With ``work.sample_dp`` each step is a
+    DP-SGD step whose noise comes from a generator seeded by ``rng``'s first draw (so a function of the same
+    (seed, device, round, stream) as the batches)."""
     w = w0.detach().clone()
     losses = []
+    dp = work.sample_dp
+    noise = torch.Generator().manual_seed(int(rng.integers(2**62))) if dp is not None else None
     for idx in minibatches(data.num_train, work, rng):
         index = torch.from_numpy(idx).to(data.x_train.device)
-        loss, grad = loss_and_grad(net, w, data.x_train[index], data.y_train[index])
+        if dp is not None and noise is not None:
+            loss, grad = private_loss_and_grad(net, w, data.x_train[index], data.y_train[index], dp, noise)
+        else:
+            loss, grad = loss_and_grad(net, w, data.x_train[index], data.y_train[index])
         for term in proximal:
             part = slice(None) if term.part is None else term.part
             grad[part] += term.weight * (w[part] - term.target)

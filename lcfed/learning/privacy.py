@@ -16,10 +16,13 @@ import torch
 
 from lcfed.learning.similarity import Projector
 
-__all__ = ["clip_rows", "gaussian", "local_code", "private_means", "random_projector"]
+__all__ = ["COUNT_STREAM", "clip_rows", "count_within", "gaussian", "local_code", "next_clip", "noised_fraction",
+           "private_means", "random_projector"]
 
 # keeps these streams apart from every other seeded draw of a run
 _NOISE, _CODE, _PROJECT = 0xD1FF, 0xC0DE, 0x9A0
+#: the stream of the noise on adaptive clipping's count, apart from every sum's (streams 0, 1, ...)
+COUNT_STREAM = 0xC0C1
 
 
 def clip_rows(updates: torch.Tensor, clip: float, layers: Sequence[slice] = ()) -> torch.Tensor:
@@ -80,3 +83,23 @@ def random_projector(center: torch.Tensor, rank: int, seed: int) -> Projector:
     g = torch.randn(center.numel(), rank, generator=gen, dtype=torch.float64)
     q, _ = torch.linalg.qr(g)
     return Projector(q.T.contiguous().to(center.dtype), center.clone())
+
+
+def count_within(models: torch.Tensor, labels: np.ndarray, previous: torch.Tensor, clip: float) -> int:
+    """How many rows' updates ``w_i − previous[label_i]`` have L2 norm at most ``clip`` (adaptive clipping's count,
+    taken before clipping)."""
+    lab = torch.as_tensor(labels, dtype=torch.long)
+    norms = (models.to(torch.float64) - previous.to(torch.float64)[lab]).norm(dim=1)
+    return int((norms <= clip).sum())
+
+
+def noised_fraction(within: int, count_std: float, cohort: float, seed: int, rnd: int) -> float:
+    """b̄ = (within + N(0, count_std²)) / cohort: the private fraction of updates within the clip, its noise drawn
+    from (seed, round, cluster 0, :data:`COUNT_STREAM`)."""
+    return float((within + gaussian((1,), count_std, seed, rnd, 0, COUNT_STREAM)[0]) / cohort)
+
+
+def next_clip(clip: float, fraction: float, quantile: float, lr: float) -> float:
+    """The geometric update of Andrew et al. 2021: ``clip · exp(−lr (fraction − quantile))``; the clip shrinks while
+    more than the ``quantile`` of updates are within it, and grows while fewer are."""
+    return clip * math.exp(-lr * (fraction - quantile))

@@ -114,6 +114,10 @@ class Strategy(Generic[S, D, M, P]):
     #: :meth:`private_means` and privatizes what else it reads declares it
     reads: ClassVar[ServerReads] = ServerReads()
 
+    #: whether a device reads its training samples only through ``ctx.local_update`` (the shared local SGD, which
+    #: ``privacy.sample_noise`` makes DP-SGD), so that sample-level DP covers all it sends; others are refused with it
+    samples_in_sgd_only: ClassVar[bool] = False
+
     def __init__(self, cfg: ExperimentConfig, fed: Federation) -> None:
         self.cfg = cfg
         self.fed = fed

@@ -88,6 +88,7 @@ def bipartition(updates: torch.Tensor) -> np.ndarray:
 
 class CFL(Strategy[CFLState, None, UpdateMessage, torch.Tensor]):
     name = "cfl"
+    samples_in_sgd_only = True  # its devices read their samples only in ctx.local_update
     reads = ServerReads(sums=("updates",), per_device=("updates (norms, pairwise cosines)",))
     params: CFLParams
 

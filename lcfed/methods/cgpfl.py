@@ -60,6 +60,7 @@ class CGPFLState:
 
 class CGPFL(ClusteredStrategy[CGPFLState, ModelMessage, torch.Tensor]):
     name = "cgpfl"
+    samples_in_sgd_only = True  # its devices read their samples only in ctx.local_update
     reads = ServerReads(sums=("models",), per_device=("models (cosine assignment)",))
     params: CGPFLParams
 

@@ -57,6 +57,7 @@ def personal_step(ctx: DeviceContext, v: torch.Tensor, w_t: torch.Tensor, lam: f
 
 class Ditto(GlobalModel[PersonalModel]):
     name = "ditto"
+    samples_in_sgd_only = True  # its devices read their samples only in ctx.local_update
     params: DittoParams
 
     def init_device(self, device: int, init: torch.Tensor) -> PersonalModel:

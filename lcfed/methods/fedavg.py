@@ -78,6 +78,7 @@ class GlobalModel(Strategy[FedAvgState, D, ModelMessage, torch.Tensor]):
 
 class FedAvg(GlobalModel[None]):
     name = "fedavg"
+    samples_in_sgd_only = True  # its devices read their samples only in ctx.local_update
 
     def local(self, ctx: DeviceContext, dev: None, payload: torch.Tensor, instruction: None) -> tuple[None, ModelMessage]:
         res = ctx.local_update(payload)

@@ -124,6 +124,7 @@ def place_newcomers(updates: torch.Tensor, directions: torch.Tensor) -> np.ndarr
 
 class FedGroup(Strategy[FedGroupState, None, ModelMessage, FedGroupPayload]):
     name = "fedgroup"
+    samples_in_sgd_only = True  # its devices read their samples only in ctx.local_update
     reads = ServerReads(sums=("models",), per_device=("update directions",))
     params: FedGroupParams
 

@@ -50,6 +50,7 @@ class EmbeddingMessage(Message):
 
 class FedPer(Strategy[FedPerState, PersonalHead, EmbeddingMessage, torch.Tensor]):
     name = "fedper"
+    samples_in_sgd_only = True  # its devices read their samples only in ctx.local_update
     reads = ServerReads(sums=("embeddings",), per_device=(), private=True)
 
     def init(self) -> FedPerState:

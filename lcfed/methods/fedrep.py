@@ -76,6 +76,7 @@ def scaled(work: LocalWork, factor: int) -> LocalWork:
 
 class FedRep(FedPer):
     name = "fedrep"
+    samples_in_sgd_only = False  # its own SGD on the head and the body (part_sgd), not DP-SGD
     params: FedRepParams
 
     def local(self, ctx: DeviceContext, dev: PersonalHead, payload: torch.Tensor,

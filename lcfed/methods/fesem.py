@@ -82,6 +82,7 @@ def kmeanspp_centers(points: torch.Tensor, k: int, rng: np.random.Generator) -> 
 
 class FeSEM(ClusteredStrategy[FeSEMState, ModelMessage, torch.Tensor]):
     name = "fesem"
+    samples_in_sgd_only = True  # its devices read their samples only in ctx.local_update
     reads = ServerReads(sums=("models",), per_device=("models (L2 distances)",))
     params: FeSEMParams
 

@@ -109,6 +109,7 @@ def hierarchical_labels(updates: torch.Tensor, method: str, threshold: float, nu
 
 class FLHC(Strategy[FLHCState, None, ModelMessage, torch.Tensor]):
     name = "flhc"
+    samples_in_sgd_only = True  # its devices read their samples only in ctx.local_update
     reads = ServerReads(sums=("models",), per_device=("models (hierarchical clustering)",))
     params: FLHCParams
 

@@ -127,6 +127,7 @@ class LCFedMessage(Message):
 
 class LCFed(ClusteredStrategy[LCFedState, LCFedMessage, LCFedPayload]):
     name = "lcfed"
+    samples_in_sgd_only = True  # its devices read their samples only in ctx.local_update
     params: LCFedParams
     supports_async = True
     # under privacy.mode: central the codes are noised on the device and M reads no device (docs/privacy.md)

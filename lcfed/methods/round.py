@@ -128,6 +128,7 @@ class RoundPlan:
             device that downloads only its cluster's model counts one model, not the whole payload).
         layers_down: ``downlink`` per layer, filled by the server.
         timing: the round on the simulated clock (``devices.simulate``), filled by the server.
+        clip: the round's clip under adaptive clipping (``privacy.clip_quantile``), filled by the server; else None.
     """
 
     rnd: int
@@ -138,6 +139,7 @@ class RoundPlan:
     downlink: tuple[tuple[Any, int], ...] = ()
     layers_down: Mapping[str, int] = field(default_factory=dict)  # the server fills it from ``downlink``
     timing: RoundTiming | None = None  # the round on the simulated clock (devices.simulate), filled by the server
+    clip: float | None = None  # adaptive clipping's clip this round, filled by the server
 
 
 @dataclass(frozen=True)
@@ -153,6 +155,8 @@ class RoundStats:
         layers_up: ``bytes_up`` per layer, filled by the server.
         layers_down: ``bytes_down`` per layer, filled by the server.
         participants: how many updates the round aggregated, filled by the server when 0.
+        clip_fraction: under adaptive clipping, the noised fraction of updates within the round's clip (b̄),
+            filled by the server; None otherwise.
     """
 
     train_loss: float
@@ -163,6 +167,7 @@ class RoundStats:
     layers_up: Mapping[str, int] = field(default_factory=dict)  # filled by the server from the messages
     layers_down: Mapping[str, int] = field(default_factory=dict)  # and from the plan's downlink
     participants: int = 0
+    clip_fraction: float | None = None
 
 
 @dataclass(frozen=True)

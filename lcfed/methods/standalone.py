@@ -37,6 +37,7 @@ class LocalModel:
 
 class Standalone(Strategy[StandaloneState, LocalModel, Message, None]):
     name = "standalone"
+    samples_in_sgd_only = True  # its devices read their samples only in ctx.local_update
     reads = ServerReads(sums=(), per_device=(), private=True)
 
     def init(self) -> StandaloneState:

@@ -36,7 +36,7 @@ from lcfed.run.contracts import (
     Server,
 )
 from lcfed.run.faults import ClusterLost
-from lcfed.run.privacy import privacy_metrics
+from lcfed.run.privacy import privacy_metrics, round_clip, sample_metrics
 from lcfed.run.result import FinalModels, RunResult, newcomer, newcomer_metrics
 from lcfed.run.rounds import TOTALS, evaluate_round, round_metrics, should_evaluate, sim_clock, time_to_target
 from lcfed.run.stop import STOP, Stopped
@@ -182,7 +182,8 @@ def _play(
     """Round ``rnd``: train its participants, aggregate, evaluate when due, and the round's metrics
     (the held-out devices join after the last round). ``clock``: the device model's (:func:`sim_clock`)."""
     t0 = time.perf_counter()
-    plan = server.configure(rnd, clock)
+    clip = round_clip(cfg, history)
+    plan = server.configure(rnd, clock, clip)
     stats = server.aggregate(plan, pool.train(plan))
     now_trained = trained.copy()
     now_trained[list(plan.devices)] = True
@@ -192,7 +193,8 @@ def _play(
     metrics = round_metrics(cfg, rnd, stats, evaluation, fed, totals, now_trained)
     if plan.timing is not None:
         metrics.update(plan.timing.metrics())
-    metrics.update(privacy_metrics(cfg, len(plan.devices), plan.timing, history))
+    metrics.update(privacy_metrics(cfg, len(plan.devices), plan.timing, history, clip, stats.clip_fraction))
+    metrics.update(sample_metrics(cfg, fed, rnd))
     if fed.held_out and rnd == cfg.train.rounds - 1:
         metrics.update(newcomer_metrics(pool.join(fed.held_out, newcomer(server.get_state(), fed.spec))))
     metrics["round_seconds"] = time.perf_counter() - t0

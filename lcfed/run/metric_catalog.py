@@ -93,6 +93,15 @@ CATALOG: tuple[Metric, ...] = (
            "a device model, the selected over those online", _PRIVACY, objective=False),
     Metric("dp_noise_multiplier", "server", None, "σ of each sum's noise (given, or solved for `privacy.target_epsilon`)",
            _PRIVACY, objective=False),
+    Metric("dp_clip", "server", None, "the round's clip C under adaptive clipping (it tracks the `privacy.clip_quantile` "
+           "of update norms)", "with `privacy.clip_quantile` ([Privacy](privacy.md#adaptive-clipping))", objective=False),
+    Metric("dp_clip_fraction", "server", None, "the noised fraction of the round's updates within `dp_clip` (b̄), "
+           "which moves the next round's clip", "with `privacy.clip_quantile`, when a device was kept", objective=False),
+    Metric("dp_sample_epsilon", "server", "min", "sample-level DP-SGD: the worst device's ε so far at `dp_sample_delta`, "
+           "every round counted for every device", "with `privacy.sample_noise` ([Privacy](privacy.md#sample-level-dp-sgd))",
+           averaged=False),
+    Metric("dp_sample_delta", "server", None, "the δ that `dp_sample_epsilon` is at (`privacy.sample_delta`, or the "
+           "smallest device's n^-1.1)", "with `privacy.sample_noise`", objective=False),
     Metric("bytes_up", "traffic", "min", "bytes the round's devices uploaded"),
     Metric("bytes_down", "traffic", "min", "bytes the round's devices downloaded"),
     Metric("bytes_up_total", "traffic", "min", "running sum of `bytes_up`"),

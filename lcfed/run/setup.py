@@ -29,7 +29,7 @@ from lcfed.data import (
 )
 from lcfed.data.generated import GENERATED
 from lcfed.data.partition import validation_sizes
-from lcfed.learning.local_update import DeviceData, LocalWork
+from lcfed.learning.local_update import DeviceData, LocalWork, SampleDP
 from lcfed.learning.models import Network
 from lcfed.methods import Strategy
 from lcfed.methods.round import Federation
@@ -61,8 +61,9 @@ class Setup:
 
     def local_work(self) -> LocalWork:
         """A device's local work each round (``train.lr``, ``batch_size``, ``local_steps``, ``local_epochs``)."""
-        t = self.cfg.train
-        return LocalWork(lr=t.lr, batch_size=t.batch_size, steps=t.local_steps, epochs=t.local_epochs)
+        t, p = self.cfg.train, self.cfg.privacy
+        dp = SampleDP(p.sample_clip, p.sample_noise) if p.sample_noise is not None else None
+        return LocalWork(lr=t.lr, batch_size=t.batch_size, steps=t.local_steps, epochs=t.local_epochs, sample_dp=dp)
 
     def torch_device(self) -> torch.device:
         """Where this process trains (``engine.device``): ``auto`` picks CUDA when torch sees a GPU (e.g. a

@@ -115,7 +115,15 @@ def check_against_data(cfg: ExperimentConfig, ds: Dataset) -> Partition:
             f"must be <= the {ds.num_classes} classes of {ds.name}",
         )
     check_model(cfg, ds.name, ds.input_shape, ds.num_classes)
-    return partition(cfg, ds)
+    part = partition(cfg, ds)
+    sample_delta = cfg.privacy.sample_delta
+    if cfg.privacy.sample_on and sample_delta is not None:
+        held = set(held_out_devices(cfg))
+        n = min((int(k) for d, k in enumerate(part.sizes()) if d not in held and k > 0), default=0)
+        require(not n or sample_delta < 1 / n, "privacy.sample_delta", sample_delta,
+                f"must be below 1/n = {1 / max(n, 1):.3g} for the smallest training device's n = {n} samples "
+                "(null: n^-1.1)")
+    return part
 
 
 def check_model(cfg: ExperimentConfig, data_name: str, input_shape: tuple[int, ...], num_classes: int) -> None:

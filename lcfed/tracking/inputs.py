@@ -109,8 +109,11 @@ APPLIES: dict[str, Rule] = {
     # the run's name is the run's (and config.yaml has it): as a param each trial's own value was an axis of
     # the UI's parallel-coordinates plot of a sweep
     "tracking.run_name": lambda c: False,
-    # the privacy section's settings only for a private run (its mode says it is not one)
-    **{f"privacy.{f.name}": (lambda c: c.privacy.on) for f in dataclasses.fields(PrivacyConfig) if f.name != "mode"},
+    # the privacy section's settings only for a private run (its mode says it is not one); DP-SGD's with it on
+    **{f"privacy.{f.name}": (lambda c: c.privacy.on) for f in dataclasses.fields(PrivacyConfig)
+       if f.name != "mode" and not f.name.startswith("sample_")},
+    **{f"privacy.{f.name}": (lambda c: c.privacy.sample_on) for f in dataclasses.fields(PrivacyConfig)
+       if f.name.startswith("sample_")},
 }
 
 
