@@ -165,7 +165,7 @@ def test_sigterm_stops_at_a_round_boundary_checkpointed_and_killed_then_resume_c
 
     from lcfed.config import to_dict
 
-    rounds = 16  # 13 left once 3 are logged: the signal comes mid-run
+    rounds = 12  # 9 left once 3 are logged: the signal comes mid-run
     cfg = tiny_config(f"train.rounds={rounds}", "tracking.enabled=true", f"tracking.uri={tracking_uri}",
                       "tracking.experiment=sig", f"checkpoint.dir={tmp_path / 'ck'}", "checkpoint.every=1000")
     path = tmp_path / "c.yaml"
@@ -194,8 +194,8 @@ def test_sigterm_stops_at_a_round_boundary_checkpointed_and_killed_then_resume_c
     assert checkpoint.load(tmp_path / "ck" / "latest.pt").next_round == stopped_after + 1
     assert steps() == list(range(stopped_after + 1))  # every finished round logged, none lost
 
-    done = subprocess.run([*cmd, "--resume"], capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
+    # the resume in this process: the signal needed the subprocess, resuming does not (one interpreter start fewer)
+    assert main(["run", "-c", str(path), "-q", "--resume"]) == 0
     assert client.get_run(run.info.run_id).info.status == "FINISHED"
     assert steps() == list(range(rounds))  # each round exactly once, in the same run
     clean = run_local(cfg.replace(**{"tracking.enabled": False, "checkpoint.dir": ""}))
