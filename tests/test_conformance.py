@@ -67,7 +67,9 @@ def failed(findings):
 
 @pytest.mark.parametrize("name", list(METHODS))
 def test_every_builtin_keeps_the_contract(name):
-    findings = conformance.check(name)
+    # fedrep's head trains head_factor times the local steps (10 by default): the same code at 2, a fifth of the cost
+    cfg = conformance.small_config(name, **{"method.head_factor": 2}) if name == "fedrep" else None
+    findings = conformance.check(name, cfg=cfg)
     assert [f.prop for f in findings] == ["seeded", "pure", "priced", "resumable"]
     assert failed(findings) == {}, conformance.report(name, findings)
 
