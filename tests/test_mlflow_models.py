@@ -157,7 +157,7 @@ def test_store_gone_at_the_end_skips_the_models_with_a_warning(tracking_uri, tmp
     real_flush = obs._flush
     obs._flush = lambda final: False if final else real_flush(final)  # type: ignore[method-assign]
     with pytest.warns(UserWarning, match="final models were not logged"):
-        result = run_local(tiny_config("tracking.enabled=true", f"tracking.uri={tracking_uri}"), [obs])
+        result = run_local(tiny_config("train.rounds=1", "tracking.enabled=true", f"tracking.uri={tracking_uri}"), [obs])
     assert result.models is not None and obs.monitor is None and not _monitors()
     tags = mlflow.MlflowClient(tracking_uri).get_run(obs.run_id).data.tags
     assert not any(k.startswith("model.") for k in tags)
