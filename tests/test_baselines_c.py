@@ -272,7 +272,7 @@ FEDBUFF = ["train.participation=0.5", "devices.simulate=true", "devices.aggregat
 @pytest.mark.parametrize("method", ["fedprox", "ditto", "apfl"])
 def test_asynchronous_aggregation_runs(method):
     assert METHODS[method].strategy.supports_async
-    result = run_local(_e2e_config(method, *FEDBUFF))
+    result = run_local(_e2e_config(method, *FEDBUFF, "train.rounds=2", "train.local_steps=1"))  # runs, not learns
     assert math.isfinite(result.final["train_loss"]) and result.final["staleness_mean"] >= 0
 
 
