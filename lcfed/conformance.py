@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import math
+import shutil
 import tempfile
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -140,7 +141,8 @@ class _Guarded:
         return call
 
 
-def _run(cfg: ExperimentConfig, audit: _Audit | None = None, resume: Any = None) -> RunResult:
+def _run(cfg: ExperimentConfig, audit: _Audit | None = None, resume: Any = None,
+         observers: Sequence[Any] = ()) -> RunResult:
     """The in-process engine, with the strategy watched when ``audit`` is given."""
     engine = LocalEngine(cfg, load(cfg), 1)
     try:
@@ -148,7 +150,7 @@ def _run(cfg: ExperimentConfig, audit: _Audit | None = None, resume: Any = None)
         if audit is not None:  # the guard forwards every attribute: to the loop it is the strategy
             engine.hosted.strategy = cast(Strategy, _Guarded(engine.hosted.strategy, audit))
             server_strategy = cast(Strategy, _Guarded(server_strategy, audit))
-        return run_rounds(cfg, engine.setup.federation, LocalServer(server_strategy), LocalPool(engine.hosted), (), resume)
+        return run_rounds(cfg, engine.setup.federation, LocalServer(server_strategy), LocalPool(engine.hosted), observers, resume)
     finally:
         engine.close()
 
@@ -183,37 +185,67 @@ def check(name: str, *, ray: bool = False, cfg: ExperimentConfig | None = None,
     findings: list[Finding] = []
     audit = _Audit()
     say("seeded, pure, priced")
-    try:
-        first = _run(cfg, audit)
-        second = _run(cfg)
-    except ConfigError:
-        raise  # the config (or a Strategy's check of its params) is refused: once, not as every property failed
-    except Exception as exc:
-        error = f"the method fails to run: {type(exc).__name__}: {exc}"
-        return [Finding(p, False, error) for p in PROPERTIES if p != "engines" or ray]
-    diffs = differences(first.history, second.history)
-    findings.append(Finding("seeded", not diffs, _first(diffs) if diffs else ""))
-    findings.append(Finding("pure", not audit.mutated, "; ".join(f"{hook} changed its arguments in place "
-                                                                 f"({n} call{'s' if n > 1 else ''})"
-                                                                 for hook, n in audit.mutated.items())))
-    findings.append(Finding("priced", not audit.unpriced, _first(audit.unpriced) if audit.unpriced else ""))
-    say("resumable")
-    findings.append(_resumable(cfg, first))
+    with tempfile.TemporaryDirectory(prefix="lcfed-check-") as tmp:
+        # the unwatched run also checkpoints, its next-to-last round's checkpoint kept aside to resume from:
+        # one run fewer than a separate stopped run (saving a checkpoint must not change the numbers either)
+        saved = f"{tmp}/saved"
+        run_dir = f"{tmp}/run"
+        ckpt: dict[str, Any] = {"checkpoint.dir": run_dir, "checkpoint.every": 1}
+        try:
+            first = _run(cfg, audit)
+            try:
+                second, unsaved = _run(cfg.replace(**ckpt), observers=[_KeepCheckpoint(run_dir, saved, cfg.train.rounds - 2)]), None
+            except Exception as exc:  # checkpointing fails, not the method: only resumable fails
+                second, unsaved = _run(cfg), exc
+        except ConfigError:
+            raise  # the config (or a Strategy's check of its params) is refused: once, not as every property failed
+        except Exception as exc:
+            error = f"the method fails to run: {type(exc).__name__}: {exc}"
+            return [Finding(p, False, error) for p in PROPERTIES if p != "engines" or ray]
+        diffs = differences(first.history, second.history)
+        findings.append(Finding("seeded", not diffs, _first(diffs) if diffs else ""))
+        findings.append(Finding("pure", not audit.mutated, "; ".join(f"{hook} changed its arguments in place "
+                                                                     f"({n} call{'s' if n > 1 else ''})"
+                                                                     for hook, n in audit.mutated.items())))
+        findings.append(Finding("priced", not audit.unpriced, _first(audit.unpriced) if audit.unpriced else ""))
+        say("resumable")
+        findings.append(_resumable(cfg.replace(**{**ckpt, "checkpoint.dir": saved}), first, unsaved))
     if ray:
         say("engines")
         findings.append(_engines(cfg, first))
     return findings
 
 
-def _resumable(cfg: ExperimentConfig, straight: RunResult) -> Finding:
-    with tempfile.TemporaryDirectory(prefix="lcfed-check-") as tmp:
-        stop = cfg.replace(**{"train.rounds": cfg.train.rounds - 1, "checkpoint.dir": tmp, "checkpoint.every": 1})
-        try:
-            _run(stop)
-            resumed = _run(cfg.replace(**{"checkpoint.dir": tmp, "checkpoint.every": 1}),
-                           resume=load_resume(cfg.replace(**{"checkpoint.dir": tmp})))
-        except Exception as exc:
-            return Finding("resumable", False, f"{type(exc).__name__}: {exc}")
+class _KeepCheckpoint:
+    """An observer copying the checkpoint directory aside after round ``rnd`` (from 0)."""
+
+    def __init__(self, src: str, dst: str, rnd: int) -> None:
+        self.src, self.dst, self.rnd = src, dst, rnd
+
+    def on_start(self, cfg: ExperimentConfig, fed: Any) -> None:
+        pass
+
+    def on_round(self, rnd: int, metrics: dict[str, float], stats: Any) -> None:
+        if rnd == self.rnd:  # written before the observers hear of the round
+            shutil.copytree(self.src, self.dst)
+
+    def on_end(self, result: RunResult) -> None:
+        pass
+
+
+def _resumable(cfg: ExperimentConfig, straight: RunResult, unsaved: Exception | None) -> Finding:
+    """Resume ``cfg`` (its ``checkpoint.dir`` holding the checkpoint before the last round): the last round as
+    ``straight`` played it."""
+    if unsaved is not None:
+        return Finding("resumable", False, f"{type(unsaved).__name__}: {unsaved}")
+    try:
+        snap = load_resume(cfg)
+        if snap is None:
+            return Finding("resumable", False, f"no checkpoint before the last round (train.rounds {cfg.train.rounds}: "
+                                               "resuming needs 2 or more)")
+        resumed = _run(cfg, resume=snap)
+    except Exception as exc:
+        return Finding("resumable", False, f"{type(exc).__name__}: {exc}")
     diffs = differences(straight.history[-1:], resumed.history[-1:])
     return Finding("resumable", not diffs, _first(diffs) if diffs else "")
 

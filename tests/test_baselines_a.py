@@ -23,7 +23,7 @@ from lcfed.methods.fesem import FeSEMState, span_coordinates
 from lcfed.methods.ifca import IFCAMessage, IFCAState, cluster_losses
 from lcfed.methods.lcfed import PersonalModel
 from lcfed.run.setup import prepare
-from tests.conftest import same_metrics, tiny_config
+from tests.conftest import tiny_config
 from tests.test_math import Tiny
 
 # Tiny: w = [a | W0, W1 | b0, b1], logits = W * (a x) + b; the embedding φ is a, the decision h the rest.
@@ -261,10 +261,10 @@ MODEL_BYTES = 61_706 * 4
         ("cgpfl", 0.45, 8 * MODEL_BYTES, 8 * MODEL_BYTES),
     ],
 )
-def test_seeded_run_on_digits_is_deterministic_and_learns(name, min_acc, up, down):
+def test_seeded_run_on_digits_learns(name, min_acc, up, down):
+    # run after run the same numbers: test_conformance.py's `seeded` for every built-in (no round-dependent params)
     cfg = tiny_config(f"method.name={name}", "train.rounds=5", "train.eval_every=5")
-    a, b = run_local(cfg), run_local(cfg)
-    same_metrics(a.history, b.history)
+    a = run_local(cfg)
     assert a.final["acc_mean"] > min_acc, a.final
     last = a.history[-1]
     assert last["bytes_up"] == up and last["bytes_down"] == down

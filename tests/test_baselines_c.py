@@ -21,7 +21,7 @@ from lcfed.methods.base import DeviceContext, Federation, PersonalModel, RoundPl
 from lcfed.methods.cfl import CFLState, UpdateMessage, bipartition, should_split
 from lcfed.methods.fedper import PersonalHead
 from lcfed.methods.scaffold import ControlVariate, ScaffoldMessage, ScaffoldPayload, ScaffoldState, option_two
-from tests.conftest import same_history, tiny_config
+from tests.conftest import tiny_config
 from tests.test_baselines_b import _e2e_config  # the same small run as the other baselines'
 from tests.test_math import Tiny  # w = [a | W0, W1, b0, b1]: logits = W (a x) + b
 
@@ -225,11 +225,11 @@ def test_cfl_aggregate_splits_then_averages_each_half():
 
 def test_cfl_recovers_the_rotated_groups():
     # thresholds that split at the first chance (round 1): on 2 rotated groups the cosine of the updates
-    # separates them, ARI 1 against the true groups; the same numbers run after run
+    # separates them, ARI 1 against the true groups (the same numbers run after run, splitting: the seeded
+    # property of test_cfl_keeps_the_contract_while_it_splits)
     cfg = tiny_config("method.name=cfl", "train.rounds=2", "train.local_steps=5", "train.lr=0.1", "data.testbed=rotated",
                       "data.testbed_groups=2", "data.partition=iid", "method.eps1=1e9", "method.eps2=0", "method.warmup=1")
-    a, b = run_local(cfg), run_local(cfg)
-    same_history(a.history, b.history)
+    a = run_local(cfg)
     assert [row["num_clusters"] for row in a.history] == [1, 2]
     assert a.history[0]["ari"] == 0.0 and a.history[-1]["ari"] == 1.0
 
@@ -256,10 +256,10 @@ E2E = [
 
 
 @pytest.mark.parametrize("method,extra,min_acc", E2E, ids=[e[0] for e in E2E])
-def test_end_to_end_is_deterministic_and_learns(method, extra, min_acc):
+def test_end_to_end_learns(method, extra, min_acc):
+    # run after run the same numbers: test_conformance.py's `seeded` for every built-in (these params add no path)
     cfg = _e2e_config(method, *extra)
-    a, b = run_local(cfg), run_local(cfg)
-    same_history(a.history, b.history)
+    a = run_local(cfg)
     assert a.final["acc_mean"] > min_acc, a.final
     if "data.partition=iid" in extra:  # one global model: its training loss falls (not so under label skew)
         assert a.history[-1]["train_loss"] < a.history[0]["train_loss"]
@@ -272,7 +272,7 @@ FEDBUFF = ["train.participation=0.5", "devices.simulate=true", "devices.aggregat
 @pytest.mark.parametrize("method", ["fedprox", "ditto", "apfl"])
 def test_asynchronous_aggregation_runs(method):
     assert METHODS[method].strategy.supports_async
-    result = run_local(_e2e_config(method, *FEDBUFF))
+    result = run_local(_e2e_config(method, *FEDBUFF, "train.rounds=2", "train.local_steps=1"))  # runs, not learns
     assert math.isfinite(result.final["train_loss"]) and result.final["staleness_mean"] >= 0
 
 

@@ -100,12 +100,13 @@ def test_foreign_classes_are_refused(tmp_path):
 
 
 def test_resume_is_bit_identical(tmp_path):
-    full = run_local(tiny_config("train.rounds=10", "train.local_steps=2", f"checkpoint.dir={tmp_path / 'a'}"))
-    first = tiny_config("train.rounds=5", "train.local_steps=2", f"checkpoint.dir={tmp_path / 'b'}")
+    # a run stopped after 3 rounds, then extended to 6 (the number of rounds is outside the config's digest)
+    full = run_local(tiny_config("train.rounds=6", "train.local_steps=2", f"checkpoint.dir={tmp_path / 'a'}"))
+    first = tiny_config("train.rounds=3", "train.local_steps=2", f"checkpoint.dir={tmp_path / 'b'}")
     run_local(first)
-    cont = tiny_config("train.rounds=10", "train.local_steps=2", f"checkpoint.dir={tmp_path / 'b'}")
+    cont = tiny_config("train.rounds=6", "train.local_steps=2", f"checkpoint.dir={tmp_path / 'b'}")
     snap = load_resume(cont)
-    assert snap is not None and snap.next_round == 5
+    assert snap is not None and snap.next_round == 3
     resumed = run_local(cont, resume=snap)
     same_metrics(full.history, resumed.history)
     assert np.array_equal(full.assignment, resumed.assignment)
@@ -121,7 +122,7 @@ def test_checkpoint_of_another_config_is_refused(tmp_path):
 def test_cli_resume_continues_the_same_mlflow_run_or_a_new_one_when_it_is_gone(tmp_path, tracking_uri, capsys):
     base = ["run", "--quiet", "--set", f"tracking.uri={tracking_uri}", "--set", f"checkpoint.dir={tmp_path / 'ck'}",
             "--set", "data.num_devices=8", "--set", "method.num_clusters=3", "--set", "method.rank=4",
-            "--set", "train.local_steps=3"]
+            "--set", "train.local_steps=1"]  # (what is logged where does not depend on the training)
     assert main([*base, "--set", "train.rounds=2"]) == 0
     # a second run into the same checkpoint dir must say --resume, not overwrite
     assert main([*base, "--set", "train.rounds=4"]) == 2
@@ -165,7 +166,7 @@ def test_sigterm_stops_at_a_round_boundary_checkpointed_and_killed_then_resume_c
 
     from lcfed.config import to_dict
 
-    rounds = 16  # 13 left once 3 are logged: the signal comes mid-run
+    rounds = 12  # 9 left once 3 are logged: the signal comes mid-run
     cfg = tiny_config(f"train.rounds={rounds}", "tracking.enabled=true", f"tracking.uri={tracking_uri}",
                       "tracking.experiment=sig", f"checkpoint.dir={tmp_path / 'ck'}", "checkpoint.every=1000")
     path = tmp_path / "c.yaml"
@@ -194,8 +195,8 @@ def test_sigterm_stops_at_a_round_boundary_checkpointed_and_killed_then_resume_c
     assert checkpoint.load(tmp_path / "ck" / "latest.pt").next_round == stopped_after + 1
     assert steps() == list(range(stopped_after + 1))  # every finished round logged, none lost
 
-    done = subprocess.run([*cmd, "--resume"], capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
+    # the resume in this process: the signal needed the subprocess, resuming does not (one interpreter start fewer)
+    assert main(["run", "-c", str(path), "-q", "--resume"]) == 0
     assert client.get_run(run.info.run_id).info.status == "FINISHED"
     assert steps() == list(range(rounds))  # each round exactly once, in the same run
     clean = run_local(cfg.replace(**{"tracking.enabled": False, "checkpoint.dir": ""}))

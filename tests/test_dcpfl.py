@@ -4,6 +4,7 @@ hand on tiny inputs, then a seeded run on digits (deterministic, resumable, chea
 from __future__ import annotations
 
 import math
+import shutil
 from dataclasses import replace
 
 import numpy as np
@@ -438,11 +439,30 @@ FAST = (
 )
 
 
+class _KeepAfter:
+    """Copies the checkpoint directory aside once round ``rnd`` (from 0) is written."""
+
+    def __init__(self, src, dst, rnd):
+        self.src, self.dst, self.rnd = src, dst, rnd
+
+    def on_start(self, cfg, fed):
+        pass
+
+    def on_round(self, rnd, metrics, stats):
+        if rnd == self.rnd:
+            shutil.copytree(self.src, self.dst)
+
+    def on_end(self, result):
+        pass
+
+
 def test_seeded_run_is_deterministic_resumable_and_uploads_less_than_fedavg(tmp_path):
-    full = run_local(tiny_config("method.name=dcpfl", "train.rounds=10", *FAST, f"checkpoint.dir={tmp_path / 'a'}"))
-    # a second execution, stopped after 9 rounds (right after the trial, candidates pending) and resumed
-    run_local(tiny_config("method.name=dcpfl", "train.rounds=9", *FAST, f"checkpoint.dir={tmp_path / 'b'}"))
+    # the run's checkpoint after 9 rounds (right after the trial, candidates pending), kept aside and resumed:
+    # no second run up to there (a run stopped, then extended: test_checkpoint.py::test_resume_is_bit_identical)
+    keep = _KeepAfter(tmp_path / "a", tmp_path / "b", 8)
+    full = run_local(tiny_config("method.name=dcpfl", "train.rounds=10", *FAST, f"checkpoint.dir={tmp_path / 'a'}"), [keep])
     cont = tiny_config("method.name=dcpfl", "train.rounds=10", *FAST, f"checkpoint.dir={tmp_path / 'b'}")
+    assert load_resume(cont).next_round == 9
     resumed = run_local(cont, resume=load_resume(cont))
     same_metrics(full.history, resumed.history)
     assert np.array_equal(full.assignment, resumed.assignment)

@@ -41,7 +41,7 @@ def test_an_engine_is_one_registry_line(monkeypatch):
     monkeypatch.setitem(engines.ENGINES, "recording", engines.EngineEntry(
         "recording", "the in-process engine, noted", "tests.test_engine_registry:open_recording"))
     OPENED.clear()
-    cfg = tiny_config("engine.kind=recording")
+    cfg = tiny_config("engine.kind=recording", "train.rounds=1", "train.local_steps=1")  # dispatch, not training
     result = api.run(cfg)
     assert OPENED == [("recording", None)]
     same_history(result.history, api.run(cfg, engine="local").history)

@@ -32,14 +32,13 @@ def test_digest_differing_and_report_by_hand():
 
 def test_computing_it_leaves_the_runs_rng_and_threads_alone():
     """A run computes its fingerprint before round 1, in its own process: the global generator and the
-    thread count must be as they were, and the hashes the same each time."""
+    thread count must be as they were (the hashes the same each time: the recomputation in the disk cache test)."""
     threads = torch.get_num_threads()
     torch.manual_seed(123)
     first = fingerprint.compute(1)
     after = torch.rand(3)
     torch.manual_seed(123)
     assert torch.equal(after, torch.rand(3)) and torch.get_num_threads() == threads
-    assert fingerprint.compute(1).digest == first.digest
     assert first.machine["kernels"] == numerics.kernel_level() and first.machine["threads"] == "1"
     assert {"conv1.fwd", "local.lenet5.sgd", "similarity.projector", "clustering.kmeans"} <= set(first.kernels)
 
@@ -54,7 +53,7 @@ def test_the_disk_cache_is_read_and_a_stale_one_recomputed(tmp_path, monkeypatch
     cached.write_text(json.dumps(Fingerprint({"conv1.fwd": "0" * 16}).to_dict()))
     monkeypatch.setattr(fingerprint, "_computed", {})
     assert fingerprint.for_process(1).kernels == {"conv1.fwd": "0" * 16}
-    # one from another fingerprint version is not: it is computed again and replaced
+    # one from another fingerprint version is not: it is computed again (the same hashes) and replaced
     cached.write_text(json.dumps({**real.to_dict(), "version": 0}))
     monkeypatch.setattr(fingerprint, "_computed", {})
     assert fingerprint.for_process(1).digest == real.digest

@@ -102,16 +102,22 @@ def _pyfunc_on_raw_test_images_reproduces_the_runs_accuracy(cfg, run):
         model.predict(ds.x[:2].astype(np.float32), params={"device_id": 0})
 
 
-def test_fedavg_logs_its_global_model(tracking_uri, monkeypatch):
+def test_fedavg_logs_its_global_model_in_its_runs_experiment_and_store(tracking_uri, tmp_path, monkeypatch):
+    """Its global model loads back (pytorch and pyfunc alike, pinned requirements); the run's own experiment
+    lists its models (the run page and the Models tab read that), their files lie in the configured store,
+    and nothing appears under ./mlruns. One run for both (model logging is the cost)."""
     from mlflow.utils import requirements_utils
 
+    monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", tracking_uri)
     monkeypatch.setattr(requirements_utils, "_MODULES_TO_PACKAGES", None)  # as in a fresh process
     obs = MLflowObserver(tracking_uri, system_metrics=False)
-    cfg = tiny_config("method.name=fedavg", "train.rounds=2", "tracking.enabled=true", f"tracking.uri={tracking_uri}")
+    cfg = tiny_config("method.name=fedavg", "train.rounds=1", "tracking.enabled=true", f"tracking.uri={tracking_uri}",
+                      "tracking.experiment=models-here")
     run_local(cfg, [obs])
     unbuilt = requirements_utils._MODULES_TO_PACKAGES is None
-    tags = mlflow.MlflowClient(tracking_uri).get_run(obs.run_id).data.tags
+    client = mlflow.MlflowClient(tracking_uri)
+    tags = client.get_run(obs.run_id).data.tags
     model = mlflow.pytorch.load_model(tags["model.global"])
     assert type(model.net).__name__ == "LeNet5" and "model.clusters" not in tags
     ds = load(cfg)
@@ -124,6 +130,13 @@ def test_fedavg_logs_its_global_model(tracking_uri, monkeypatch):
     assert unbuilt
     requirements = Path(mlflow.pyfunc.get_model_dependencies(tags["model.global"])).read_text().split()
     assert {f"torch=={torch.__version__.split('+')[0]}", f"numpy=={np.__version__}"} <= set(requirements)
+
+    exp = client.get_experiment_by_name("models-here")
+    models = client.search_logged_models(experiment_ids=[exp.experiment_id])
+    assert {m.name for m in models} == {"global", "personal"} and {m.source_run_id for m in models} == {obs.run_id}
+    assert not client.search_logged_models(experiment_ids=["0"])
+    assert not (tmp_path / "mlruns").exists()
+    assert all(m.artifact_location.startswith(exp.artifact_location) for m in models)
 
 
 def test_system_metrics_when_asked_get_a_point_and_stop_when_the_run_fails(tracking_uri, monkeypatch):
@@ -144,7 +157,7 @@ def test_store_gone_at_the_end_skips_the_models_with_a_warning(tracking_uri, tmp
     real_flush = obs._flush
     obs._flush = lambda final: False if final else real_flush(final)  # type: ignore[method-assign]
     with pytest.warns(UserWarning, match="final models were not logged"):
-        result = run_local(tiny_config("tracking.enabled=true", f"tracking.uri={tracking_uri}"), [obs])
+        result = run_local(tiny_config("train.rounds=1", "tracking.enabled=true", f"tracking.uri={tracking_uri}"), [obs])
     assert result.models is not None and obs.monitor is None and not _monitors()
     tags = mlflow.MlflowClient(tracking_uri).get_run(obs.run_id).data.tags
     assert not any(k.startswith("model.") for k in tags)
@@ -166,21 +179,3 @@ def test_a_logged_model_scales_stored_samples_exactly_as_the_run_did(kind):
         model(torch.from_numpy(x).double())
     example, params = model.example()
     assert (example.shape, example.dtype, params) == ((1, *x.shape[1:]), x.dtype, {})
-
-
-def test_models_are_logged_in_their_runs_experiment_and_store(tmp_path, monkeypatch):
-    """The run's own experiment lists its models (the run page and the Models tab read that), their files lie in
-    the configured store, and nothing appears under ./mlruns."""
-    monkeypatch.chdir(tmp_path)
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    cfg = tiny_config("method.name=fedavg", "train.rounds=1", "tracking.enabled=true", f"tracking.uri={uri}",
-                      "tracking.experiment=models-here")
-    obs = MLflowObserver(uri, system_metrics=False)
-    run_local(cfg, [obs])
-    client = mlflow.MlflowClient(uri)
-    exp = client.get_experiment_by_name("models-here")
-    models = client.search_logged_models(experiment_ids=[exp.experiment_id])
-    assert {m.name for m in models} == {"global", "personal"} and {m.source_run_id for m in models} == {obs.run_id}
-    assert not client.search_logged_models(experiment_ids=["0"])
-    assert not (tmp_path / "mlruns").exists()
-    assert all(m.artifact_location.startswith(exp.artifact_location) for m in models)

@@ -18,10 +18,9 @@ import pytest
 import torch
 import yaml
 
-from lcfed.engines.local import run_local
 from lcfed.run import checkpoint
 from lcfed.run.loop import checkpoint_modules, load_resume
-from tests.conftest import TINY, same_metrics, tiny_config
+from tests.conftest import TINY, tiny_config
 from tune_jobs.cli import main
 
 PLUGIN = "lcfed_test_ditto"  # a module of the test's own folder, put on the path
@@ -158,9 +157,12 @@ def test_lcfed_check_finds_the_plugin_resumable(plugin, capsys):
     assert "  resumable  ok" in out and "FAILED" not in out, out
 
 
-def test_resuming_at_round_2_of_4_gives_the_uninterrupted_numbers(plugin, tmp_path):
-    full = run_local(ditto("train.rounds=4", f"checkpoint.dir={tmp_path / 'a'}"))
-    run_local(ditto("train.rounds=2", f"checkpoint.dir={tmp_path / 'b'}"))
+def test_the_cli_resumes_the_plugin_at_round_2_of_4_to_the_uninterrupted_numbers(plugin, tmp_path):
+    """One set of runs (through ``lcfed run``) for the checkpoint's plugin states and the resumed numbers; every
+    metric of the resumed round bit for bit: the plugin's `resumable` in test_lcfed_check_finds_the_plugin_resumable."""
+    code, straight = cli_run(tmp_path, tmp_path / "a", "train.rounds=4")
+    assert code == 0
+    assert cli_run(tmp_path, tmp_path / "b", "train.rounds=2")[0] == 0
     cont = ditto("train.rounds=4", f"checkpoint.dir={tmp_path / 'b'}")
     assert checkpoint_modules(cont) == (PLUGIN,)
     snap = load_resume(cont)
@@ -169,17 +171,9 @@ def test_resuming_at_round_2_of_4_gives_the_uninterrupted_numbers(plugin, tmp_pa
     assert isinstance(snap.server_state, module.DittoServer) and snap.server_state.aggregations == 2
     states = dict(snap.device_states)
     assert all(isinstance(s, module.DittoDevice) for s in states.values()) and max(s.trained for s in states.values()) >= 1
-    resumed = run_local(cont, resume=snap)
-    same_metrics(full.history, resumed.history)
     # lcfed's own allow-list alone still refuses it: the allowance is the run's method's, not global
     with pytest.raises(checkpoint.CheckpointError, match=f"'{PLUGIN}:DittoServer', outside the allowed modules"):
         checkpoint.load(tmp_path / "b" / "latest.pt")
-
-
-def test_the_cli_resumes_the_plugin(plugin, tmp_path):
-    code, straight = cli_run(tmp_path, tmp_path / "a", "train.rounds=4")
-    assert code == 0
-    assert cli_run(tmp_path, tmp_path / "b", "train.rounds=2")[0] == 0
     code, resumed = cli_run(tmp_path, tmp_path / "b", "train.rounds=4", resume=True)
     assert code == 0
     a, b = json.loads(straight.read_text()), json.loads(resumed.read_text())

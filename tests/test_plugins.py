@@ -68,19 +68,22 @@ def test_listings_show_the_plugins_and_where_they_come_from(installed, capsys):
     assert "npz " in capsys.readouterr().out
 
 
+TWO = "train.rounds=2"  # number for number: a round from the first one's state is what more rounds would add
+
+
 def test_fedprox_with_mu_0_is_fedavg_number_for_number(installed, tmp_path):
-    prox = run_json(tmp_path, "prox", "method.name=fedprox_demo", "method.mu=0")
-    avg = run_json(tmp_path, "avg", "method.name=fedavg")
+    prox = run_json(tmp_path, "prox", TWO, "method.name=fedprox_demo", "method.mu=0")
+    avg = run_json(tmp_path, "avg", TWO, "method.name=fedavg")
     keys = ("acc_mean", "acc_weighted", "train_loss", "test_loss", "bytes_up", "bytes_down")
     assert [prox[k] for k in keys] == [avg[k] for k in keys]
     assert prox["method"] == "fedprox_demo"
-    pulled = run_json(tmp_path, "pulled", "method.name=fedprox_demo", "method.mu=1")
+    pulled = run_json(tmp_path, "pulled", TWO, "method.name=fedprox_demo", "method.mu=1")
     assert pulled["train_loss"] != avg["train_loss"]  # the proximal term is there
     # FedProx inherits FedAvg's asynchronous aggregation (FedBuff): with mu = 0, the same numbers again
     fedbuff = ["train.participation=0.5", "devices.simulate=true", "devices.aggregation=async", "devices.async_buffer=2",
                "devices.speed_sigma=1.0"]
-    prox = run_json(tmp_path, "prox-async", "method.name=fedprox_demo", "method.mu=0", *fedbuff)
-    avg = run_json(tmp_path, "avg-async", "method.name=fedavg", *fedbuff)
+    prox = run_json(tmp_path, "prox-async", TWO, "method.name=fedprox_demo", "method.mu=0", *fedbuff)
+    avg = run_json(tmp_path, "avg-async", TWO, "method.name=fedavg", *fedbuff)
     assert [prox[k] for k in (*keys, "sim_clock_seconds", "staleness_mean")] == \
         [avg[k] for k in (*keys, "sim_clock_seconds", "staleness_mean")]
 

@@ -26,7 +26,7 @@ from lcfed.config.tracking import CheckpointConfig, TrackingConfig
 from lcfed.config.train import ModelConfig, TrainConfig
 from lcfed.config.types import build_dataclass, typed_value
 from lcfed.config.yaml_input import read_yaml
-from lcfed.errors import did_you_mean, require
+from lcfed.errors import ConfigError, did_you_mean, require
 
 __all__ = ["ExperimentConfig", "LATER_DEFAULTS", "MAX_SEED", "MethodConfig", "NAME_RULE", "devices_per_round", "drop_later_defaults", "field_types", "flatten", "from_dict", "load_config", "safe_name", "to_dict"]
 
@@ -200,8 +200,8 @@ def from_dict(raw: Mapping[str, Any]) -> ExperimentConfig:
     require(isinstance(raw, Mapping), "<config>", type(raw).__name__, "must be a mapping")
     top = {f.name for f in dataclasses.fields(ExperimentConfig)}
     for key in raw:
-        require(key in top, key, raw[key],
-                f"unknown section; allowed: {', '.join(sorted(top))}{did_you_mean(key, top)}")
+        if key not in top:  # the suggestion only for a key refused
+            raise ConfigError(key, raw[key], f"unknown section; allowed: {', '.join(sorted(top))}{did_you_mean(key, top)}")
     kwargs: dict[str, Any] = {}
     for key in ("name", "seed"):
         if key in raw:

@@ -10,7 +10,7 @@ import typing
 from collections.abc import Mapping
 from typing import Any
 
-from lcfed.errors import did_you_mean, require
+from lcfed.errors import ConfigError, did_you_mean, require
 
 
 def _type_ok(value: Any, annotation: Any) -> tuple[bool, Any]:
@@ -98,8 +98,8 @@ def build_dataclass(cls: type, values: Mapping[str, Any], prefix: str) -> Any:
     names = [f.name for f in dataclasses.fields(cls) if f.init]
     kwargs: dict[str, Any] = {}
     for key, value in values.items():
-        allowed = f"allowed: {', '.join(names)}" if names else "there are none to set here"
-        require(key in names, f"{prefix}.{key}", value,
-                f"unknown field; {allowed}{did_you_mean(key, names, f'{prefix}.')}")
+        if key not in names:  # the suggestion (difflib, slow) only for a key refused
+            allowed = f"allowed: {', '.join(names)}" if names else "there are none to set here"
+            raise ConfigError(f"{prefix}.{key}", value, f"unknown field; {allowed}{did_you_mean(key, names, f'{prefix}.')}")
         kwargs[key] = typed_value(f"{prefix}.{key}", value, hints[key])
     return cls(**kwargs)
