@@ -178,12 +178,18 @@ PRIVATE = ("method.name=lcfed", "privacy.mode=central", "privacy.noise_multiplie
            "privacy.noise_cohort=1000", "train.participation=0.5", "train.local_steps=2")
 
 
+def straight_and_resumed(tmp_path, sets, rounds: int, stop: int):
+    """A run of ``rounds`` straight through, and one stopped after ``stop`` rounds and resumed to ``rounds``;
+    asserts they agree row for row and returns the straight one."""
+    full = run_local(tiny_config(*sets, f"train.rounds={rounds}", f"checkpoint.dir={tmp_path / 'a'}"))
+    run_local(tiny_config(*sets, f"train.rounds={stop}", f"checkpoint.dir={tmp_path / 'b'}"))
+    cont = tiny_config(*sets, f"train.rounds={rounds}", f"checkpoint.dir={tmp_path / 'b'}")
+    same_metrics(full.history, run_local(cont, resume=load_resume(cont)).history)
+    return full
+
+
 def test_a_private_run_resumes_bit_for_bit_with_its_accountant(tmp_path):
-    full = run_local(tiny_config(*PRIVATE, "train.rounds=3", f"checkpoint.dir={tmp_path / 'a'}"))
-    run_local(tiny_config(*PRIVATE, "train.rounds=2", f"checkpoint.dir={tmp_path / 'b'}"))
-    cont = tiny_config(*PRIVATE, "train.rounds=3", f"checkpoint.dir={tmp_path / 'b'}")
-    resumed = run_local(cont, resume=load_resume(cont))
-    same_metrics(full.history, resumed.history)
+    full = straight_and_resumed(tmp_path, PRIVATE, 3, 2)
     eps = [row["dp_epsilon"] for row in full.history]
     assert eps == sorted(eps) and eps[0] > 0
     # the accountant's ε: 3 rounds at q = 4/8 of the joint release (2 sums at σ = 1 and the code at 1)

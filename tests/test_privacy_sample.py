@@ -9,11 +9,10 @@ import numpy as np
 import pytest
 import torch
 
-from lcfed.engines.local import run_local
 from lcfed.learning.accounting import epsilon, sample_epsilon
 from lcfed.learning.local_update import DeviceData, LocalWork, SampleDP, batch_rng, local_update, private_loss_and_grad
-from lcfed.run.loop import load_resume
-from tests.conftest import same_metrics, tiny_config
+from tests.conftest import tiny_config
+from tests.test_privacy import straight_and_resumed
 
 pytest.importorskip("dp_accounting")
 
@@ -66,16 +65,13 @@ SAMPLE = ("method.name=fedavg", "privacy.sample_noise=1.0", "privacy.sample_clip
 
 
 def test_a_dp_sgd_run_resumes_bit_for_bit_and_reports_the_worst_devices_epsilon(tmp_path):
-    full = run_local(tiny_config(*SAMPLE, "train.rounds=3", f"checkpoint.dir={tmp_path / 'a'}"))
-    run_local(tiny_config(*SAMPLE, "train.rounds=2", f"checkpoint.dir={tmp_path / 'b'}"))
-    cont = tiny_config(*SAMPLE, "train.rounds=3", f"checkpoint.dir={tmp_path / 'b'}")
-    resumed = run_local(cont, resume=load_resume(cont))
-    same_metrics(full.history, resumed.history)
+    full = straight_and_resumed(tmp_path, SAMPLE, 3, 2)
     from lcfed.run.setup import prepare
 
-    fed = prepare(cont).federation
+    cfg = tiny_config(*SAMPLE, "train.rounds=3")
+    fed = prepare(cfg).federation
     n = int(np.min(fed.train_sizes))
-    batch = cont.train.batch_size
+    batch = cfg.train.batch_size
     eps = [row["dp_sample_epsilon"] for row in full.history]
     assert eps == sorted(eps) and full.history[-1]["dp_sample_delta"] == n ** -1.1
     # every device's 2 steps a round, 3 rounds; the smallest device has the highest rate and the same steps
