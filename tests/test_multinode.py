@@ -135,8 +135,9 @@ def env(tmp_path_factory: pytest.TempPathFactory, mlflow_server: str) -> Iterato
 GPU_ASYNC = ["train.participation=0.5", "method.rank=2", "devices.simulate=true", "devices.aggregation=async",
              "devices.async_buffer=2", "devices.speed_sigma=1.0", "devices.availability=diurnal",
              "devices.online_fraction=0.6", "devices.dropout=0.2", "engine.data_reads=driver", "data.num_devices=6"]
-#: CPU-only actors, 2: one on the head's CPU, one on a worker's
-HEAD_DATA = ["train.rounds=2", "engine.gpus_per_actor=0", "engine.num_actors=2"]
+#: CPU-only actors, one per CPU of the cluster (the head's 1 and each worker's 1), so one is on the head whatever
+#: node the placement group tries first (with 2, both were once placed on the workers)
+HEAD_DATA = ["train.rounds=2", "engine.gpus_per_actor=0", "engine.num_actors=3"]
 
 
 @pytest.fixture(scope="module")
@@ -188,7 +189,7 @@ def test_run_places_device_actors_on_gpu_workers_and_matches_in_process(env: Env
 
 
 def test_data_on_the_head_only_is_read_there_and_sent_to_the_workers_actors(env: Env, driver):
-    """CPU-only actors on the head and on a worker, which does not see the head's data directory: with
+    """CPU-only actors on the head and on the workers, which do not see the head's data directory: with
     ``engine.data_reads=auto`` the head's actors read their rows of its cache file and the driver sends the
     workers' actors theirs, with the in-process numbers (``driver``, which sends them all: the device model's test
     below). ``nodes`` is refused in one line naming a worker, before any actor starts."""
