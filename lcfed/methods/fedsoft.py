@@ -88,12 +88,11 @@ def nearby_inits(init: torch.Tensor, spec: ParamSpec, k: int, rng: np.random.Gen
     out = [init.clone()]
     for _ in range(1, k):
         w = init.clone()
-        for shape, off in zip(spec.shapes, spec.offsets, strict=True):
-            n = int(np.prod(shape))
-            piece = init[off : off + n]
-            spread = float(piece.std()) if n > 1 else float(piece.abs().mean())
-            noise = torch.from_numpy(rng.standard_normal(n).astype(np.float32)).to(init.dtype)
-            w[off : off + n] = piece + INIT_SPREAD * spread * noise
+        for tensor in spec.unflatten(w).values():  # views into w, one per parameter tensor
+            piece = tensor.view(-1)
+            spread = float(piece.std()) if piece.numel() > 1 else float(piece.abs().mean())
+            noise = torch.from_numpy(rng.standard_normal(piece.numel()).astype(np.float32)).to(init.dtype)
+            piece += INIT_SPREAD * spread * noise
         out.append(w)
     return torch.stack(out)
 
