@@ -22,7 +22,7 @@ from lcfed.methods.privacy import CentralDP, ClipTally
 from lcfed.numerics import fingerprint
 from lcfed.run.privacy import round_clip
 from tests.conftest import tiny_config
-from tests.test_privacy import straight_and_resumed
+from tests.test_privacy import PRIVATE, straight_and_resumed
 
 pytest.importorskip("dp_accounting")
 
@@ -94,10 +94,6 @@ def test_the_run_noises_its_sums_at_sigma_delta_and_its_count_at_the_cohort_over
                       "privacy.count_noise=0.1", "method.name=fedavg")
     with pytest.raises(ConfigError, match="privacy.count_noise"):
         CentralDP.of(eps, fed, registry.method("fedavg").strategy.reads)
-
-
-PRIVATE = ("method.name=lcfed", "privacy.mode=central", "privacy.noise_multiplier=1.0", "privacy.clip=2.0",
-           "privacy.noise_cohort=1000", "train.participation=0.5", "train.local_steps=2")
 
 
 def test_a_fixed_clip_private_run_has_mains_numbers():
