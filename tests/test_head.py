@@ -101,3 +101,23 @@ def test_bad_ports_are_one_line_before_anything_starts(state_home, capsys):
     assert main(["head", "start", "--num-cpus", "-1"]) == 2
     assert "--num-cpus -1: must be a whole number >= 0" in capsys.readouterr().err
     assert not state_home.exists()  # nothing was started or written
+
+
+def test_a_start_ray_gave_up_on_under_load_is_cleared_and_tried_once_more(state_home, tmp_path, monkeypatch, capsys):
+    """Ray waits a fixed 30 s for the head's raylet, which a busy machine can miss. Ray's message cannot be
+    caused on demand, so a stand-in `ray` says it, leaving a daemon behind as Ray's GCS would: each attempt's
+    leftovers are killed, the start is tried once more, and the second failure is the command's one line."""
+    calls = tmp_path / "calls"
+    fake = tmp_path / "ray"
+    fake.write_text(f"#!/bin/sh\necho x >> {calls}\nsleep 600 &\necho $! >> {tmp_path / 'left'}\n"
+                    f"echo 'Exception: {head.RAY_STARTUP_TIMEOUT}. This could happen because ...'\nexit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setattr(head, "_ray_binary", lambda: str(fake))
+    assert main(["head", "start", "--port", str(free_port()), "--dashboard-port", str(free_port())]) == 2
+    err = capsys.readouterr().err
+    assert err.count("starting the head once more") == 1 and head.RAY_STARTUP_TIMEOUT in err.splitlines()[-1]
+    assert len(calls.read_text().split()) == 2
+    left = [int(p) for p in (tmp_path / "left").read_text().split()]
+    assert len(left) == 2 and not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
+                                      for p in left)
+    assert not head.state_file().exists()

@@ -161,7 +161,9 @@ def running() -> dict[str, Any] | None:
 
 def start(port: int, dashboard_port: int, num_cpus: int | None, num_gpus: int | None,
           timeout: float = READY_TIMEOUT_S) -> dict[str, Any]:
-    """Start the head, wait until its job server answers, record and return its state."""
+    """Start the head, wait until its job server answers, record and return its state. A start that Ray gave
+    up on after its fixed wait for the raylet (:data:`RAY_STARTUP_TIMEOUT`, seen on a loaded machine) is
+    cleared away and tried once more."""
     state = read_state()
     if state is not None and _leader_alive(state):
         raise HeadError(f"a head started by lcfed is already running (pid {state['pid']}, GCS {state['gcs']}, "
@@ -169,8 +171,28 @@ def start(port: int, dashboard_port: int, num_cpus: int | None, num_gpus: int | 
     for value, flag in ((port, "--port"), (dashboard_port, "--dashboard-port")):
         _port_free(value, flag)
     secure_token_file()  # Ray would write ~/.ray/auth_token readable by every user
-    ray = _ray_binary()
-    cmd = [ray, "start", "--head", "--block", "--node-ip-address", LOOPBACK, "--port", str(port),
+    for attempt in range(2):
+        try:
+            return _start_once(port, dashboard_port, num_cpus, num_gpus, timeout)
+        except _SlowStartup as exc:
+            if attempt:
+                raise HeadError(str(exc)) from None
+            print(f"lcfed: {RAY_STARTUP_TIMEOUT}, the machine being busy: starting the head once more",
+                  file=sys.stderr, flush=True)
+    raise AssertionError("unreachable")
+
+
+#: what ``ray start`` says when its raylet did not register within Ray's fixed 30 s
+RAY_STARTUP_TIMEOUT = "The current node timed out during startup"
+
+
+class _SlowStartup(Exception):
+    """``ray start --head`` exited after Ray's own fixed wait for its raylet ran out."""
+
+
+def _start_once(port: int, dashboard_port: int, num_cpus: int | None, num_gpus: int | None,
+                timeout: float) -> dict[str, Any]:
+    cmd = [_ray_binary(), "start", "--head", "--block", "--node-ip-address", LOOPBACK, "--port", str(port),
            "--dashboard-host", LOOPBACK, "--dashboard-port", str(dashboard_port), "--disable-usage-stats"]
     for flag in AUX_PORT_FLAGS:
         cmd += [flag, str(_free_port())]
@@ -185,15 +207,15 @@ def start(port: int, dashboard_port: int, num_cpus: int | None, num_gpus: int | 
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True)
-    state = {"pid": proc.pid, "gcs": f"{LOOPBACK}:{port}", "dashboard": f"http://{LOOPBACK}:{dashboard_port}",
-             "log": str(log), "started": t0}
+    state: dict[str, Any] = {"pid": proc.pid, "gcs": f"{LOOPBACK}:{port}",
+                             "dashboard": f"http://{LOOPBACK}:{dashboard_port}", "log": str(log), "started": t0}
     state_file().write_text(json.dumps(state, indent=1))
     deadline = time.monotonic() + timeout
     while not (_ready(state["dashboard"]) and _names_us(state)):
         if proc.poll() is not None:
-            state_file().unlink(missing_ok=True)
-            raise HeadError(f"`ray start --head` exited with code {proc.returncode}; its log ({log}) ends:\n"
-                            f"{_tail(log)}")
+            stop()  # what the failed start left in its process group (a GCS, agents), and the state
+            why = (f"`ray start --head` exited with code {proc.returncode}; its log ({log}) ends:\n{_tail(log)}")
+            raise _SlowStartup(why) if RAY_STARTUP_TIMEOUT in _tail(log) else HeadError(why)
         if time.monotonic() > deadline:
             stop()
             raise HeadError(f"the head's job server did not answer at {state['dashboard']} within {timeout:.0f} s "
