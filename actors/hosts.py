@@ -156,7 +156,13 @@ class DeviceActor(DeviceHost):
 class ServerActor:
     """Holds the strategy's server state; does the clustering and aggregation."""
 
-    def __init__(self, setup: Setup) -> None:
+    def __init__(self, setup: Setup | None) -> None:
+        """With ``setup`` None the actor waits for :meth:`start`: started beside device actors that read or
+        generate their samples before the setup exists, its process is up by the first round."""
+        if setup is not None:
+            self.start(setup)
+
+    def start(self, setup: Setup) -> None:
         numerics.activate(setup.cfg.engine.numerics)
         fast_tensor_transfer()
         torch.set_num_threads(setup.cfg.engine.torch_threads)
@@ -218,6 +224,19 @@ def new_device(layout: PoolLayout, placement: Any, common: dict[str, Any], i: in
     return RemoteDevice.options(**opts).remote(setup, layout.blocks[i], shard, layout.cpus_per_actor)
 
 
+def new_server(placement: Any, common: dict[str, Any], setup: Any) -> Any:
+    """The server actor with ``common`` options, hosting ``setup`` (a ref; None: waiting for its ``start``).
+    In a placement group of ours (``placement``) it runs on the head."""
+    opts: dict[str, Any] = {"num_cpus": 0, **common}
+    if placement is not None:
+        # hard: Ray's soft affinity was seen to spill a 0-CPU actor onto a worker under load; the
+        # head outlives every federation (a cluster whose head is gone is gone)
+        node = head_node_id()
+        if node is not None:
+            opts["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node, soft=False)
+    return RemoteServer.options(**opts).remote(setup)
+
+
 class Hosts:
     """The federation's actors, with the means to notice lost ones and start them again.
 
@@ -245,11 +264,13 @@ class Hosts:
         self.layout = layout
         self.shard_refs = list(shard_refs)
         self.placement = placement
-        self.server = self._new_server()
         if generating:
-            self.devices = list(generating)
-            get([a.start.remote(setup_ref, ref) for a, ref in zip(self.devices, self.shard_refs, strict=True)])
+            # the server was started with the generating actors (:meth:`generate`): it takes the setup now
+            self.server, *self.devices = generating
+            get([self.server.start.remote(setup_ref)] +
+                [a.start.remote(setup_ref, ref) for a, ref in zip(self.devices, self.shard_refs, strict=True)])
         else:
+            self.server = self._new_server()
             self.devices = [self._new_device(i) for i in range(len(layout.blocks))]
 
     @staticmethod
@@ -265,18 +286,13 @@ class Hosts:
     @classmethod
     def generate(cls, layout: PoolLayout, shards: Sequence[Any], placement: Any = None,
                  common: dict[str, Any] | None = None) -> list[Any]:
-        """Device actors that generate (or read, or are sent) their devices' samples and wait for a setup."""
-        return [new_device(layout, placement, common or {}, i, None, shard) for i, shard in enumerate(shards)]
+        """The server actor, then device actors that generate (or read, or are sent) their devices' samples, all
+        waiting for a setup: the server's process starts while the devices' samples are made, not in round 0."""
+        return [new_server(placement, common or {}, None),
+                *(new_device(layout, placement, common or {}, i, None, shard) for i, shard in enumerate(shards))]
 
     def _new_server(self) -> Any:
-        opts: dict[str, Any] = {"num_cpus": 0, **self.common}
-        if self.placement is not None:
-            # hard: Ray's soft affinity was seen to spill a 0-CPU actor onto a worker under load; the
-            # head outlives every federation (a cluster whose head is gone is gone)
-            node = head_node_id()
-            if node is not None:
-                opts["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node, soft=False)
-        return RemoteServer.options(**opts).remote(self.setup_ref)
+        return new_server(self.placement, self.common, self.setup_ref)
 
     def _new_device(self, i: int) -> Any:
         return new_device(self.layout, self.placement, self.common, i, self.setup_ref, self.shard_refs[i])

@@ -181,10 +181,11 @@ class RayEngine:
     def _scale_on_hosts(self, cfg: ExperimentConfig, part: Partition, fed: Federation, shards: list[Any]) -> list[Any]:
         """Device actors that read their rows of the file (or got them from this process: ``shards`` are refs) and
         count their training pixels, from which the input scaling is fitted (the same counts as
-        :meth:`Scaling.fit`'s here, so the same bits). Returns the actors, which wait for the setup."""
+        :meth:`Scaling.fit`'s here, so the same bits). Returns the server and device actors (:meth:`Hosts.generate`),
+        which wait for the setup."""
         actors = Hosts.generate(self.layout, shards, self.group, self.common)
         self._generating = actors  # closed with the engine if setting up fails
-        counts = get([a.pixel_counts.remote(list(fed.held_out)) for a in actors])
+        counts = get([a.pixel_counts.remote(list(fed.held_out)) for a in actors[1:]])  # the server's first
         self.setup = finish_setup(cfg, fed, part, Scaling.from_counts(np.sum(counts, axis=0)))
         self._generating = []
         return actors
@@ -193,15 +194,15 @@ class RayEngine:
         """Generated data, built and partitioned where it is used: each device actor generates its devices'
         samples on its node and partitions them as the driver would the whole dataset
         (:func:`lcfed.run.shards.setup_on_hosts`); the driver holds no sample and no partition, only the
-        federation's facts. Returns the actors and each one's :class:`NodeShard` (from which a restarted
-        actor generates and partitions its devices again)."""
+        federation's facts. Returns the server and device actors (:meth:`Hosts.generate`) and each device actor's
+        :class:`NodeShard` (from which a restarted actor generates and partitions its devices again)."""
         spec = node_generated(cfg)
         assert spec is not None
         check_generated(cfg, spec)  # before any actor starts
         shards = [NodeShard(spec, block[0], block[-1] + 1, NodeSplit.of(cfg)) for block in self.layout.blocks]
         actors = Hosts.generate(self.layout, shards, self.group, self.common)
         self._generating = actors  # closed with the engine if setting up fails
-        self.setup, done = setup_on_hosts(cfg, spec, shards, ActorHosts(actors))
+        self.setup, done = setup_on_hosts(cfg, spec, shards, ActorHosts(actors[1:]))  # the server's first
         self._generating = []
         self.data_reads = "nodes"
         return actors, [ray.put(sh) for sh in done]

@@ -257,7 +257,7 @@ def test_an_actor_that_cannot_start_is_its_error_not_a_lost_node(ray_cluster, tm
     part, _ = partitioned(tiny_config(), ds)
     gone = FileShard.cut(replace(ds, x_file=str(tmp_path / "x.npy")), part, range(2), (1, 1, "0"))
     layout = pool_layout(EngineConfig(), 2, 1, 0)
-    (actor,) = Hosts.generate(replace(layout, blocks=layout.blocks[:1]), [gone])
+    _server, actor = Hosts.generate(replace(layout, blocks=layout.blocks[:1]), [gone])
     with pytest.raises(DataError, match=r"x.npy: cannot be read here .*engine.data_reads=driver"):
         get(actor.pixel_counts.remote([]))
     died = ray.exceptions.RayActorError(actor_init_failed=True, error_msg=(
