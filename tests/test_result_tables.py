@@ -1,9 +1,11 @@
-"""The result tables of docs/run.md come from runs: `make demo`'s seed-0 row is what `make demo` prints.
+"""The result tables of docs/run.md come from runs: `make demo`'s first 3 rounds end where the page says, and
+(slow) its seed-0 row is what `make demo` prints.
 
 The tables of docs/run.md are written by ``benchmarks/result_tables.py --write`` from real runs
 under the portable numerics profile, which also writes the kernel fingerprint those runs had. This test
-reruns the seed-0 cell of LCFed (what `make demo` runs first: configs/demo.yaml) and compares it with the
-the page's when this machine's fingerprint is the stated one: equal fingerprints guarantee equal numbers.
+reruns `make demo`'s LCFed run cut to 3 rounds (the page's ``demo-start`` line, every digit) and, with
+``make test-slow``, the seed-0 cell of LCFed (what `make demo` runs first: configs/demo.yaml), and compares them
+with the page's when this machine's fingerprint is the stated one: equal fingerprints guarantee equal numbers.
 On a machine whose kernels give other bits it skips and says which kernels; it never compares numbers
 made by other kernels. The whole table is rerun by ``benchmarks/result_tables.py --check``.
 """
@@ -39,7 +41,8 @@ def readme_fingerprint() -> str:
     return block.group(1)
 
 
-def test_make_demos_lcfed_seed_0_cell_is_the_readmes(tmp_path):
+def same_kernels_as_the_page() -> str:
+    """The page's fingerprint, when this machine's is the same; else the test skips, naming the kernels."""
     stated = readme_fingerprint()
     mine = fingerprint.for_process(1)  # the demo runs with engine.torch_threads = 1
     if mine.digest != stated:
@@ -47,6 +50,25 @@ def test_make_demos_lcfed_seed_0_cell_is_the_readmes(tmp_path):
         differ = mine.differing(refs[0]) if refs else ["(no shipped reference has it)"]
         pytest.skip(f"this machine's kernel fingerprint {mine.digest} is not the docs/run.md tables' {stated} "
                     f"(kernels that differ: {', '.join(differ[:6])}): its numbers are not the page's to the last digit")
+    return stated
+
+
+def test_make_demos_first_three_rounds_end_where_the_page_says(tmp_path):
+    same_kernels_as_the_page()
+    block = re.search(r"<!-- result_tables:demo-start -->\n.*?cut to (\d+) rounds.*?acc_mean ([0-9.e-]+), "
+                      r"train_loss ([0-9.e-]+):", (ROOT / "docs" / "run.md").read_text(), re.S)
+    assert block, "docs/run.md has no demo-start line"
+    out = tmp_path / "lcfed.json"
+    assert main(["run", "-c", str(ROOT / "configs" / "demo.yaml"), "--set", f"train.rounds={block.group(1)}",
+                 "--no-track", "-q", "--json", str(out)]) == 0
+    summary = json.loads(out.read_text())
+    assert summary["method"] == "lcfed" and summary["seed"] == 0
+    assert (repr(summary["acc_mean"]), repr(summary["train_loss"])) == (block.group(2), block.group(3))
+
+
+@pytest.mark.slow
+def test_make_demos_lcfed_seed_0_cell_is_the_readmes(tmp_path):
+    stated = same_kernels_as_the_page()
     out = tmp_path / "lcfed.json"
     assert main(["run", "-c", str(ROOT / "configs" / "demo.yaml"), "--no-track", "-q", "--json", str(out)]) == 0
     summary = json.loads(out.read_text())
