@@ -8,6 +8,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import shutil
 from pathlib import Path
 
 import mlflow
@@ -199,9 +200,39 @@ def test_phase_one_decides_the_same_when_the_test_split_is_poisoned(compared):
         assert poisoned["acc_mean"] < clean["acc_mean"] - 0.05  # the test samples are noise now
 
 
+def test_an_untracked_compare_of_finished_phases_writes_its_report_and_creates_no_mlflow_file(
+        compared, tmp_path, monkeypatch, capsys):
+    """``--no-track`` on phases already on disk (the tracked comparison's; an untracked sweep's trials are
+    tests/test_sweep.py's, and the whole untracked comparison is the slow test below): the report, the state
+    with tracking off, no sweep, no MLflow file in the working directory, and a tracked rerun into its --out
+    refused."""
+    from tests.test_sweep import mlflow_files
+
+    tmp, _, args = compared
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    for phase in ("phase1", "phase2"):
+        shutil.copytree(tmp / "out" / phase, tmp_path / "cmp" / phase)
+
+    untracked = [*args[:args.index("--out")], "--out", "cmp", "--scheduler", "fifo", "--max-concurrent", "1", "-q",
+                 "--no-track"]
+    assert main(untracked) == 0
+    out = capsys.readouterr().out
+    assert "lcfed" in out and "standalone" in out and "MLflow" not in out
+    assert (tmp_path / "cmp" / "compare.csv").read_text() == (tmp / "out" / "compare.csv").read_text()
+    assert not (tmp_path / "cmp" / "tune").exists()  # no sweep ran
+    state = json.loads((tmp_path / "cmp" / "state.json").read_text())
+    assert state["parent_run_id"] is None and state["params"]["tracking"] == "off"
+    assert mlflow_files(tmp_path) == []
+    assert main(untracked[:-1]) == 2  # tracked, into the untracked comparison's --out: no parent run to continue
+    assert "holds a comparison with other settings" in capsys.readouterr().err
+    assert mlflow_files(tmp_path) == []
+
+
+@pytest.mark.slow  # ~40 s: four sweeps
 def test_an_untracked_compare_writes_its_report_and_creates_no_mlflow_file(shared_ray, tmp_path, monkeypatch, capsys):
-    """``--no-track`` (moved here from tests/test_plugin_errors.py: on this module's Ray): the report, no MLflow
-    file in the working directory, and a tracked rerun into its --out refused."""
+    """``--no-track`` from the start (moved here from tests/test_plugin_errors.py: on this module's Ray): the
+    report, no MLflow file in the working directory, and a tracked rerun into its --out refused."""
     from tests.test_sweep import mlflow_files
 
     monkeypatch.chdir(tmp_path)
