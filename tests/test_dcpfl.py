@@ -478,6 +478,7 @@ def test_seeded_run_is_deterministic_resumable_and_uploads_less_than_fedavg(tmp_
     assert h[-1]["bytes_up_total"] < fedavg.history[-1]["bytes_up_total"]
 
 
+@pytest.mark.slow  # ~13 s, 45 rounds; the period rule by hand: test_the_period_ends_at_the_knee... and the two after it
 def test_splits_follow_the_loss_curve_not_a_fixed_cadence():
     # 45 rounds with the paper's constants. The literal Eq. 4 ended every period at its earliest
     # allowed round and split at rounds 14, 26 and 38 (1 -> 2 -> 4 -> 7 groups), whatever the loss did.
