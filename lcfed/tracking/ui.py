@@ -130,7 +130,7 @@ def app_flag() -> str:
 
 #: the runs table's name column (ag-grid's column id) and the width a sweep's view gives it: the UI's 190 px cut
 #: trial names (``mu=0.0312 lam=0.2 · lcfed · digits dir0.15 · s0``) after their first values
-NAME_COLUMN, NAME_WIDTH = "attributes.`Run Name`", 460
+NAME_COLUMN, NAME_WIDTH = "attributes.`Run Name`", 400
 
 
 def column(kind: str, name: str) -> str:
@@ -171,6 +171,8 @@ def share_view(client: Any, exp_id: str, key: str, *, metrics: Sequence[str], pa
     if charts:
         state["compareRunCharts"] = list(charts)
         state["compareRunSections"] = [{"uuid": section, "name": section, "display": True, "isReordered": True}]
+        state["isAccordionReordered"] = True  # the UI's own sections (accuracy, ...) after it, not sorted by name
+        state["runListHidden"] = True  # the chart mode's run list (names cut at 150 px) left closed: wider charts
     now = int(time.time() * 1000)
     envelope = {"name": name or key, "createdAt": now, "updatedAt": now, "state": json.dumps(state)}
     try:
