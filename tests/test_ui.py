@@ -241,7 +241,7 @@ def test_the_readme_address_opens_model_training_and_an_overview_leads_with_accu
         assert link, "the home page lists no link to the experiment"
         text = _text(f"{url}/{link.group(1)}", profile)
         assert not [w for w in GENAI_ONLY if w in text], text[:3000]
-        assert "lcfed · digits path2 · s0" in text and re.search(r"1\s+matching runs", text), text[-3000:]
+        assert "lcfed · digits path2 · s0" in text and re.search(r"1\s+matching run\b", text), text[-3000:]
         _screenshot(f"{url}/{link.group(1)}", "mlflow-readme-address.png", tmp_path, profile)
         text = _text(f"{url}/#/experiments/{exp_id}/runs/{run_id}", profile)
         assert _leading_sections(text) == ["accuracy"] * 5
