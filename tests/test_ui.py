@@ -122,7 +122,10 @@ def test_mlflow_ui_lists_the_sweep_runs(tmp_path, server):
     # a view the UI lists: its "Views" menu names the open one (a view it cannot list it opens as "Views")
     state = read_view(client.get_experiment(exp.experiment_id).tags[f"{SHARED_VIEW_TAG}sweep-ui-sweep"])
     assert "Views sweep ui-sweep" not in text and "sweep ui-sweep" in text, text[:3000]
-    assert state["columnWidths"] == {NAME_COLUMN: NAME_WIDTH}  # the names whole (the screenshot shows them)
+    # the names whole: the name column as wide as the view says (the screenshot shows them uncut)
+    assert state["columnWidths"] == {NAME_COLUMN: NAME_WIDTH}
+    header = re.search(rf'<div[^>]*role="columnheader"[^>]*col-id="{re.escape(NAME_COLUMN)}"[^>]*>', _dom(summary["view"]))
+    assert header and f"width: {NAME_WIDTH}px" in header.group(0), header
     _screenshot(summary["view"], "mlflow-sweep-runs.png", tmp_path)
 
     # its charts: parallel coordinates and scatters on log10 of the log-scale swept values, no name axis
