@@ -21,6 +21,7 @@ from lcfed.run.setup import prepare
 from lcfed.run.sources import load
 from lcfed.tracking import mlflow_key
 from lcfed.tracking.store import open_client
+from lcfed.tracking.ui import read_view
 from tests.conftest import start_test_ray, tiny_config
 from tune_jobs.cli import main
 from tune_jobs.sweep.options import SweepOptions
@@ -108,7 +109,8 @@ def test_sweep_of_two_trials_logs_children_and_parent(shared_ray, tmp_path, trac
     assert [c.info.run_id for c in children if c.data.tags.get("best_trial") == "true"] == [best_child.info.run_id]
     assert p.params["space.method.mu"] == p.params["space.method.lam"] == "loguniform(0.001, 1)"
     # the UI view of the trials: the metric and the swept values as columns, best first
-    view = json.loads(exp.tags["mlflow.sharedViewState.sweep-t2"])
+    view = read_view(exp.tags["mlflow.sharedViewState.sweep-t2"])  # listed in the UI's Views as "sweep t2"
+    assert json.loads(exp.tags["mlflow.sharedViewState.sweep-t2"])["name"] == "sweep t2"
     assert view["selectedColumns"][:4] == ["metrics.`accuracy/acc_mean`", "metrics.`loss/train_loss`",
                                            "params.`method.mu`", "params.`method.lam`"]
     assert (view["orderByKey"], view["orderByAsc"], view["searchFilter"]) == ("metrics.`accuracy/acc_mean`", False,

@@ -24,13 +24,14 @@ from lcfed.methods.round import Federation, RoundStats
 from lcfed.numerics import provenance
 from lcfed.run.contracts import MAX_PERSONAL_BYTES
 from lcfed.run.faults import ClusterLost
+from lcfed.run.metric_catalog import SECTIONS, order_key
 from lcfed.run.result import RunResult
 from lcfed.run.stop import STOP
 from lcfed.tracking.artifacts import log_artifacts
 from lcfed.tracking.guard import RunGuard
 from lcfed.tracking.inputs import dataset_input, federation_facts, log_dataset, log_params
 from lcfed.tracking.models import log_model, logging_models_to, run_models
-from lcfed.tracking.naming import mlflow_key
+from lcfed.tracking.naming import metric_name, mlflow_key
 from lcfed.tracking.naming import run_name as default_run_name
 from lcfed.tracking.rounds import MetricBuffer, round_points
 from lcfed.tracking.store import (
@@ -44,6 +45,9 @@ from lcfed.tracking.store import (
 )
 from lcfed.tracking.system import start_monitor, stop_monitor, wanted_by_env
 from lcfed.tracking.tags import provenance_tags, run_tags, source_tags
+
+#: the section whose metrics a run logs first (:meth:`MLflowObserver.log_round`)
+LEAD = f"{SECTIONS[0]}/"
 
 
 class MLflowObserver:
@@ -103,6 +107,9 @@ class MLflowObserver:
         self.experiment_id: str | None = None
         self.assignments: list[np.ndarray] = []
         self.assignment_rounds: list[int] = []  # the round (MLflow step) of each entry of ``assignments``
+        # whether the run's first metric points went out (rounds before the first evaluation, with
+        # train.eval_every > 1, wait for it: :meth:`log_round`); a reopened run has them
+        self.led = False
 
     @property
     def is_server(self) -> bool:
@@ -170,6 +177,7 @@ class MLflowObserver:
         the backfill the store lacks logged."""
         assert self.run_id is not None
         self.client.update_run(self.run_id, status="RUNNING")
+        self.led = True
         self._guard(cfg)
         self.client.set_tag(self.run_id, "resumed", "true")
         self.log_provenance(provenance)
@@ -236,13 +244,17 @@ class MLflowObserver:
             self.assignments.append(np.asarray(assignment).copy())
             self.assignment_rounds.append(int(rnd))
         self.buffer.add(round_points(rnd, metrics, assignment, self.cfg.method.params))
-        self._flush(final=False)
+        if self.led or any(p.key.startswith(LEAD) for p in self.buffer.points):
+            self._flush(final=False)
 
     def _flush(self, final: bool) -> bool:
         """Send buffered metrics (:meth:`MetricBuffer.flush`); True once the store has them all. At the end
         (``final``) a tracking server that is gone gets ``tracking.end_wait_s`` to come back (a restart); a
         signal ends the wait."""
         assert self.run_id is not None
+        if not self.led:  # a run's first points: MLflow's overview lists metrics as first logged, accuracy first
+            self.buffer.points.sort(key=lambda p: (order_key(metric_name(p.key)), p.step))
+            self.led = True
         if not final:
             return self.buffer.flush(self.run_id, False)
         return self.buffer.flush(self.run_id, True, self.cfg.tracking.end_wait_s, lambda: STOP.reason is not None)

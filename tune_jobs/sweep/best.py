@@ -65,14 +65,15 @@ def child_run(client: Any, exp_id: str, result: Any) -> Any:
 
 
 def log_parent(client: Any, parent_id: str, exp_id: str, results: Any, best: Any, best_cfg: dict, space: dict,
-               metric: str = METRIC, mode: str = "max") -> None:
-    """The best trial on the sweep's parent run (:func:`_log_best`), and summary plots (:func:`_log_plots`)."""
-    _log_best(client, parent_id, exp_id, best, best_cfg, space, metric, mode)
+               metric: str = METRIC, mode: str = "max", links: str = "") -> None:
+    """The best trial on the sweep's parent run (:func:`_log_best`; ``links``: the rest of its description),
+    and summary plots (:func:`_log_plots`)."""
+    _log_best(client, parent_id, exp_id, best, best_cfg, space, metric, mode, links)
     _log_plots(client, parent_id, exp_id, results, best, space, metric, mode)
 
 
 def _log_best(client: Any, parent_id: str, exp_id: str, best: Any, best_cfg: dict, space: dict, metric: str,
-              mode: str) -> None:
+              mode: str, links: str = "") -> None:
     """Metrics: the best trial's child run's metrics under their own keys (the parent row shows its
     ``accuracy/acc_mean``), plus ``best_<metric>`` in the metric's section (``accuracy/best_acc_mean``). Params: its swept values under the children's names
     (``method.mu``), so the collapsed parent row fills those columns. Tags ``best.*`` and ``best.json`` too."""
@@ -83,7 +84,7 @@ def _log_best(client: Any, parent_id: str, exp_id: str, best: Any, best_cfg: dic
     points = [Metric(mlflow_key(f"best_{metric}"), value, ts, step)]
     if child is not None:
         points += [Metric(k, float(v), ts, step) for k, v in child.data.metrics.items() if math.isfinite(v)]
-        _mark_best(client, parent_id, exp_id, child, metric, value)
+        _mark_best(client, parent_id, exp_id, child, metric, value, links)
     client.log_batch(parent_id, metrics=points)
     for k, v in best_cfg.items():
         client.set_tag(parent_id, f"best.{k}", str(v))
@@ -97,7 +98,7 @@ def _log_best(client: Any, parent_id: str, exp_id: str, best: Any, best_cfg: dic
                                 "mode": mode, "best_trial_id": best.metrics.get("trial_id")}, "best.json")
 
 
-def _mark_best(client: Any, parent_id: str, exp_id: str, child: Any, metric: str, value: float) -> None:
+def _mark_best(client: Any, parent_id: str, exp_id: str, child: Any, metric: str, value: float, links: str = "") -> None:
     """The best trial, findable in the UI: the parent's ``best_run_id``/``best_run_name`` tags, its description
     (shown as Markdown on its page) linking to the trial, and the trial's own ``best_trial`` tag (a column of
     the runs table), taken off a trial a resumed sweep no longer finds best."""
@@ -110,7 +111,7 @@ def _mark_best(client: Any, parent_id: str, exp_id: str, child: Any, metric: str
     client.set_tag(child.info.run_id, "best_trial", "true")
     client.set_tag(parent_id, "mlflow.note.content",
                    f"Best trial: [{child.info.run_name}](#/experiments/{exp_id}/runs/{child.info.run_id}) "
-                   f"({metric} {value:.4g})")
+                   f"({metric} {value:.4g})" + (f"\n\n{links}" if links else ""))
 
 
 def _log_plots(client: Any, parent_id: str, exp_id: str, results: Any, best: Any, space: dict, metric: str,

@@ -19,6 +19,7 @@ from typing import Any
 
 import mlflow
 import numpy as np
+from mlflow.entities import Param
 from ray.tune import Callback
 
 from lcfed.config import ExperimentConfig
@@ -29,6 +30,7 @@ from lcfed.tracking import MLflowObserver, run_name
 from lcfed.tracking.naming import SEP, fit_name, named_values, short_names, values_label
 from tune_jobs.sweep.objective import METRIC
 from tune_jobs.sweep.options import error_line
+from tune_jobs.sweep.space import log_param
 from tune_jobs.sweep.trial import REPORT_KEY, trial_config
 
 #: seconds between tables on a terminal
@@ -40,10 +42,11 @@ class TrialTracker(Callback):
     child run per trial (params, per-round metrics, assignments, plots, status)."""
 
     def __init__(self, uri: str, exp_id: str, parent_id: str, sweep_name: str, rounds: int,
-                 swept: Sequence[str] = (), named: Mapping[str, Any] | None = None) -> None:
-        """``named``: values every trial's run name shows besides its swept ones (the sweep's ``--set``)."""
+                 swept: Sequence[str] = (), named: Mapping[str, Any] | None = None, logs: Sequence[str] = ()) -> None:
+        """``named``: values every trial's run name shows besides its swept ones (the sweep's ``--set``).
+        ``logs``: swept keys on a log scale, whose ``log10`` each trial logs too (:func:`log_params`)."""
         self.uri, self.exp_id, self.parent_id, self.sweep_name = uri, exp_id, parent_id, sweep_name
-        self.rounds, self.swept, self.named = rounds, list(swept), dict(named or {})
+        self.rounds, self.swept, self.named, self.logs = rounds, list(swept), dict(named or {}), list(logs)
         self.runs: dict[str, MLflowObserver] = {}
         self.history: dict[str, list[dict[str, float]]] = {}
         self.assignment: dict[str, np.ndarray] = {}
@@ -80,6 +83,8 @@ class TrialTracker(Callback):
             if not earlier:
                 cfg = cfg.replace(**{"tracking.run_name": self._name(client, trial, cfg)})
             obs.start(cfg, facts)
+            if not earlier and obs.run_id is not None:  # (started: it has a run)
+                log_params(obs.client, obs.run_id, trial.config, getattr(self, "logs", ()))
             self.runs[tid] = obs
             self.history[tid] = []
         return self.runs[tid]
@@ -141,6 +146,17 @@ class TrialTracker(Callback):
         obs.client.set_tag(obs.run_id, "failure_reason", trial_error(trial)[-5000:])
         obs.client.set_terminated(obs.run_id, "FAILED")
         obs.finished = True
+
+
+def log_params(client: Any, run_id: str, values: Mapping[str, Any], keys: Sequence[str]) -> None:
+    """``log10.<key>`` params of the trial's log-scale swept values that its run logged (a method without μ
+    gets no ``log10.method.mu``, so the UI's parallel-coordinates chart leaves it out rather than draw it at
+    a made-up value)."""
+    logged = client.get_run(run_id).data.params
+    params = [Param(log_param(k), f"{math.log10(float(values[k])):.6g}") for k in keys
+              if k in logged and isinstance(values.get(k), (int, float)) and values[k] > 0]
+    if params:
+        client.log_batch(run_id, params=params)
 
 
 def trial_error(trial: Any) -> str:

@@ -69,6 +69,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         hint = ui_hint(summary["tracking_uri"], summary["experiment_id"], summary["parent_run_id"])
         print(f"MLflow parent run {summary['parent_run_id']}: {hint}")
         print(f"the trials side by side (metric, swept values): {summary['view']}")
+        print(f"their charts (parallel coordinates, the metric against each swept value): {summary['view_charts']}")
     else:
         print(f"not tracked: the trials are in Tune's storage, {summary['storage']}")
     if summary.get("registered"):

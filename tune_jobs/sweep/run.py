@@ -31,7 +31,8 @@ from lcfed import logs
 from lcfed.config import ExperimentConfig, to_dict
 from lcfed.errors import ConfigError
 from lcfed.logs import tune_verbosity
-from lcfed.tracking import mlflow_key, resolve_tracking_uri, run_tags, share_view, view_url
+from lcfed.tracking import mlflow_key, resolve_tracking_uri, run_tags
+from lcfed.tracking.ui import parallel_chart, scatter_chart, share_view, view_path, view_url
 from tune_jobs.feasible import check_live, sweep_ask, trial_engine_nodes
 from tune_jobs.parent_run import ParentRun
 from tune_jobs.sweep.best import best_result, child_run, log_parent, trial_order
@@ -49,7 +50,7 @@ from tune_jobs.sweep.options import (
     storage_location,
 )
 from tune_jobs.sweep.search import check_search, make_scheduler, make_search
-from tune_jobs.sweep.space import describe_domain, space_spec, swept_keys
+from tune_jobs.sweep.space import describe_domain, log_keys, log_param, numeric_keys, space_spec, swept_keys
 from tune_jobs.sweep.trial import load_sources, run_trial, trial_resources
 
 
@@ -135,14 +136,14 @@ def _run_under(parent: ParentRun, plan: SweepPlan, sources: Any) -> dict[str, An
         _open_parent(parent, plan, engine)
         assert uri is not None and parent.run_id is not None  # run_sweep resolved the uri; _open_parent opened the run
         tracker = TrialTracker(uri, parent.experiment_id, parent.run_id, plan.name, base.train.rounds, plan.swept,
-                               plan.named)
+                               plan.named, log_keys(plan.space))
     results = _fit(_tuner(plan, engine, parent.run_id, sources, tracker), tracker, plan.name)
     best = best_result(results, obj.metric, obj.mode, trial_order(results))
     summary = _summary(plan, results, best, engine, parent)
     if plan.tracked:
         assert parent.run_id is not None  # (as above)
         log_parent(parent.client, parent.run_id, parent.experiment_id, results, best, summary["best_config"],
-                   plan.space, obj.metric, obj.mode)
+                   plan.space, obj.metric, obj.mode, view_links(parent.experiment_id, plan.name))
     wanted = plan.models_wanted
     summary.update(_best_models(parent, uri, best, plan.options.register) if wanted and uri is not None
                    else {"best_models": {}, "registered": None})
@@ -195,7 +196,27 @@ def _open_parent(parent: ParentRun, plan: SweepPlan, engine: str) -> None:
                     "space.yaml")
     shown = [mlflow_key(m) for m in [obj.metric] + [m for m in (METRIC, "train_loss") if m != obj.metric]]
     share_view(client, parent.experiment_id, view_key(plan.name), metrics=shown, params=plan.swept,
-               tags=["best_trial", "stopped_early"], ascending=obj.mode == "min", run_filter=f"tags.sweep = '{plan.name}'")
+               tags=["best_trial", "stopped_early"], ascending=obj.mode == "min", run_filter=f"tags.sweep = '{plan.name}'",
+               name=f"sweep {plan.name}", charts=sweep_charts(plan.space, shown[0], f"sweep {plan.name}"),
+               section=f"sweep {plan.name}")
+    client.set_tag(run_id, "mlflow.note.content", view_links(parent.experiment_id, plan.name))
+
+
+def sweep_charts(space: dict[str, Any], metric_key: str, section: str) -> list[dict[str, Any]]:
+    """The sweep view's charts: parallel coordinates of the swept values (``log10.<key>`` where the space is
+    log: :func:`~tune_jobs.sweep.space.log_keys`) and the metric, and a scatter of the metric against each
+    numeric swept value (at most three)."""
+    logs = log_keys(space)
+    axis = {k: log_param(k) if k in logs else k for k in swept_keys(space)}
+    return [parallel_chart(list(axis.values()), [metric_key], section)] + [
+        scatter_chart(("PARAM", axis[k]), ("METRIC", metric_key), section) for k in numeric_keys(space)[:3]]
+
+
+def view_links(exp_id: str, name: str) -> str:
+    """The parent run's description: where its trials are side by side, as a table and as charts."""
+    key = view_key(name)
+    return (f"Trials side by side: [table]({view_path(exp_id, key)}) · [charts]({view_path(exp_id, key, True)}) "
+            f"(the experiment's Views menu lists it as \"sweep {name}\").")
 
 
 def view_key(name: str) -> str:
@@ -268,7 +289,8 @@ def _summary(plan: SweepPlan, results: Any, best: Any, engine: str, parent: Pare
             "trials": len(results), "errors": len(failed), "first_error": failed[0] if failed else None,
             "storage": plan.exp_path, "trial_engine": engine, "scheduler": obj.scheduler,
             "grace_period": obj.grace_period, "max_t": obj.max_t, "search": plan.options.search,
-            "view": view_url(uri, parent.experiment_id, view_key(plan.name)) if uri is not None else None}
+            "view": view_url(uri, parent.experiment_id, view_key(plan.name)) if uri is not None else None,
+            "view_charts": view_url(uri, parent.experiment_id, view_key(plan.name), True) if uri is not None else None}
 
 
 def restore_results(path: str) -> Any:

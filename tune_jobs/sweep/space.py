@@ -195,3 +195,25 @@ def describe_domain(domain: Any) -> str:
 def swept_keys(space: Mapping[str, Any]) -> list[str]:
     """The space's keys that vary between trials (not fixed values)."""
     return [k for k, v in space.items() if space_spec(v) is not v]
+
+
+def log_keys(space: Mapping[str, Any]) -> list[str]:
+    """The swept keys drawn on a log scale (``loguniform``, ``lograndint`` and their ``q`` forms): their trials
+    log :func:`log_param` too, so the UI's charts, which have no log axes, spread them evenly."""
+    specs = {k: space_spec(space[k]) for k in swept_keys(space)}
+    return [k for k, spec in specs.items() if isinstance(spec, dict) and "log" in next(iter(spec), "")]
+
+
+def log_param(key: str) -> str:
+    """The param a trial logs ``log10`` of a log-scale swept value under: ``log10.method.mu``."""
+    return f"log10.{key}"
+
+
+def numeric_keys(space: Mapping[str, Any]) -> list[str]:
+    """The swept keys whose values are numbers (a scatter chart's axis; a choice of names is not)."""
+    out = []
+    for k in swept_keys(space):
+        kind, args = next(iter(space_spec(space[k]).items()))
+        if kind not in ("choice", "grid") or all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in args):
+            out.append(k)
+    return out
