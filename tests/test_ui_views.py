@@ -114,3 +114,12 @@ def test_with_eval_every_2_a_run_logs_accuracy_first(tmp_path):
     obs.log_round(2, {"train_loss": 0.8}, None)  # from here every round goes out as it comes
     assert sent[-1] == ["loss/train_loss"]
     obs.release_guard()
+
+
+def test_lcfed_mlflow_server_serves_the_ui_that_opens_in_model_training():
+    """``lcfed mlflow-server`` runs ``mlflow server --app-name lcfed`` where the app is registered (an install
+    of the project, as ``make setup`` makes): its UI is this app's (the browser's part: tests/test_ui.py)."""
+    from tune_jobs.mlflow_server import server_command
+
+    cmd = server_command("127.0.0.1", 5000, "sqlite:///x.db", "/tmp/a")
+    assert cmd[-2:] == ["--app-name", "lcfed"]

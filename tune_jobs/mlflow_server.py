@@ -98,7 +98,9 @@ def server_command(
     ]
     if workers is not None:
         cmd += ["--workers", str(workers)]
-    return cmd
+    from lcfed.tracking.ui import app_flag  # its UI opens in model training, as `mlflow ui --app-name lcfed`'s
+
+    return cmd + app_flag().split()
 
 
 def server_env() -> dict[str, str]:
