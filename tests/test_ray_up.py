@@ -25,6 +25,7 @@ import pytest
 import yaml
 
 from actors.onprem import SHARED_KEYS, node_environment, onprem_config, worker_type
+from lcfed.tracking import mlflow_key
 from tests.onprem import BIN, Machines
 from tests.raycluster import ROOT, alive
 from tests.test_cluster_yaml_commands import header_commands
@@ -178,11 +179,11 @@ def test_ray_up_submit_a_run_and_a_sweep_then_ray_down_leaves_nothing(tmp_path: 
 
         client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{base / 'copy/lcfed-mlflow/mlflow.db'}")
         (demo,) = client.search_runs([client.get_experiment_by_name("lcfed-demo").experiment_id])
-        assert demo.info.status == "FINISHED" and "acc_mean" in demo.data.metrics
+        assert demo.info.status == "FINISHED" and mlflow_key("acc_mean") in demo.data.metrics
         sweep = client.search_runs([client.get_experiment_by_name("lcfed-digits").experiment_id])
         children = [r for r in sweep if "mlflow.parentRunId" in r.data.tags]
         assert len(sweep) == TRIALS + 1 and len(children) == TRIALS
-        assert all(r.info.status == "FINISHED" and "acc_mean" in r.data.metrics for r in children)
+        assert all(r.info.status == "FINISHED" and mlflow_key("acc_mean") in r.data.metrics for r in children)
 
         # after `ray down`: no process of the cluster on any machine (ssh sessions close within ControlPersist)
         for _ in range(60):
