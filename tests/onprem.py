@@ -84,9 +84,16 @@ class Machines:
 
     base: Path
     key: Path
-    net: subprocess.Popen[bytes] | None = None
-    nodes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    net: int = 0  # the launcher namespaces' holder
+    nodes: dict[str, int] = field(default_factory=dict)  # each machine's unshare
     ips: dict[str, str] = field(default_factory=dict)
+    _children: list[subprocess.Popen[bytes]] = field(default_factory=list)  # to reap, where started here
+
+    @classmethod
+    def attach(cls, base: Path) -> Machines:
+        """The machines :meth:`start` left running in ``base`` (another process's)."""
+        state = json.loads((Path(base) / "state.json").read_text())
+        return cls(Path(base), Path(state["key"]), state["net"], state["nodes"], state["ips"])
 
     @classmethod
     def start(cls, envs: Mapping[str, Mapping[str, str]], base: Path | None = None) -> Machines:
@@ -100,10 +107,9 @@ class Machines:
         try:
             # the launcher's namespaces: the bridge's network, and a /tmp of its own (Ray's SSH control
             # sockets, its provider-config cache and the local provider's state file go there)
-            machines.net = subprocess.Popen(["unshare", "--net", "--mount", "--propagation", "private", "sh", "-c",
-                                             "mount -t tmpfs tmpfs /tmp && exec sleep infinity"],
-                                            start_new_session=True)
-            holder = machines.net.pid
+            holder = machines._spawn(["unshare", "--net", "--mount", "--propagation", "private", "sh", "-c",
+                                      "mount -t tmpfs tmpfs /tmp && exec sleep infinity"])
+            machines.net = holder
             time.sleep(0.5)  # until unshare has exec'd
             _sh("sh", "-c", f"ip link set lo up && ip link add br0 type bridge && "
                 f"ip addr add {SUBNET}.1/24 dev br0 && ip link set br0 up", net=holder)
@@ -115,8 +121,14 @@ class Machines:
             raise
         return machines
 
+    def _spawn(self, cmd: list[str], log: Path | None = None) -> int:
+        with open(log or os.devnull, "wb") as out:
+            proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    start_new_session=True)
+        self._children.append(proc)
+        return proc.pid
+
     def _boot(self, name: str, ip: str, env: Mapping[str, str], index: int) -> None:
-        assert self.net is not None
         root = self.base / name
         home = root / "home"
         home.mkdir(parents=True)
@@ -130,26 +142,22 @@ class Machines:
             "PermitRootLogin prohibit-password\nPasswordAuthentication no\nKbdInteractiveAuthentication no\n"
             "UsePAM no\nStrictModes no\nPidFile none\nUseDNS no\nPrintMotd no\nMaxSessions 64\nMaxStartups 64\n")
         boot = _BOOT.format(ready=root / "ready", home=home, passwd=root / "passwd", config=root / "sshd_config")
-        with open(root / "sshd.log", "wb") as log:
-            proc = subprocess.Popen(["unshare", "--net", "--mount", "--pid", "--fork", "--mount-proc",
-                                     "--propagation", "private", "sh", "-c", boot],
-                                    stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        self.nodes[name], self.ips[name] = proc, ip
+        pid = self._spawn(["unshare", "--net", "--mount", "--pid", "--fork", "--mount-proc", "--propagation",
+                           "private", "sh", "-c", boot], root / "sshd.log")
+        self.nodes[name], self.ips[name] = pid, ip
         time.sleep(0.5)  # until unshare has made the namespaces
         veth = f"vh{index}"
-        _sh("ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", str(proc.pid),
-            net=self.net.pid)
-        _sh("ip", "link", "set", veth, "master", "br0", "up", net=self.net.pid)
+        _sh("ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", str(pid), net=self.net)
+        _sh("ip", "link", "set", veth, "master", "br0", "up", net=self.net)
         _sh("sh", "-c", f"ip link set lo up && ip addr add {ip}/24 dev eth0 && ip link set eth0 up && "
-            f"ip route add default via {SUBNET}.1", net=proc.pid)
+            f"ip route add default via {SUBNET}.1", net=pid)
         (root / "ready").touch()
         self.ssh(name, "true", timeout=60)
 
     def launcher(self, cmd: Sequence[str], cwd: Path | str | None = None) -> list[str]:
         """``cmd`` run in the launcher's namespaces (the bridge's network: every machine is reachable), in
         ``cwd`` (default: this process's; nsenter would take the namespace holder's)."""
-        assert self.net is not None
-        return ["nsenter", f"--net=/proc/{self.net.pid}/ns/net", f"--mount=/proc/{self.net.pid}/ns/mnt",
+        return ["nsenter", f"--net=/proc/{self.net}/ns/net", f"--mount=/proc/{self.net}/ns/mnt",
                 f"--wd={cwd or os.getcwd()}", *cmd]
 
     def ssh(self, name: str, command: str, timeout: float = 60) -> str:
@@ -167,7 +175,7 @@ class Machines:
             time.sleep(0.5)
 
     def pid_namespace(self, name: str) -> str:
-        return os.readlink(f"/proc/{self.nodes[name].pid}/ns/pid_for_children")
+        return os.readlink(f"/proc/{self.nodes[name]}/ns/pid_for_children")
 
     def processes(self, name: str) -> dict[int, str]:
         """Every process in machine ``name``'s process table (this machine's pid -> command line)."""
@@ -180,16 +188,71 @@ class Machines:
         return found
 
     def state(self) -> dict[str, object]:
-        assert self.net is not None
-        return {"net": self.net.pid, "nodes": {n: p.pid for n, p in self.nodes.items()}, "ips": self.ips,
-                "key": str(self.key)}
+        return {"net": self.net, "nodes": self.nodes, "ips": self.ips, "key": str(self.key)}
 
-    def stop(self) -> None:
+    def stop(self, remove: bool = True) -> None:
         """SIGKILL every machine's unshare (its sshd, PID 1 there, goes and the kernel ends the rest) and the
-        launcher's namespace."""
-        for proc in [*self.nodes.values(), *([self.net] if self.net else [])]:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
+        launcher's namespace; ``remove``: their folder too."""
+        for pid in [*self.nodes.values(), *([self.net] if self.net else [])]:
+            with contextlib.suppress(OSError):  # a process group of ours only: an unshare, or the holder's sleep
+                if Path(f"/proc/{pid}/cmdline").read_bytes().startswith((b"unshare\0", b"sleep\0infinity")):
+                    os.killpg(pid, signal.SIGKILL)
+        for proc in self._children:
             proc.wait(timeout=30)
-        if not os.environ.get("LCFED_KEEP_CLUSTER"):
+        deadline = time.monotonic() + 30  # another process's: gone once no /proc entry is left
+        while any(Path(f"/proc/{p}").exists() for p in self.nodes.values()) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        if remove and not os.environ.get("LCFED_KEEP_CLUSTER"):
             shutil.rmtree(self.base, ignore_errors=True)
+
+
+def launcher_env(base: Path, **extra: str) -> dict[str, str]:
+    """The launcher's environment: this venv's tools, a home of its own in ``base`` (its ``~/.ray/auth_token``,
+    which ``cluster.yaml`` mounts on every machine), and Ray's autoscaler v1 (v2 loses the local provider's head:
+    it never records it in the head's state file, marks it terminated, and launches one worker of two)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    (base / "launcher").mkdir(exist_ok=True)
+    return {**env, "HOME": str(base / "launcher"), "PATH": f"{BIN}{os.pathsep}{env.get('PATH', '')}",
+            "RAY_UP_enable_autoscaler_v2": "0", "RAY_USAGE_STATS_ENABLED": "0", **extra}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``start DIR [--workers N]``: machines ``head``, ``w1`` ... in DIR and DIR/cluster.yaml, ``cluster.yaml``'s
+    on-prem variant for them; ``exec DIR -- CMD``: CMD as the launcher; ``ssh DIR NAME CMD``: CMD in a login shell
+    on a machine; ``stop DIR``: end them and remove DIR."""
+    import argparse
+
+    import yaml
+
+    from actors.onprem import node_environment, onprem_config, worker_type
+
+    parser = argparse.ArgumentParser(prog="python -m tests.onprem", description=main.__doc__)
+    parser.add_argument("action", choices=("start", "exec", "ssh", "stop"))
+    parser.add_argument("dir", type=Path)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("rest", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    rest = args.rest[1:] if args.rest[:1] == ["--"] else args.rest
+    if args.action == "start":
+        launcher = yaml.safe_load((Path(__file__).resolve().parents[1] / "cluster.yaml").read_text())
+        envs = {"head": node_environment(launcher, launcher["head_node_type"])}
+        envs.update({f"w{i + 1}": node_environment(launcher, worker_type(launcher)) for i in range(args.workers)})
+        machines = Machines.start(envs, args.dir.resolve())
+        config = onprem_config(launcher, machines.ips["head"], [machines.ips[n] for n in envs if n != "head"],
+                               ssh_user="root", ssh_private_key=str(machines.key), cluster_name="lcfed-onprem")
+        (machines.base / "cluster.yaml").write_text(yaml.safe_dump(config))
+        print(f"machines {machines.ips}; config {machines.base / 'cluster.yaml'}")
+        return 0
+    machines = Machines.attach(args.dir.resolve())
+    if args.action == "stop":
+        machines.stop()
+        return 0
+    if args.action == "ssh":
+        print(machines.ssh(rest[0], shlex.join(rest[1:]) if len(rest) > 2 else rest[1]), end="")
+        return 0
+    cmd = machines.launcher(rest)
+    os.execvpe(cmd[0], cmd, launcher_env(machines.base))  # the command itself, for job control's kill
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -26,7 +26,7 @@ import yaml
 
 from actors.onprem import SHARED_KEYS, node_environment, onprem_config, worker_type
 from lcfed.tracking import mlflow_key
-from tests.onprem import BIN, Machines
+from tests.onprem import BIN, Machines, launcher_env
 from tests.raycluster import ROOT, alive
 from tests.test_cluster_yaml_commands import header_commands
 
@@ -113,10 +113,7 @@ def test_ray_up_submit_a_run_and_a_sweep_then_ray_down_leaves_nothing(tmp_path: 
         config.write_text(yaml.safe_dump(onprem_config(
             LAUNCHER, machines.ips["head"], [machines.ips["w1"], machines.ips["w2"]], ssh_user="root",
             ssh_private_key=str(machines.key), cluster_name=f"lcfed-{secrets.token_hex(3)}")))
-        env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_") and k != "PYTHONPATH"}
-        env.update(HOME=str(base / "launcher"), PATH=f"{BIN}{os.pathsep}{env['PATH']}", PYTHONPATH=str(repo),
-                   RAY_UP_enable_autoscaler_v2="0", RAY_USAGE_STATS_ENABLED="0")
-        (base / "launcher").mkdir()
+        env = launcher_env(base, PYTHONPATH=str(repo))  # the code under test, where lcfed runs here
 
         def run(words: list[str], timeout: float = 600) -> str:
             out = subprocess.run(machines.launcher(words, repo), env=env, capture_output=True, text=True,
@@ -152,7 +149,7 @@ def test_ray_up_submit_a_run_and_a_sweep_then_ray_down_leaves_nothing(tmp_path: 
                     machines.ssh(worker, "ray stop")
             else:
                 said.append((words, run(words)))
-            times[shlex.join(words[:4])] = time.monotonic() - began
+            times[shlex.join(words[:5])] = time.monotonic() - began
             if words[:2] == ["ray", "up"]:  # the head's autoscaler starts both workers (min_workers)
                 for _ in range(300):
                     status = run(["ray", "exec", str(config), "ray status"])
@@ -178,9 +175,10 @@ def test_ray_up_submit_a_run_and_a_sweep_then_ray_down_leaves_nothing(tmp_path: 
         import mlflow
 
         client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{base / 'copy/lcfed-mlflow/mlflow.db'}")
-        (demo,) = client.search_runs([client.get_experiment_by_name("lcfed-demo").experiment_id])
+        experiments = {e.name: e.experiment_id for e in client.search_experiments()}
+        (demo,) = client.search_runs([experiments["lcfed-demo"]])
         assert demo.info.status == "FINISHED" and mlflow_key("acc_mean") in demo.data.metrics
-        sweep = client.search_runs([client.get_experiment_by_name("lcfed-digits").experiment_id])
+        sweep = client.search_runs([experiments["lcfed-digits"]])
         children = [r for r in sweep if "mlflow.parentRunId" in r.data.tags]
         assert len(sweep) == TRIALS + 1 and len(children) == TRIALS
         assert all(r.info.status == "FINISHED" and mlflow_key("acc_mean") in r.data.metrics for r in children)
