@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 BIN = Path(sys.executable).parent
-VENV = BIN.parent
+VENV = Path(os.path.realpath(BIN)).parent  # where its scripts' #! lines point, also through a symlinked .venv
 SUBNET = "10.77.0"  # inside the launcher's own namespace: no route of this machine's is involved
 HOME = "/home/ray"
 
@@ -51,11 +51,11 @@ def _image(home: Path, env: Mapping[str, str]) -> None:
     site = f"lib/python{sys.version_info[0]}.{sys.version_info[1]}/site-packages"
     # a plain path, not site.addsitedir: the .venv's own .pth files (its editable lcfed) stay out
     (venv / site / "_image.pth").write_text(f"{VENV / site}\n")
-    for script in BIN.iterdir():
+    for script in (VENV / "bin").iterdir():
         if script.name == "lcfed" or not script.is_file() or script.name.startswith(("python", "activate")):
             continue
         head, _, rest = script.read_bytes().partition(b"\n")
-        if head.startswith(b"#!" + str(BIN / "python").encode()):
+        if head.startswith(b"#!" + str(VENV / "bin" / "python").encode()):
             target = venv / "bin" / script.name
             target.write_bytes(f"#!{HOME}/venv/bin/python\n".encode() + rest)
             target.chmod(0o755)

@@ -80,7 +80,7 @@ def _ray_left(machines: Machines) -> dict[str, dict[int, str]]:
     return {n: {p: c for p, c in machines.processes(n).items() if not c.startswith("sshd")} for n in machines.nodes}
 
 
-@pytest.mark.slow  # ~6 min here
+@pytest.mark.slow  # ~7 min here (2 cores)
 @pytest.mark.cluster
 @pytest.mark.subprocess
 @pytest.mark.timeout(1500)
