@@ -1,15 +1,22 @@
-# Every target creates .venv on first use and installs the pinned torch and the project into it.
+# Every target creates .venv on first use and installs the pinned torch and the project into it (`make demo`: what
+# running lcfed needs; the other targets add the test, lint, docs and search tools).
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+RUN_STAMP := $(VENV)/.installed-run
 PYTEST_ARGS ?=
 
 .PHONY: setup test test-core test-slow demo lint docs bench clean
 
-$(STAMP): pyproject.toml
+# what running lcfed needs (`make demo`); the test, lint, docs and search tools come on top ($(STAMP))
+$(RUN_STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --disable-pip-version-check torch==2.14.1 torchvision==0.29.1
+	$(BIN)/python -m pip install -q --disable-pip-version-check -e .
+	@touch $(RUN_STAMP)
+
+$(STAMP): pyproject.toml $(RUN_STAMP)
 	$(BIN)/python -m pip install -q --disable-pip-version-check -e ".[test,dev,search,parquet,docs]"
 	@touch $(STAMP)
 
@@ -30,7 +37,7 @@ test-core: $(STAMP)
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -q -m slow -s $(PYTEST_ARGS)
 
-demo: $(STAMP)
+demo: $(RUN_STAMP)
 	@mkdir -p .demo
 	$(BIN)/lcfed run --config configs/demo.yaml --json .demo/lcfed.json
 	$(BIN)/lcfed run --config configs/demo.yaml --set method.name=fedavg --json .demo/fedavg.json
