@@ -251,8 +251,9 @@ class Hosts:
         placement: Any = None, common: dict[str, Any] | None = None, generating: Sequence[Any] = (),
         file: tuple[str, tuple[int, int, str]] | None = None, reads: Sequence[bool] = (),
     ) -> None:
-        """``generating``: device actors already started without a setup (:meth:`generate`), which start
-        hosting their devices here; a restarted one generates its shard again from its :class:`NodeShard`.
+        """``generating``: the server and device actors already started without a setup (:meth:`generate`), which
+        take it here, the device actors hosting their devices; a restarted one generates its shard again from its
+        :class:`NodeShard`.
         ``file``: the path and version (size, mtime, hash) of the file the actors whose ``reads`` is true read
         their rows of (:class:`FileShard`), which a lost actor is restarted to read only if it is still that
         version, on a node that sees it."""

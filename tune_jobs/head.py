@@ -171,22 +171,19 @@ def start(port: int, dashboard_port: int, num_cpus: int | None, num_gpus: int | 
     for value, flag in ((port, "--port"), (dashboard_port, "--dashboard-port")):
         _port_free(value, flag)
     secure_token_file()  # Ray would write ~/.ray/auth_token readable by every user
-    for attempt in range(2):
-        try:
-            return _start_once(port, dashboard_port, num_cpus, num_gpus, timeout)
-        except _SlowStartup as exc:
-            if attempt:
-                raise HeadError(str(exc)) from None
-            print(f"lcfed: {RAY_STARTUP_TIMEOUT}, the machine being busy: starting the head once more",
-                  file=sys.stderr, flush=True)
-    raise AssertionError("unreachable")
+    try:
+        return _start_once(port, dashboard_port, num_cpus, num_gpus, timeout)
+    except _SlowStartup:
+        print(f"lcfed: {RAY_STARTUP_TIMEOUT}, the machine being busy: starting the head once more",
+              file=sys.stderr, flush=True)
+    return _start_once(port, dashboard_port, num_cpus, num_gpus, timeout)  # a second one is the command's error
 
 
 #: what ``ray start`` says when its raylet did not register within Ray's fixed 30 s
 RAY_STARTUP_TIMEOUT = "The current node timed out during startup"
 
 
-class _SlowStartup(Exception):
+class _SlowStartup(HeadError):
     """``ray start --head`` exited after Ray's own fixed wait for its raylet ran out."""
 
 
@@ -214,8 +211,9 @@ def _start_once(port: int, dashboard_port: int, num_cpus: int | None, num_gpus: 
     while not (_ready(state["dashboard"]) and _names_us(state)):
         if proc.poll() is not None:
             stop()  # what the failed start left in its process group (a GCS, agents), and the state
-            why = (f"`ray start --head` exited with code {proc.returncode}; its log ({log}) ends:\n{_tail(log)}")
-            raise _SlowStartup(why) if RAY_STARTUP_TIMEOUT in _tail(log) else HeadError(why)
+            tail = _tail(log)
+            why = f"`ray start --head` exited with code {proc.returncode}; its log ({log}) ends:\n{tail}"
+            raise _SlowStartup(why) if RAY_STARTUP_TIMEOUT in tail else HeadError(why)
         if time.monotonic() > deadline:
             stop()
             raise HeadError(f"the head's job server did not answer at {state['dashboard']} within {timeout:.0f} s "
