@@ -1,5 +1,5 @@
 """The node read path against the driver's on one node, paired: W1's Ray run (``benchmarks/overhead.py``'s
-workload: 100 devices from a 5,000-sample subset of MNIST, 2 device actors on a private Ray) with
+:func:`w1`: 100 devices from a 5,000-sample subset of MNIST, 2 device actors on a private Ray) with
 ``engine.data_reads=auto`` (the actors read their rows of the cached file) and ``driver`` (the driver reads and
 sends them), alternated, each in a fresh process. Prints, per run, the engine's start phases (its ``timings``),
 round 0 and the start plus round 0 (where a read's cost lands), and the medians per mode.
@@ -16,24 +16,18 @@ import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
 MODES = ("auto", "driver")
 
 
 def one(data_dir: str, mode: str, rounds: int) -> dict[str, object]:
     """One Ray run of W1 in this process: its start phases and round times."""
-    sys.path.insert(0, str(ROOT))
-    from actors.ray_engine import RayEngine
-    from lcfed.config import load_config
+    from overhead import w1  # benchmarks/, this script's directory (it puts the project on the path)
 
-    cfg = load_config(None, [
-        "data.dataset=mnist", f"data.data_dir={data_dir}", "data.partition=dirichlet", "data.alpha=0.1",
-        "data.num_devices=100", "data.subset=5000", "data.min_samples=10", "method.name=fedavg",
-        f"train.rounds={rounds}", "train.participation=0.25", "train.local_steps=5", "train.batch_size=32",
-        "train.lr=0.01", f"train.eval_every={rounds}", "engine.torch_threads=1", "engine.kind=ray",
-        "engine.num_actors=2", "tracking.enabled=false", f"engine.data_reads={mode}"])
+    from actors.ray_engine import RayEngine
+
+    cfg = w1(argparse.Namespace(dataset="mnist", data_dir=data_dir, subset=5000, rounds=rounds, actors=2,
+                                set=[f"engine.data_reads={mode}"]), "ray")
 
     class Rounds:
         def __init__(self) -> None:
