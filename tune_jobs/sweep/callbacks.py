@@ -84,7 +84,7 @@ class TrialTracker(Callback):
                 cfg = cfg.replace(**{"tracking.run_name": self._name(client, trial, cfg)})
             obs.start(cfg, facts)
             if not earlier and obs.run_id is not None:  # (started: it has a run)
-                log_params(obs.client, obs.run_id, trial.config, getattr(self, "logs", ()))
+                log_params(obs.client, obs.run_id, trial.config, getattr(self, "logs", ()))  # (pickled before `logs`)
             self.runs[tid] = obs
             self.history[tid] = []
         return self.runs[tid]
