@@ -18,7 +18,7 @@ import yaml
 from lcfed.config import to_dict
 from lcfed.engines.local import run_local
 from tests.conftest import same_metrics, tiny_config
-from tests.raycluster import free_port
+from tests.raycluster import alive, free_port
 from tune_jobs import head
 from tune_jobs.cli import main
 from tune_jobs.run_command import attach_to_head
@@ -118,6 +118,5 @@ def test_a_start_ray_gave_up_on_under_load_is_cleared_and_tried_once_more(state_
     assert err.count("starting the head once more") == 1 and head.RAY_STARTUP_TIMEOUT in err.splitlines()[-1]
     assert len(calls.read_text().split()) == 2
     left = [int(p) for p in (tmp_path / "left").read_text().split()]
-    assert len(left) == 2 and not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
-                                      for p in left)
+    assert len(left) == 2 and not any(alive(p) for p in left)
     assert not head.state_file().exists()
