@@ -16,6 +16,8 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
+from lcfed.learning.pooling import max_pool2
+
 
 class LeNet5(nn.Module):
     """LeNet-5 with ReLU and max-pooling; 61,706 parameters for 1x28x28 input and 10 classes."""
@@ -34,8 +36,8 @@ class LeNet5(nn.Module):
         self.fc3 = nn.Linear(84, num_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = torch.max_pool2d(torch.relu(self.conv1(x)), 2)
-        x = torch.max_pool2d(torch.relu(self.conv2(x)), 2)
+        x = max_pool2(torch.relu(self.conv1(x)))
+        x = max_pool2(torch.relu(self.conv2(x)))
         x = x.flatten(1)
         x = torch.relu(self.fc1(x))
         x = torch.relu(self.fc2(x))
@@ -63,8 +65,8 @@ class FedACCNN(nn.Module):
         self.fc3 = nn.Linear(512, num_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = torch.max_pool2d(torch.relu(self.conv1(x)), 2)
-        x = torch.max_pool2d(torch.relu(self.conv2(x)), 2)
+        x = max_pool2(torch.relu(self.conv1(x)))
+        x = max_pool2(torch.relu(self.conv2(x)))
         x = x.flatten(1)
         x = torch.relu(self.fc1(x))
         x = torch.relu(self.fc2(x))
