@@ -18,6 +18,7 @@ import math
 import os
 import re
 import secrets
+import shutil
 import subprocess
 import sys
 from collections import defaultdict
@@ -109,8 +110,22 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items.sort(key=lambda item: -cost[item.path])  # stable: a file's tests keep their order
 
 
+@pytest.fixture(scope="session")
+def migrated_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An empty MLflow sqlite store, created once per test process: MLflow creates a new store's tables by running
+    its ~60 schema migrations (about 2 s of CPU), which a user's store pays once, not once per run. A new store's
+    first open, under a lock, is tested once: tests/test_lifecycle.py's concurrent runs on a fresh store."""
+    from lcfed.tracking.store import open_client
+
+    path = tmp_path_factory.mktemp("store") / "mlflow.db"
+    open_client(f"sqlite:///{path}").search_experiments()
+    return path
+
+
 @pytest.fixture
-def tracking_uri(tmp_path):
+def tracking_uri(tmp_path: Path, migrated_store: Path) -> str:
+    """A store of the test's own (a copy of :func:`migrated_store`), in ``tmp_path``."""
+    shutil.copyfile(migrated_store, tmp_path / "mlflow.db")
     return f"sqlite:///{tmp_path / 'mlflow.db'}"
 
 

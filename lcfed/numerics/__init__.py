@@ -191,8 +191,8 @@ def activate(profile: str = "portable") -> dict[str, str]:
                 "(a tensor op ran first); this process's numbers follow its CPU")
     elif profile == "portable" and not note:
         note = _loaded_early(env)
-    if profile == "portable" and "numpy" in sys.modules:
-        _one_blas_thread()
+    if profile == "portable":
+        _blas_limited()
     changed = _state.get("profile") != profile or _state.get("note", "") != note
     _state.update(profile=profile, level=level, note=note)
     if note and changed:
@@ -214,6 +214,31 @@ def _loaded_early(env: dict[str, str | None]) -> str:
         return ""
     return (f"portable numerics: numpy was loaded before this profile applied (OpenBLAS {cores}, numpy {simd}); "
             "numpy's and scipy's kernels follow this CPU in this process (set $LCFED_NUMERICS=portable)")
+
+
+#: the shared libraries mapped when numpy's BLAS was last limited (threadpoolctl's scan of them takes about
+#: 10 ms, and every run, actor and trial calls :func:`activate`): no new library, no new BLAS to limit
+_blas_seen: frozenset[str] | None = None
+
+
+def _mapped_libraries() -> frozenset[str] | None:
+    """The shared objects this process has mapped (Linux); None where that cannot be read."""
+    try:
+        with open("/proc/self/maps") as f:
+            return frozenset(line.rsplit(" ", 1)[-1] for line in f.read().splitlines() if ".so" in line)
+    except OSError:
+        return None
+
+
+def _blas_limited() -> None:
+    """numpy's BLAS on one thread (:func:`_one_blas_thread`) once numpy is loaded, again only after new libraries."""
+    global _blas_seen
+    if "numpy" not in sys.modules:
+        return
+    libs = _mapped_libraries()
+    if libs is None or libs != _blas_seen:
+        _one_blas_thread()
+        _blas_seen = libs
 
 
 def _one_blas_thread() -> None:
@@ -265,12 +290,20 @@ def kernel_level() -> str:
 def openblas_cores() -> str:
     """The cores OpenBLAS runs for the numpy and scipy loaded in this process (e.g. ``Haswell``), as
     threadpoolctl reads them; ``none`` when no OpenBLAS is loaded."""
+    libs = _mapped_libraries()
+    if libs is not None and libs == _cores_seen[0]:
+        return _cores_seen[1]
     try:
         from threadpoolctl import threadpool_info
     except ImportError:
         return "unknown"
     cores = sorted({str(i.get("architecture")) for i in threadpool_info() if i.get("internal_api") == "openblas"})
-    return ", ".join(cores) or "none"
+    _cores_seen[:] = [libs, ", ".join(cores) or "none"]
+    return _cores_seen[1]
+
+
+#: :func:`openblas_cores`' last answer and the libraries mapped then (its scan costs as :data:`_blas_seen` says)
+_cores_seen: list = [None, ""]
 
 
 def numpy_simd() -> str:
