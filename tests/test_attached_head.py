@@ -166,12 +166,13 @@ def _wait_for_checkpoint(proc: subprocess.Popen[str], ck: Path, uri: str, rounds
 @pytest.mark.timeout(300)
 @pytest.mark.cluster
 @pytest.mark.subprocess
-def test_a_killed_head_is_one_line_exit_3_and_failed_with_the_reason_within_seconds(cluster: LocalCluster, tmp_path):
+def test_a_killed_head_is_one_line_exit_3_and_failed_with_the_reason_within_seconds(cluster: LocalCluster, tmp_path,
+                                                                                   tracking_uri):
     from lcfed.run import checkpoint
 
     assert cluster.head is not None
     rounds = 500  # never all played: the head dies a few rounds after round 3
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = tracking_uri
     args = ["run", "--engine", "ray", "-q"]
     for s in ("data.dataset=digits", "data.num_devices=4", f"train.rounds={rounds}", "train.local_steps=1",
               "method.name=fedavg", "engine.torch_threads=1", "checkpoint.dir=ck", "checkpoint.every=1",

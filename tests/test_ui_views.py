@@ -62,8 +62,8 @@ def test_log_scale_keys_and_numeric_keys():
     assert numeric_keys(space) == ["a", "b", "c", "d"]
 
 
-def test_a_trial_logs_log10_of_the_log_scale_values_its_run_logged(tmp_path):
-    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'm.db'}")
+def test_a_trial_logs_log10_of_the_log_scale_values_its_run_logged(tracking_uri):
+    client = mlflow.MlflowClient(tracking_uri=tracking_uri)
     run = client.create_run(client.create_experiment("e"))
     client.log_param(run.info.run_id, "method.mu", "0.01")  # method.lam not logged: its method has none
     log_params(client, run.info.run_id, {"method.mu": 0.01, "method.lam": 0.1}, ["method.mu", "method.lam"])
@@ -94,10 +94,10 @@ def test_the_ui_page_gets_the_line_that_opens_model_training():
     assert get("/static-files/x.js")[1] == page  # other paths untouched
 
 
-def test_with_eval_every_2_a_run_logs_accuracy_first(tmp_path):
+def test_with_eval_every_2_a_run_logs_accuracy_first(tracking_uri):
     """MLflow's overview lists metrics in the order they were first logged: round 0, not evaluated, waits for
     round 1's evaluation and goes out after accuracy's points."""
-    uri = f"sqlite:///{tmp_path / 'm.db'}"
+    uri = tracking_uri
     cfg = tiny_config("train.rounds=2", "train.eval_every=2", "tracking.enabled=true", f"tracking.uri={uri}")
     obs = MLflowObserver(uri, log_models=False)
     obs.start(cfg, {})
