@@ -209,12 +209,12 @@ def _wait_closed(uri: str, timeout: float = 30) -> object:
 
 
 def test_concurrent_runs_on_a_fresh_sqlite_store_and_kill_9_of_one(tmp_path):
-    """Four ``lcfed run`` processes started at once on one fresh sqlite file: three run to the end and are all
-    recorded (:func:`_check_concurrent`); the fourth (its own experiment) is killed with ``kill -9`` after
+    """Three ``lcfed run`` processes started at once on one fresh sqlite file: two run to the end and are all
+    recorded (:func:`_check_concurrent`); the third (its own experiment) is killed with ``kill -9`` after
     round 2, and is FAILED with the reason, not left RUNNING, keeping its metrics (one set of processes for
-    both: each costs seconds)."""
+    both: each costs seconds; three race to create the store as ten do, with ``make test-slow``)."""
     killed, uri = _start_run(tmp_path, "checkpoint.dir=ck", "checkpoint.every=1000")
-    procs, _ = _start_concurrent(tmp_path, 3)
+    procs, _ = _start_concurrent(tmp_path, 2)
     try:
         _wait_for_rounds(killed, uri, 2)
         killed.kill()
