@@ -2,10 +2,11 @@
 as written, each timed (``make test`` excepted: it is CI's, docs/tests.md times it). ``mlflow ui`` is timed until
 it answers at its address, then stopped. Prints a line per command and the total, install included.
 
-    python benchmarks/quickstart.py [--keep DIR]
+    python benchmarks/quickstart.py [--keep DIR] [--warm-cache]
 
 The clone is of this checkout's HEAD (commit first); ``--keep`` leaves it at DIR (default: a temporary directory,
-removed). The install reuses pip's cache as a second `make demo` on the machine would.
+removed). The install starts from empty uv and pip caches, as a newcomer's does; ``--warm-cache`` uses the
+machine's, as a second clone on it would.
 """
 
 from __future__ import annotations
@@ -38,9 +39,9 @@ def quick_start_commands(readme: str) -> list[str]:
     return commands
 
 
-def ui_ready_seconds(cmd: str, cwd: Path, timeout: float = 300) -> float:
+def ui_ready_seconds(cmd: str, cwd: Path, env: dict[str, str], timeout: float = 300) -> float:
     """Start ``cmd`` (an ``mlflow ui``), wait until its address answers, stop it; the seconds it took."""
-    proc = subprocess.Popen(shlex.split(cmd), cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    proc = subprocess.Popen(shlex.split(cmd), cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
     t0 = time.perf_counter()
     try:
@@ -64,21 +65,25 @@ def ui_ready_seconds(cmd: str, cwd: Path, timeout: float = 300) -> float:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--keep", help="clone into this directory and keep it")
+    ap.add_argument("--warm-cache", action="store_true", help="install from the machine's uv and pip caches")
     args = ap.parse_args()
     commands = [c for c in quick_start_commands((ROOT / "README.md").read_text()) if c != "make test"]
     work = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="lcfed-quickstart-"))
     clone = work / "lcfed"
     total = 0.0
+    env = dict(os.environ)
+    if not args.warm_cache:  # empty caches, beside the clone (one filesystem: uv links from its cache)
+        env.update(UV_CACHE_DIR=str(work / "uv-cache"), PIP_CACHE_DIR=str(work / "pip-cache"))
     try:
         subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True)
         for cmd in commands:
             if " ui " in f" {cmd} ":
-                took = ui_ready_seconds(cmd, clone)
+                took = ui_ready_seconds(cmd, clone, env)
                 what = "until it answers"
             else:
                 t0 = time.perf_counter()
-                done = subprocess.run(cmd, shell=True, cwd=clone, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                      text=True)
+                done = subprocess.run(cmd, shell=True, cwd=clone, env=env, stdout=subprocess.DEVNULL,
+                                      stderr=subprocess.PIPE, text=True)
                 took = time.perf_counter() - t0
                 if done.returncode:
                     print(done.stderr[-3000:], file=sys.stderr)
