@@ -14,6 +14,8 @@ Per sweep::
             (the trainable until its first round: config, data, engine)
     rounds  first round's start -> last result
     after   last result -> the next sweep's start (Tune's end, the parent run's logging, phase 2's results)
+    mlflow  (tracked) the sweep's parent run opened, its best trial and plots logged, its models logged:
+            part of driver and after
 
 ``--code DIR`` (repeatable) runs each checkout's code (its ``tune_jobs`` first on the path): the runs alternate
 between them, so a before/after pair shares the machine's load. Prints each run, then the median (min-max).
@@ -36,7 +38,8 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-PARTS = ("driver", "tune", "trial", "pre-round", "setup", "rounds", "after")
+PARTS = ("driver", "tune", "trial", "pre-round", "setup", "rounds", "after", "mlflow")
+LOGGED = ("_open_parent", "log_parent", "_best_models")
 
 
 def child(events_file: str, argv: list[str]) -> int:
@@ -65,8 +68,9 @@ def child(events_file: str, argv: list[str]) -> int:
         setattr(module, name, timed)
 
     wrap(parent_run, "ensure_ray")
-    for name in ("run_sweep", "_fit", "restore_results"):
-        wrap(sweep_run, name)
+    for name in ("run_sweep", "_fit", "restore_results", "_open_parent", "log_parent", "_best_models"):
+        if hasattr(sweep_run, name):
+            wrap(sweep_run, name)
     # Tune calls its callbacks with keyword arguments: the names must stay
     on_start_, on_result_ = SweepProgress.on_trial_start, SweepProgress.on_trial_result
 
@@ -108,11 +112,14 @@ def breakdown(events: list[dict[str, Any]], wall: float) -> dict[str, Any]:
         round1 = first["t"] - first["round_s"]  # the first round's start, on the driver's clock
         called = first["t"] - first["iter_s"]  # the trainable's call
         end = events[j]["t"] if j < len(events) else at["main:end"]
+        # MLflow's share (tracked): the sweep's parent run opened, then the best trial and plots, its models
+        spans = [(e["event"].split(":")[0], e["t"]) for e in span if e["event"].split(":")[0] in LOGGED]
+        logged = sum(b - a for (n, a), (m, b) in zip(spans[::2], spans[1::2], strict=False) if n == m)
         sweeps.append({"driver": t["_fit:start"] - t["run_sweep:start"],
                        "tune": t["trial_start"] - t["_fit:start"], "trial": called - t["trial_start"],
                        "pre-round": round1 - called, "setup": round1 - t["run_sweep:start"],
                        "rounds": results[-1]["t"] - round1, "after": end - results[-1]["t"],
-                       "trials": len(firsts), "pids": sorted({e["pid"] for e in results})})
+                       "mlflow": logged, "trials": len(firsts), "pids": sorted({e["pid"] for e in results})})
     ray_s = at["ensure_ray:end"] - at["ensure_ray:start"]
     return {"wall": wall, "imports": at["imported"] - t0, "ray": ray_s,
             "before_ray": at["ensure_ray:start"] - at["imported"],
