@@ -399,6 +399,17 @@ def test_a_local_trial_asks_for_its_threads_and_gpu_share_in_one_bundle():
     assert trial_config({**config, "__sweep__": meta}, "t1").engine.kind == "ray"  # a sweep from before
 
 
+def test_sweeps_sharing_their_datasets_put_them_in_the_object_store_once(monkeypatch):
+    from tune_jobs.sweep import run
+
+    puts: list[object] = []
+    monkeypatch.setattr(run.ray, "put", lambda value: puts.append(value) or f"ref{len(puts)}")
+    shared: dict = {}
+    digits, mnist = {("digits",): "d"}, {("mnist",): "m"}
+    assert run.put_sources(digits, shared) == "ref1" and run.put_sources(dict(digits), shared) == "ref1"
+    assert run.put_sources(mnist, shared) == "ref2" and puts == [digits, mnist]
+
+
 @pytest.mark.slow  # ~20 s each; local: the two-trial sweep checks its trials' numbers and engine; ray: test_multinode
 @pytest.mark.parametrize("engine", ["local", "ray"])
 def test_trials_equal_lcfed_run_of_the_same_config_and_name_their_engine(shared_ray, tmp_path, tracking_uri, engine):

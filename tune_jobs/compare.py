@@ -255,6 +255,7 @@ def _run_phases(parent: ParentRun, plan: ComparePlan, state: dict[str, Any] | No
     elif state is None:
         write_json(out / "state.json", {"parent_run_id": None, "params": plan.params})
     tracked = {"tracking.uri": parent.uri, "tracking.enabled": True} if parent.uri is not None else {}
+    shared: dict[Any, Any] = {}  # the datasets' one object-store copy for every sweep (run_sweep's put_sources)
     t0 = time.perf_counter()
     phase1: dict[str, dict[str, Any]] = {}
     phase2: dict[str, dict[int, dict[str, Any]]] = {}
@@ -265,7 +266,7 @@ def _run_phases(parent: ParentRun, plan: ComparePlan, state: dict[str, Any] | No
             continue
         print(f"lcfed compare: phase 1, {m} ({i}/{len(methods)}): {plan.budget} trials on {METRIC}", file=sys.stderr)
         summary = run_sweep(configs[m].replace(**tracked), plan.spaces[m], plan.tuning(m),
-                            parent_run_id=parent_id)
+                            parent_run_id=parent_id, shared=shared)
         phase1[m] = {"best_config": summary["best_config"], METRIC: summary[f"best_{METRIC}"],
                      "trials": summary["trials"], "errors": summary["errors"], "run_id": summary["parent_run_id"]}
         write_json(done, phase1[m])
@@ -278,7 +279,7 @@ def _run_phases(parent: ParentRun, plan: ComparePlan, state: dict[str, Any] | No
         from ray import tune  # Tune when a phase runs: `lcfed` imports this module to build its parser
         chosen = configs[m].replace(**tracked, **phase1[m]["best_config"])
         summary = run_sweep(chosen, {"seed": tune.grid_search(list(plan.seeds))}, plan.seeding(m),
-                            parent_run_id=parent_id, named=phase1[m]["best_config"])
+                            parent_run_id=parent_id, named=phase1[m]["best_config"], shared=shared)
         phase2[m] = _seed_rows(restore_results(summary["storage"]))
         write_json(done, phase2[m])
     report = write_report(out, list(methods), list(plan.seeds), phase1, phase2, plan.target, base)

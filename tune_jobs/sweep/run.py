@@ -23,6 +23,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import ray
 import yaml
 from ray import tune
 
@@ -89,7 +90,8 @@ class SweepPlan:
 
 
 def run_sweep(base: ExperimentConfig, space: dict[str, Any], options: SweepOptions, *,
-              parent_run_id: str | None = None, named: Mapping[str, Any] | None = None) -> dict[str, Any]:
+              parent_run_id: str | None = None, named: Mapping[str, Any] | None = None,
+              shared: dict[Any, Any] | None = None) -> dict[str, Any]:
     """Run (or resume) a sweep; return the best trial's config, metric and the MLflow parent run.
 
     ``options`` (:class:`~tune_jobs.sweep.options.SweepOptions`, checked by its ``validate`` before anything
@@ -101,7 +103,9 @@ def run_sweep(base: ExperimentConfig, space: dict[str, Any], options: SweepOptio
     ``parent_run_id``: the sweep's run nests under it (``lcfed compare``). ``named``: config values every
     trial's run name shows besides its swept ones (``lcfed sweep``: its ``--set`` values; a trial is named
     ``mu=0.0312 lam=0.2 · lcfed · digits dir0.15 · s0``). With ``base.tracking.enabled`` false the sweep is
-    untracked: no MLflow run or store, the summary's run fields None (``register`` is refused).
+    untracked: no MLflow run or store, the summary's run fields None (``register`` is refused). ``shared``: the
+    object-store copies of the datasets, kept across the sweeps of one Ray session (``lcfed compare``: one copy
+    for all its sweeps, :func:`put_sources`).
     """
     tracked = base.tracking.enabled
     obj = options.validate(base.train.rounds, tracked)
@@ -119,7 +123,17 @@ def run_sweep(base: ExperimentConfig, space: dict[str, Any], options: SweepOptio
               f"go to {plan.exp_path}", file=sys.stderr, flush=True)
     hint = f"; the Tune state is saved: continue with --resume --name {plan.name}"
     with ParentRun(base.engine, uri, hint, stop_reason=_stop_reason) as parent:
-        return _run_under(parent, plan, sources)
+        return _run_under(parent, plan, sources if shared is None else put_sources(sources, shared))
+
+
+def put_sources(sources: dict[Any, Any], shared: dict[Any, Any]) -> Any:
+    """The object-store copy of ``sources`` in ``shared`` (put there the first time): what ``tune.with_parameters``
+    hands the trials. Given the datasets themselves it puts them again, and Tune's parameter registry keeps every
+    such copy for the rest of the Ray session (an MNIST comparison spilled to disk from its fifth sweep on)."""
+    key = tuple(sources)  # the datasets' source keys
+    if key not in shared:
+        shared[key] = ray.put(sources)
+    return shared[key]
 
 
 def _run_under(parent: ParentRun, plan: SweepPlan, sources: Any) -> dict[str, Any]:
@@ -224,10 +238,10 @@ def view_key(name: str) -> str:
     return f"sweep-{name}"
 
 
-def _tuner(plan: SweepPlan, engine: str, parent_id: str | None, sources: dict[Any, Any],
-           tracker: TrialTracker | None) -> Any:
+def _tuner(plan: SweepPlan, engine: str, parent_id: str | None, sources: Any, tracker: TrialTracker | None) -> Any:
     """The sweep's Tuner: restored from the storage to resume it, else a new one. Each trial gets the base
-    config and the sweep's facts beside its sampled values, and the datasets through the object store."""
+    config and the sweep's facts beside its sampled values, and the datasets (``sources``: or their object-store
+    copy, :func:`put_sources`) through the object store."""
     obj = plan.objective
     param_space = {**plan.tune_space, "__base__": to_dict(plan.base),
                    "__sweep__": {"parent_run_id": parent_id, "name": plan.name, "gpus_per_trial": plan.options.gpus_per_trial,
