@@ -70,8 +70,9 @@ def shared_ray():
 
 
 @pytest.fixture(scope="module")
-def compared(shared_ray, tmp_path_factory):
+def compared(shared_ray, tmp_path_factory, migrated_store):
     tmp = tmp_path_factory.mktemp("compare")
+    shutil.copyfile(migrated_store, tmp / "mlflow.db")  # an empty store (its creation: tests/test_lifecycle.py)
     uri = f"sqlite:///{tmp / 'mlflow.db'}"
     digits = load_dataset("digits", tmp)
     as_mnist_files(tmp / "data", digits.x, digits.y)

@@ -8,6 +8,7 @@ import io
 import json
 import os
 import re
+import shutil
 from pathlib import Path
 
 import mlflow
@@ -168,11 +169,12 @@ def _kept_checkpoints_and_the_registered_model(tmp_path, uri, base, summary, bes
 
 
 @pytest.fixture(scope="module")
-def asha_sweep(shared_ray, tmp_path_factory):
+def asha_sweep(shared_ray, tmp_path_factory, migrated_store):
     """One ``lcfed sweep`` for the two tests below: ASHA on ``--metric test_loss`` (grace period 1) over a
     learning rate that learns (0.05), one that barely does (1e-5: stopped at the rung) and one that diverges
     (1e6: fails in round 0); trials one at a time. Its exit code, stderr, summary, store and storage."""
     tmp = tmp_path_factory.mktemp("asha")
+    shutil.copyfile(migrated_store, tmp / "mlflow.db")  # an empty store (its creation: tests/test_lifecycle.py)
     uri = f"sqlite:///{tmp / 'mlflow.db'}"
     base = tiny_config("train.rounds=3", "engine.num_cpus=2", "tracking.enabled=true", f"tracking.uri={uri}",
                        "tracking.experiment=sweep-asha")
