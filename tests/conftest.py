@@ -98,6 +98,22 @@ FIXTURE_MARKS: dict[str, tuple[str, ...]] = {
 MARK_COST = {"cluster": 30.0, "ray": 12.0, "server": 8.0, "subprocess": 5.0}
 
 
+#: ``-m`` expressions of the form ``not a and not b ...`` (what ``make test`` and ``make test-core`` pass): the marks they
+#: leave out
+_ONLY_NOTS = re.compile(r"\s*not\s+\w+(\s+and\s+not\s+\w+)*\s*")
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """A test file whose module marks (its ``pytestmark`` line) ``-m`` leaves out is not imported at all: every test
+    in it has those marks, and its imports (Ray Tune, moto, MLflow's server side) cost each test process seconds."""
+    expr = config.getoption("markexpr") or ""
+    if not collection_path.name.startswith("test_") or collection_path.suffix != ".py" or not _ONLY_NOTS.fullmatch(expr):
+        return None
+    left_out = set(re.findall(r"not\s+(\w+)", expr))
+    line = next((x for x in collection_path.read_text().splitlines() if x.startswith("pytestmark")), "")
+    return True if left_out & set(re.findall(r"pytest\.mark\.(\w+)", line.split("#", 1)[0])) else None
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         for name in getattr(item, "fixturenames", ()):

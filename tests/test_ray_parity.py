@@ -13,6 +13,8 @@ from actors.ray_engine import RayEngine
 from lcfed.engines.local import run_local
 from tests.conftest import same_history, tiny_config
 
+pytestmark = [pytest.mark.ray]  # every test: `-m` leaves the file unimported
+
 
 # Each case turns on several engine-relevant features at once (one Ray run and one in-process run per case):
 @pytest.mark.parametrize(

@@ -18,6 +18,8 @@ from actors.ray_engine import run_ray
 from lcfed.config import load_config
 from lcfed.data import import_idx
 
+pytestmark = [pytest.mark.slow]  # every test: `-m` leaves the file unimported
+
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs" / "mnist_pathological.yaml"
 

@@ -41,6 +41,8 @@ from tune_jobs.sweep.options import SweepOptions
 from tune_jobs.sweep.run import run_sweep
 from tune_jobs.sweep.space import load_space
 
+pytestmark = [pytest.mark.slow]  # every test: `-m` leaves the file unimported
+
 ROOT = Path(__file__).resolve().parents[1]
 
 #: characters of a run's name the runs table shows at 1600 px before it cuts the name

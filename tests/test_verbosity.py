@@ -20,6 +20,8 @@ import yaml
 from lcfed.config import to_dict
 from tests.conftest import tiny_config
 
+pytestmark = [pytest.mark.slow]  # every test: `-m` leaves the file unimported
+
 #: lines Ray, Tune and MLflow print by themselves (docs/run.md, "How much a command prints")
 CHATTER = re.compile(r"Token authentication is enabled|Started a local Ray instance|INFO mlflow\.|"
                      r"Configuration for experiment|View detailed results here|tensorboard --logdir|🏃 View run|"
