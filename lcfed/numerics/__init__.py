@@ -216,9 +216,9 @@ def _loaded_early(env: dict[str, str | None]) -> str:
             "numpy's and scipy's kernels follow this CPU in this process (set $LCFED_NUMERICS=portable)")
 
 
-#: the shared libraries mapped when numpy's BLAS was last limited (threadpoolctl's scan of them takes about
-#: 10 ms, and every run, actor and trial calls :func:`activate`): no new library, no new BLAS to limit
-_blas_seen: frozenset[str] | None = None
+#: per threadpoolctl scan (``limit``, ``cores``), the shared libraries mapped when it last ran: the scan takes about
+#: 10 ms, and every run, actor and trial calls :func:`activate`; no new library, nothing new to find
+_scanned: dict[str, frozenset[str] | None] = {}
 
 
 def _mapped_libraries() -> frozenset[str] | None:
@@ -230,15 +230,20 @@ def _mapped_libraries() -> frozenset[str] | None:
         return None
 
 
+def _new_libraries(scan: str) -> bool:
+    """Whether this process mapped libraries since ``scan`` last ran (always, where they cannot be read); ``scan``
+    counts as run now."""
+    libs = _mapped_libraries()
+    if libs is not None and _scanned.get(scan) == libs:
+        return False
+    _scanned[scan] = libs
+    return True
+
+
 def _blas_limited() -> None:
     """numpy's BLAS on one thread (:func:`_one_blas_thread`) once numpy is loaded, again only after new libraries."""
-    global _blas_seen
-    if "numpy" not in sys.modules:
-        return
-    libs = _mapped_libraries()
-    if libs is None or libs != _blas_seen:
+    if "numpy" in sys.modules and _new_libraries("limit"):
         _one_blas_thread()
-        _blas_seen = libs
 
 
 def _one_blas_thread() -> None:
@@ -290,20 +295,19 @@ def kernel_level() -> str:
 def openblas_cores() -> str:
     """The cores OpenBLAS runs for the numpy and scipy loaded in this process (e.g. ``Haswell``), as
     threadpoolctl reads them; ``none`` when no OpenBLAS is loaded."""
-    libs = _mapped_libraries()
-    if libs is not None and libs == _cores_seen[0]:
-        return _cores_seen[1]
+    global _cores
     try:
         from threadpoolctl import threadpool_info
     except ImportError:
         return "unknown"
-    cores = sorted({str(i.get("architecture")) for i in threadpool_info() if i.get("internal_api") == "openblas"})
-    _cores_seen[:] = [libs, ", ".join(cores) or "none"]
-    return _cores_seen[1]
+    if _new_libraries("cores"):
+        cores = sorted({str(i.get("architecture")) for i in threadpool_info() if i.get("internal_api") == "openblas"})
+        _cores = ", ".join(cores) or "none"
+    return _cores
 
 
-#: :func:`openblas_cores`' last answer and the libraries mapped then (its scan costs as :data:`_blas_seen` says)
-_cores_seen: list = [None, ""]
+#: :func:`openblas_cores`' last answer (:data:`_scanned`)
+_cores = ""
 
 
 def numpy_simd() -> str:
