@@ -138,11 +138,16 @@ def migrated_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
+def store_copy(migrated_store: Path, directory: Path) -> str:
+    """The URI of ``directory/mlflow.db``, a copy of :func:`migrated_store`: an empty store of the caller's own."""
+    shutil.copyfile(migrated_store, directory / "mlflow.db")
+    return f"sqlite:///{directory / 'mlflow.db'}"
+
+
 @pytest.fixture
 def tracking_uri(tmp_path: Path, migrated_store: Path) -> str:
-    """A store of the test's own (a copy of :func:`migrated_store`), in ``tmp_path``."""
-    shutil.copyfile(migrated_store, tmp_path / "mlflow.db")
-    return f"sqlite:///{tmp_path / 'mlflow.db'}"
+    """A store of the test's own, in ``tmp_path`` (:func:`store_copy`)."""
+    return store_copy(migrated_store, tmp_path)
 
 
 def from_a_terminal(argv: list[str]) -> list[str]:

@@ -20,7 +20,7 @@ from lcfed.config import to_dict
 from lcfed.data.sources import load_dataset
 from lcfed.errors import ConfigError
 from lcfed.run.setup import prepare
-from tests.conftest import start_test_ray, tiny_config
+from tests.conftest import start_test_ray, store_copy, tiny_config
 from tests.test_data import write_idx
 from tune_jobs.cli import main
 from tune_jobs.compare import parse_seeds
@@ -72,8 +72,7 @@ def shared_ray():
 @pytest.fixture(scope="module")
 def compared(shared_ray, tmp_path_factory, migrated_store):
     tmp = tmp_path_factory.mktemp("compare")
-    shutil.copyfile(migrated_store, tmp / "mlflow.db")  # an empty store (its creation: tests/test_lifecycle.py)
-    uri = f"sqlite:///{tmp / 'mlflow.db'}"
+    uri = store_copy(migrated_store, tmp)  # an empty store (its creation: tests/test_lifecycle.py)
     digits = load_dataset("digits", tmp)
     as_mnist_files(tmp / "data", digits.x, digits.y)
     base = base_config(uri, tmp / "data")

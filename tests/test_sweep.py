@@ -8,7 +8,6 @@ import io
 import json
 import os
 import re
-import shutil
 from pathlib import Path
 
 import mlflow
@@ -23,7 +22,7 @@ from lcfed.run.sources import load
 from lcfed.tracking import mlflow_key
 from lcfed.tracking.store import open_client
 from lcfed.tracking.ui import read_view
-from tests.conftest import start_test_ray, tiny_config
+from tests.conftest import start_test_ray, store_copy, tiny_config
 from tune_jobs.cli import main
 from tune_jobs.sweep.options import SweepOptions
 from tune_jobs.sweep.run import restore_results, run_sweep
@@ -174,8 +173,7 @@ def asha_sweep(shared_ray, tmp_path_factory, migrated_store):
     learning rate that learns (0.05), one that barely does (1e-5: stopped at the rung) and one that diverges
     (1e6: fails in round 0); trials one at a time. Its exit code, stderr, summary, store and storage."""
     tmp = tmp_path_factory.mktemp("asha")
-    shutil.copyfile(migrated_store, tmp / "mlflow.db")  # an empty store (its creation: tests/test_lifecycle.py)
-    uri = f"sqlite:///{tmp / 'mlflow.db'}"
+    uri = store_copy(migrated_store, tmp)  # an empty store (its creation: tests/test_lifecycle.py)
     base = tiny_config("train.rounds=3", "engine.num_cpus=2", "tracking.enabled=true", f"tracking.uri={uri}",
                        "tracking.experiment=sweep-asha")
     config, space = tmp / "base.yaml", tmp / "space.yaml"
