@@ -29,6 +29,7 @@ import os
 import platform
 import sys
 from functools import cache
+from typing import Any
 
 PROFILES = ("portable", "native")
 #: the profile a process applies on ``import lcfed`` (and that child processes inherit)
@@ -216,13 +217,52 @@ def _loaded_early(env: dict[str, str | None]) -> str:
             "numpy's and scipy's kernels follow this CPU in this process (set $LCFED_NUMERICS=portable)")
 
 
-#: per threadpoolctl scan (``limit``, ``cores``), the shared libraries mapped when it last ran: the scan takes about
+#: per threadpoolctl scan (``limit``, ``cores``), the process's shared libraries when it last ran: the scan takes about
 #: 10 ms, and every run, actor and trial calls :func:`activate`; no new library, nothing new to find
-_scanned: dict[str, frozenset[str] | None] = {}
+_scanned: dict[str, object] = {}
 
 
-def _mapped_libraries() -> frozenset[str] | None:
-    """The shared objects this process has mapped (Linux); None where that cannot be read."""
+def _link_map_reader() -> Any:
+    """A reader of the dynamic linker's count of shared objects loaded and unloaded so far (glibc's
+    ``dl_iterate_phdr``: ``dlpi_adds + dlpi_subs`` of its first object; a 2 µs call, where reading
+    ``/proc/self/maps`` takes milliseconds in a process that imported torch); None where there is none."""
+    import ctypes
+
+    class Info(ctypes.Structure):
+        _fields_ = [("addr", ctypes.c_void_p), ("name", ctypes.c_char_p), ("phdr", ctypes.c_void_p),
+                    ("phnum", ctypes.c_uint16), ("adds", ctypes.c_ulonglong), ("subs", ctypes.c_ulonglong)]
+
+    @ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(Info), ctypes.c_size_t, ctypes.c_void_p)
+    def first(info: Any, size: int, _data: Any) -> int:  # its return value is dl_iterate_phdr's; non-zero stops it
+        if size < ctypes.sizeof(Info):  # a libc without the counters
+            return -1
+        return int(min(info.contents.adds + info.contents.subs, 2**31 - 1))
+
+    try:
+        iterate = ctypes.CDLL(None).dl_iterate_phdr
+    except (OSError, AttributeError):
+        return None
+    iterate.restype = ctypes.c_int
+
+    def read() -> int | None:
+        count = int(iterate(first, None))
+        return count if count > 0 else None
+
+    read.keep = first  # type: ignore[attr-defined]  # the C callback lives as long as the reader
+    return read if read() is not None else None
+
+
+_link_map: Any = _link_map_reader if sys.platform == "linux" else None
+
+
+def _libraries() -> object:
+    """What tells this process's set of shared libraries apart from an earlier one: the linker's count
+    (:func:`_link_map_reader`), else the objects ``/proc/self/maps`` names; None where neither can be read."""
+    global _link_map
+    if _link_map is _link_map_reader:  # made on first use: ctypes only when needed
+        _link_map = _link_map_reader()
+    if _link_map is not None:
+        return ("count", _link_map())
     try:
         with open("/proc/self/maps") as f:
             return frozenset(line.rsplit(" ", 1)[-1] for line in f.read().splitlines() if ".so" in line)
@@ -231,9 +271,9 @@ def _mapped_libraries() -> frozenset[str] | None:
 
 
 def _new_libraries(scan: str) -> bool:
-    """Whether this process mapped libraries since ``scan`` last ran (always, where they cannot be read); ``scan``
-    counts as run now."""
-    libs = _mapped_libraries()
+    """Whether this process loaded or unloaded libraries since ``scan`` last ran (always, where that cannot be
+    told); ``scan`` counts as run now."""
+    libs = _libraries()
     if libs is not None and _scanned.get(scan) == libs:
         return False
     _scanned[scan] = libs
