@@ -7,6 +7,7 @@ embedding φ ends and the decision h (the last linear layer) begins.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -158,10 +159,14 @@ class ParamSpec:
 
     def unflatten(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
         """Views of ``flat`` shaped as the model's named parameters."""
-        return {
-            name: flat[off : off + _numel(shape)].view(shape)
-            for name, shape, off in zip(self.names, self.shapes, self.offsets, strict=True)
-        }
+        # one split (a C call) rather than a slice per parameter: this runs on every forward pass
+        parts = flat.split(self.sizes)
+        return {name: part.view(shape) for name, part, shape in zip(self.names, parts, self.shapes, strict=True)}
+
+    @functools.cached_property
+    def sizes(self) -> tuple[int, ...]:
+        """Each parameter's length in the flat vector."""
+        return tuple(_numel(shape) for shape in self.shapes)
 
 
 def _numel(shape: tuple[int, ...]) -> int:
@@ -231,7 +236,9 @@ def build_network(model: str | Builder, input_shape: tuple[int, ...], num_classe
     else:
         builder, name = model, name or getattr(model, "__name__", "model")
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
+        # the CPU generator only: torch.manual_seed also queues a seeding of each accelerator not yet started (and
+        # a formatted stack with it, ~5 ms a call), which fork_rng(devices=[]) would not undo
+        torch.default_generator.manual_seed(seed)
         module = builder(input_shape, num_classes)  # (C, H, W) or (F,)
     if not isinstance(module, nn.Module):
         raise ValueError(f"model {name!r} built a {type(module).__name__}, not a torch.nn.Module")
