@@ -10,7 +10,6 @@ import hashlib
 import json
 import math
 import re
-import typing
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,7 +23,7 @@ from lcfed.config.overrides import apply_overrides, parse_override, resolve
 from lcfed.config.privacy import PrivacyConfig, check_count_noise, check_privacy
 from lcfed.config.tracking import CheckpointConfig, TrackingConfig
 from lcfed.config.train import ModelConfig, TrainConfig
-from lcfed.config.types import build_dataclass, typed_value
+from lcfed.config.types import build_dataclass, type_hints, typed_value
 from lcfed.config.yaml_input import read_yaml
 from lcfed.errors import ConfigError, did_you_mean, require
 
@@ -186,11 +185,11 @@ _SECTIONS: dict[str, type] = {
 def field_types(cfg: ExperimentConfig) -> dict[str, Any]:
     """Dotted keys (those of :func:`flatten`) to their type annotations; the ``method.*`` ones from the
     Params of ``cfg``'s method."""
-    top = typing.get_type_hints(ExperimentConfig)
+    top = type_hints(ExperimentConfig)
     out = {key: top[key] for key in ("name", "seed")}
-    out["method.name"] = typing.get_type_hints(MethodConfig)["name"]
+    out["method.name"] = type_hints(MethodConfig)["name"]
     for section, cls in {**_SECTIONS, "method": type(cfg.method.params)}.items():
-        hints = typing.get_type_hints(cls)
+        hints = type_hints(cls)
         out.update({f"{section}.{f.name}": hints[f.name] for f in dataclasses.fields(cls) if f.init})
     return out
 
@@ -205,7 +204,7 @@ def from_dict(raw: Mapping[str, Any]) -> ExperimentConfig:
     kwargs: dict[str, Any] = {}
     for key in ("name", "seed"):
         if key in raw:
-            kwargs[key] = typed_value(key, raw[key], typing.get_type_hints(ExperimentConfig)[key])
+            kwargs[key] = typed_value(key, raw[key], type_hints(ExperimentConfig)[key])
     for section, cls in _SECTIONS.items():
         if section in raw:
             kwargs[section] = build_dataclass(cls, raw[section], section)
@@ -214,7 +213,7 @@ def from_dict(raw: Mapping[str, Any]) -> ExperimentConfig:
             "must be a mapping of fields (name and the method's parameters)")
     method_raw = dict(method_section)
     name = typed_value("method.name", method_raw.pop("name", MethodConfig.name),
-                       typing.get_type_hints(MethodConfig)["name"])
+                       type_hints(MethodConfig)["name"])
     method = resolve("method", "method.name", name)
     params = build_dataclass(method.params, method_raw, "method")
     kwargs["method"] = MethodConfig(name=name, params=params)
