@@ -253,7 +253,7 @@ def test_token_file_is_created_owner_only(home):
     assert secure_token_file() == path and path.read_text() == token  # an existing token is kept
 
 
-def test_open_token_file_is_tightened_and_kept(home, caplog):
+def test_open_token_file_is_tightened_and_kept(home, log_records):
     from actors.connect import secure_token_file
 
     (home / ".ray").mkdir(mode=0o755)
@@ -262,7 +262,7 @@ def test_open_token_file_is_tightened_and_kept(home, caplog):
     path.chmod(0o644)  # what Ray 2.60 leaves with umask 022
     secure_token_file()
     assert _mode(path) == 0o600 and path.read_text() == "abc"
-    assert any("0600" in r.getMessage() and str(path) in r.getMessage() for r in caplog.records)
+    assert any("0600" in r.getMessage() and str(path) in r.getMessage() for r in log_records)
 
 
 def test_no_token_file_when_ray_would_not_read_one(home, tmp_path, monkeypatch):
