@@ -51,6 +51,8 @@ setup: $(STAMP)
 # fixtures start once); TEST_WORKERS=0 runs them in this process
 TEST_WORKERS ?= 2
 XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
+# the core has no Ray, cluster or server to share per module: its tests are stolen one by one, so the workers end together
+XDIST_CORE = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist worksteal)
 
 # the project's own modules byte-compiled first (changed files only): an editable install leaves them to each
 # process, and where PYTHONDONTWRITEBYTECODE is set every lcfed command and Ray worker would compile them again
@@ -63,7 +65,7 @@ test: $(STAMP)
 # the fast core: no Ray, cluster, server or child process (tests/conftest.py says how tests are marked)
 test-core: $(STAMP)
 	$(COMPILE)
-	$(BIN)/python -X faulthandler -m pytest -q -m "not slow and not ray and not cluster and not server and not subprocess" $(XDIST) $(PYTEST_ARGS)
+	$(BIN)/python -X faulthandler -m pytest -q -m "not slow and not ray and not cluster and not server and not subprocess" $(XDIST_CORE) $(PYTEST_ARGS)
 
 test-slow: $(STAMP)
 	$(COMPILE)
