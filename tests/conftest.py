@@ -33,6 +33,9 @@ from lcfed.config.overrides import apply_overrides, parse_override
 from tests.raycluster import LocalCluster, alive, free_port, pids_marked
 
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+# pytest keeps the test modules it rewrote (for its assertion messages) as bytecode only where this is off:
+# with PYTHONDONTWRITEBYTECODE set, each test process rewrote every test module again, ~5 s of each collection
+sys.dont_write_bytecode = False
 
 TINY = {
     "data": {"dataset": "digits", "partition": "pathological", "classes_per_device": 2, "num_devices": 8},
