@@ -160,17 +160,22 @@ def attach(address: str) -> None:
 
 
 def _loopback_only(address: str) -> bool:
-    """A loopback address whose cluster listens on loopback only (``lcfed head start``'s): Ray swaps the host
-    for the machine's IP, where nothing listens, so resolving and joining its node stay on loopback. A
-    cluster on the machine's IP that also answers on loopback is attached as Ray would."""
+    """A loopback address (or ``auto`` finding one: Ray's address file, ``$RAY_ADDRESS``) whose cluster listens on
+    loopback only (``lcfed head start``'s): Ray swaps the host for the machine's IP, where nothing listens, so
+    resolving and joining its node stay on loopback. A cluster on the machine's IP that also answers on loopback
+    is attached as Ray would."""
     host = address.rsplit(":", 1)[0]
-    if host not in ("127.0.0.1", "localhost"):
+    if host not in ("127.0.0.1", "localhost", "auto"):
         return False
     try:
         gcs = resolve_gcs(address)
+        if host == "auto":  # what the discovery found, before Ray's swap
+            with _loopback_node_ip():
+                host = resolve_gcs(address).rsplit(":", 1)[0]
     except ClusterError:
         return False
-    return gcs.rsplit(":", 1)[0] not in ("127.0.0.1", "localhost") and not answers(gcs, timeout=1.0)
+    loopback = ("127.0.0.1", "localhost")
+    return host in loopback and gcs.rsplit(":", 1)[0] not in loopback and not answers(gcs, timeout=1.0)
 
 
 def answers(address: str, timeout: float) -> bool:

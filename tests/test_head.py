@@ -59,6 +59,7 @@ def test_a_head_that_listens_on_loopback_only_runs_attached_and_stops_cleanly(st
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and f"already running (pid {pid}" in err
         _attached_run(cfg, port, tmp_path)
+        _auto_attaches(port)
     finally:
         assert main(["head", "stop"]) == 0
     out, err = capsys.readouterr()
@@ -68,6 +69,20 @@ def test_a_head_that_listens_on_loopback_only_runs_attached_and_stops_cleanly(st
     assert not head.address_file().exists() or head.address_file().read_text().strip() != f"127.0.0.1:{port}"
     assert main(["head", "stop"]) == 0 and "nothing to stop" in capsys.readouterr().out
     assert main(["head", "status"]) == 1
+
+
+def _auto_attaches(port: int) -> None:
+    """``engine.address=auto`` finds the head through Ray's address file and joins it on loopback, where Ray alone
+    would swap 127.0.0.1 for the machine's IP, on which nothing listens."""
+    import ray
+
+    from actors.connect import attach
+
+    attach("auto")
+    try:
+        assert ray.get_runtime_context().gcs_address == f"127.0.0.1:{port}"
+    finally:
+        ray.shutdown()
 
 
 def _attached_run(cfg, port: int, tmp_path) -> None:
