@@ -222,10 +222,14 @@ def _loaded_early(env: dict[str, str | None]) -> str:
 _scanned: dict[str, object] = {}
 
 
+@cache
 def _link_map_reader() -> Any:
     """A reader of the dynamic linker's count of shared objects loaded and unloaded so far (glibc's
     ``dl_iterate_phdr``: ``dlpi_adds + dlpi_subs`` of its first object; a 2 µs call, where reading
-    ``/proc/self/maps`` takes milliseconds in a process that imported torch); None where there is none."""
+    ``/proc/self/maps`` takes milliseconds in a process that imported torch); None where there is none. Made on
+    first use: ctypes only when needed."""
+    if sys.platform != "linux":
+        return None
     import ctypes
 
     class Info(ctypes.Structure):
@@ -244,25 +248,19 @@ def _link_map_reader() -> Any:
         return None
     iterate.restype = ctypes.c_int
 
-    def read() -> int | None:
+    def read() -> int | None:  # its closure keeps the C callback alive as long as the reader
         count = int(iterate(first, None))
         return count if count > 0 else None
 
-    read.keep = first  # type: ignore[attr-defined]  # the C callback lives as long as the reader
     return read if read() is not None else None
-
-
-_link_map: Any = _link_map_reader if sys.platform == "linux" else None
 
 
 def _libraries() -> object:
     """What tells this process's set of shared libraries apart from an earlier one: the linker's count
     (:func:`_link_map_reader`), else the objects ``/proc/self/maps`` names; None where neither can be read."""
-    global _link_map
-    if _link_map is _link_map_reader:  # made on first use: ctypes only when needed
-        _link_map = _link_map_reader()
-    if _link_map is not None:
-        return ("count", _link_map())
+    read = _link_map_reader()
+    if read is not None:
+        return ("count", read())
     try:
         with open("/proc/self/maps") as f:
             return frozenset(line.rsplit(" ", 1)[-1] for line in f.read().splitlines() if ".so" in line)
