@@ -200,12 +200,14 @@ def trial_index(trial: Any) -> int | None:
 
 class SweepProgress(Callback):
     """Prints the sweep's progress (see the module's docstring). ``lines``: force per-round lines (True)
-    or tables (False); None decides by whether ``file`` (default: standard output) is a terminal."""
+    or tables (False); None decides by whether ``file`` (default: standard output) is a terminal. ``label``: the
+    start of every line printed (``lcfed compare``: the method, its sweeps side by side with others')."""
 
     def __init__(self, swept: Sequence[str], metric: str, mode: str, rounds: int, file: Any = None,
-                 lines: bool | None = None) -> None:
+                 lines: bool | None = None, label: str | None = None) -> None:
         # no stream kept unless one is given: Tune pickles its callbacks with the experiment state
         self.swept, self.metric, self.mode, self.rounds, self.file = list(swept), metric, mode, rounds, file
+        self.label = label
         self.lines = (not is_tty(file or sys.stdout)) if lines is None else lines
         self.rows: dict[str, dict[str, Any]] = {}  # trial id -> values, round, metric, status
         self.order: list[str] = []
@@ -240,6 +242,8 @@ class SweepProgress(Callback):
 
     def _print(self, text: str) -> None:
         if progress_shown():  # read when printing: Tune restores a resumed sweep's callbacks from its state
+            if getattr(self, "label", None):  # (a sweep saved before labels existed has none)
+                text = "\n".join(f"{self.label} | {line}" for line in text.splitlines())
             print(text, file=self.file or sys.stdout, flush=True)
 
     def on_trial_start(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:

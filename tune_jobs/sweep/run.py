@@ -68,6 +68,7 @@ class SweepPlan:
     storage_uri: str
     parent_run_id: str | None = None  # the run the sweep's parent run nests under (``lcfed compare``)
     named: Mapping[str, Any] | None = None  # values the trials' run names show besides the swept ones
+    label: str | None = None  # the start of each progress line (:class:`SweepProgress`)
 
     @property
     def swept(self) -> list[str]:
@@ -91,7 +92,7 @@ class SweepPlan:
 
 def run_sweep(base: ExperimentConfig, space: dict[str, Any], options: SweepOptions, *,
               parent_run_id: str | None = None, named: Mapping[str, Any] | None = None,
-              shared: dict[Any, Any] | None = None) -> dict[str, Any]:
+              shared: dict[Any, Any] | None = None, label: str | None = None) -> dict[str, Any]:
     """Run (or resume) a sweep; return the best trial's config, metric and the MLflow parent run.
 
     ``options`` (:class:`~tune_jobs.sweep.options.SweepOptions`, checked by its ``validate`` before anything
@@ -105,7 +106,8 @@ def run_sweep(base: ExperimentConfig, space: dict[str, Any], options: SweepOptio
     ``mu=0.0312 lam=0.2 · lcfed · digits dir0.15 · s0``). With ``base.tracking.enabled`` false the sweep is
     untracked: no MLflow run or store, the summary's run fields None (``register`` is refused). ``shared``: the
     object-store copies of the datasets, kept across the sweeps of one Ray session (``lcfed compare``: one copy
-    for all its sweeps, :func:`put_sources`).
+    for all its sweeps, :func:`put_sources`). ``label``: the start of each progress line (``lcfed compare``: the
+    method, whose sweeps run beside other methods').
     """
     tracked = base.tracking.enabled
     obj = options.validate(base.train.rounds, tracked)
@@ -116,7 +118,7 @@ def run_sweep(base: ExperimentConfig, space: dict[str, Any], options: SweepOptio
     storage = DEFAULT_STORAGE if options.storage is None else options.storage
     plan = SweepPlan(base=base, space=space, tune_space=tune_space, options=options, objective=obj,
                      name=options.name or f"{base.name}-sweep", storage_uri=storage_location(storage),
-                     parent_run_id=parent_run_id, named=named)
+                     parent_run_id=parent_run_id, named=named, label=label)
     sources = load_sources(base, space)  # a missing dataset fails here, before any run or trial exists
     if logs.progress_shown():
         print(f"lcfed sweep {plan.name}: Tune state and each trial's latest {options.keep_checkpoints} checkpoint(s) "
@@ -250,7 +252,7 @@ def _tuner(plan: SweepPlan, engine: str, parent_id: str | None, sources: Any, tr
     os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
     trainable = tune.with_resources(tune.with_parameters(run_trial, sources=sources),
                                     trial_resources(plan.base, plan.options.gpus_per_trial, engine))
-    progress = SweepProgress(plan.swept, obj.metric, obj.mode, obj.max_t or plan.base.train.rounds)
+    progress = SweepProgress(plan.swept, obj.metric, obj.mode, obj.max_t or plan.base.train.rounds, label=plan.label)
     # verbose=0 but with -v: Tune's own status output repeats the whole base config; the progress table replaces it
     callbacks: list[Any] = [progress] if tracker is None else [tracker, progress]
     run_config = tune.RunConfig(name=plan.name, storage_path=plan.storage_uri, callbacks=callbacks,
