@@ -17,11 +17,14 @@ Per sweep::
     mlflow  (tracked) the sweep's parent run opened, its best trial and plots logged, its models logged:
             part of driver and after
 
-``--code DIR`` (repeatable) runs each checkout's code (its ``tune_jobs`` first on the path): the runs alternate
-between them, so a before/after pair shares the machine's load. Prints each run, then the median (min-max).
+``--code DIR`` (repeatable) runs each checkout's code (its ``tune_jobs`` first on the path), ``--parallel N``
+(repeatable) each ``lcfed compare --parallel``: the runs alternate between them, so a before/after pair shares the
+machine's load. Prints each run, then the median (min-max). With ``--parallel`` above 1 the methods' sweeps run in
+driver processes, which this script does not watch: the totals alone are compared.
 
     .venv/bin/python benchmarks/compare_cost.py                           # this checkout, untracked, once
     .venv/bin/python benchmarks/compare_cost.py --code /work/main --code . --repeats 2 --tracked both
+    .venv/bin/python benchmarks/compare_cost.py --parallel 1 --parallel 4 --repeats 3   # one after the other vs side by side
 """
 
 from __future__ import annotations
@@ -128,10 +131,11 @@ def breakdown(events: list[dict[str, Any]], wall: float) -> dict[str, Any]:
             "after": sum(s["after"] for s in sweeps)}
 
 
-def run_once(code: Path, tracked: bool, args: argparse.Namespace, work: Path) -> dict[str, Any]:
+def run_once(code: Path, tracked: bool, parallel: int, args: argparse.Namespace, work: Path) -> dict[str, Any]:
     out = work / "out"
     argv = ["compare", "--config", str(code / args.config), "--methods", args.methods, "--budget", str(args.budget),
-            "--seeds", args.seeds, "--set", f"train.rounds={args.rounds}", "--out", str(out), "-q"]
+            "--seeds", args.seeds, "--set", f"train.rounds={args.rounds}", "--out", str(out), "-q",
+            "--parallel", str(parallel)]
     argv += ["--set", f"tracking.uri=sqlite:///{work / 'mlflow.db'}"] if tracked else ["--no-track"]
     env = {**os.environ, "PYTHONPATH": str(code), **dict(e.split("=", 1) for e in args.env or [])}
     log = work / "compare.log"
@@ -172,6 +176,9 @@ def main() -> int:
     p.add_argument("--budget", type=int, default=1)
     p.add_argument("--seeds", default="0,1")
     p.add_argument("--rounds", type=int, default=4)
+    p.add_argument("--parallel", action="append", type=int, help="lcfed compare --parallel N (repeatable, runs "
+                   "alternating; default 1: with more, the sweeps run in driver processes and only the totals, Ray's "
+                   "start and the imports are broken down)")
     p.add_argument("--env", action="append", metavar="KEY=VALUE", help="set in the comparison's environment (a Ray "
                    "or Tune knob to try; repeatable)")
     p.add_argument("--json", type=Path, help="write every run's figures here")
@@ -182,10 +189,10 @@ def main() -> int:
     for r in range(args.repeats):
         order = codes if r % 2 == 0 else codes[::-1]
         for tracked in modes:
-            for code in order:
-                label = f"{code} {'tracked' if tracked else 'untracked'}"
+            for code, parallel in [(c, n) for c in order for n in (args.parallel or [1])]:
+                label = f"{code} --parallel {parallel} {'tracked' if tracked else 'untracked'}"
                 with tempfile.TemporaryDirectory(prefix="compare-cost-") as tmp:
-                    fig = run_once(code, tracked, args, Path(tmp))
+                    fig = run_once(code, tracked, parallel, args, Path(tmp))
                 show(f"{label} #{r + 1}", fig)
                 runs.setdefault(label, []).append(fig)
     print("\nmedian (min-max) over runs, seconds:")
@@ -200,7 +207,7 @@ def main() -> int:
                 for tracked, tag in ((False, " untracked"), (True, " tracked"))}
         for tracked, reports in same.items():
             if reports:
-                print(f"  {'tracked' if tracked else 'untracked'}: the checkouts' reports "
+                print(f"  {'tracked' if tracked else 'untracked'}: the runs' reports "
                       f"{'agree' if len(reports) == 1 else 'DIFFER'}")
     if args.json:
         args.json.write_text(json.dumps(runs, indent=1))

@@ -703,6 +703,7 @@ ROWS += [
     ("compare-unknown-method", "compare --methods lcfed,nope", {}, "--methods"),
     ("compare-no-space", "compare --methods lcfed,flhc", {}, "--methods"),
     ("compare-budget-0", "compare --methods fedavg,standalone --budget 0", {}, "--budget"),
+    ("compare-parallel-0", "compare --methods fedavg,standalone --parallel 0", {}, ("--parallel: got 0", ">= 1")),
     ("compare-seeds-repeated", "compare --methods fedavg,standalone --seeds 1,1", {}, "--seeds"),
     ("compare-target", "compare --methods fedavg,standalone --target 2", {}, "--target"),
     ("compare-search", "compare --methods fedavg,standalone --search bayes", {}, "--search"),

@@ -8,6 +8,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import os
 import shutil
 from pathlib import Path
 
@@ -143,6 +144,9 @@ def test_mlflow_holds_one_parent_with_a_sweep_per_method_and_phase(compared):
                 assert head.startswith(method) and seed == f"s{t.data.params['seed']}", t.info.run_name
                 assert all(f"{k.split('.')[-1]}=" in head for k in chosen), (t.info.run_name, chosen)
     assert {a.path for a in client.list_artifacts(pid)} >= {"compare.md", "compare.csv", "plots"}
+    # the methods ran side by side, a driver process each (--parallel's default): their sweeps overlap in time
+    tuning = [sweeps[f"out-{m}-tune"].info for m in ("lcfed", "standalone")]
+    assert max(t.start_time for t in tuning) < min(t.end_time for t in tuning)
     # --register: the best method's (the report's first row) best phase-2 trial, linked to its run; only the
     # phase-2 sweeps log their best trial's models
     top = max(csv.DictReader((tmp / "out" / "compare.csv").open()), key=lambda r: float(r["test_acc_mean"]))
@@ -202,10 +206,11 @@ def test_phase_one_decides_the_same_when_the_test_split_is_poisoned(compared):
 
 def test_an_untracked_compare_of_finished_phases_writes_its_report_and_creates_no_mlflow_file(
         compared, tmp_path, monkeypatch, capsys):
-    """``--no-track`` on phases already on disk (the tracked comparison's; an untracked sweep's trials are
-    tests/test_sweep.py's, and the whole untracked comparison is the slow test below): the report, the state
-    with tracking off, no sweep, no MLflow file in the working directory, and a tracked rerun into its --out
-    refused."""
+    """``--no-track`` on the tracked comparison's phases but standalone's phase 2 (an untracked sweep's trials are
+    tests/test_sweep.py's, and the whole untracked comparison is the slow test below): that one sweep runs again,
+    in this process (one method left: no driver process), and gives the numbers the driver process gave; the
+    report, the state with tracking off, no MLflow file in the working directory, and a tracked rerun into its
+    --out refused."""
     from tests.test_sweep import mlflow_files
 
     tmp, _, args = compared
@@ -213,6 +218,7 @@ def test_an_untracked_compare_of_finished_phases_writes_its_report_and_creates_n
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     for phase in ("phase1", "phase2"):
         shutil.copytree(tmp / "out" / phase, tmp_path / "cmp" / phase)
+    (tmp_path / "cmp" / "phase2" / "standalone.json").unlink()
 
     untracked = [*args[:args.index("--out")], "--out", "cmp", "--scheduler", "fifo", "--max-concurrent", "1", "-q",
                  "--no-track"]
@@ -220,7 +226,7 @@ def test_an_untracked_compare_of_finished_phases_writes_its_report_and_creates_n
     out = capsys.readouterr().out
     assert "lcfed" in out and "standalone" in out and "MLflow" not in out
     assert (tmp_path / "cmp" / "compare.csv").read_text() == (tmp / "out" / "compare.csv").read_text()
-    assert not (tmp_path / "cmp" / "tune").exists()  # no sweep ran
+    assert [p.name for p in (tmp_path / "cmp" / "tune").iterdir()] == ["cmp-standalone-seeds"]  # that sweep alone
     state = json.loads((tmp_path / "cmp" / "state.json").read_text())
     assert state["parent_run_id"] is None and state["params"]["tracking"] == "off"
     assert mlflow_files(tmp_path) == []
@@ -254,6 +260,63 @@ def test_an_untracked_compare_writes_its_report_and_creates_no_mlflow_file(share
     assert main(args[:-1]) == 2
     assert "holds a comparison with other settings" in capsys.readouterr().err
     assert mlflow_files(tmp_path) == []
+
+
+@pytest.mark.slow  # ~70 s: a comparison stopped mid-sweep in a child process, then resumed to its end
+def test_a_signal_stops_every_driver_saved_and_the_rerun_finishes_the_comparison(shared_ray, tmp_path, migrated_store):
+    """SIGTERM to a comparison whose methods run side by side: passed on to each driver process, whose Tune saves
+    its sweep; the command exits 143 in one line, its parent run KILLED, no process of it left behind; the same
+    command then finishes it, every trial's rounds logged once."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+    import ray
+
+    rounds = 12
+    uri = store_copy(migrated_store, tmp_path)
+    base = tiny_config(f"train.rounds={rounds}", "engine.num_cpus=2", "tracking.enabled=true", f"tracking.uri={uri}",
+                       "tracking.experiment=compare-sig")
+    (tmp_path / "base.yaml").write_text(yaml.safe_dump(to_dict(base)))
+    args = ["compare", "-c", str(tmp_path / "base.yaml"), "--methods", "fedavg,standalone", "--budget", "1",
+            "--seeds", "1", "--scheduler", "fifo", "--out", str(tmp_path / "out")]
+    # attached to the module's Ray, as a comparison in a Ray job is (a job is stopped by SIGTERM)
+    env = {**os.environ, "RAY_ADDRESS": ray.get_runtime_context().gcs_address}
+    proc = subprocess.Popen([sys.executable, "-m", "tune_jobs", *args], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, env=env)
+    client = mlflow.MlflowClient(tracking_uri=uri)
+
+    def trials() -> list:
+        exp = client.get_experiment_by_name("compare-sig")
+        runs = client.search_runs([exp.experiment_id]) if exp else []
+        return [r for r in runs if "tune_trial_id" in r.data.tags]
+
+    while proc.poll() is None and sum("accuracy/acc_mean" in r.data.metrics for r in trials()) < 2:
+        time.sleep(0.2)  # both methods' phase-1 trials have reported a round
+    assert proc.poll() is None, "the comparison ended before the signal"
+    family = psutil.Process(proc.pid).children(recursive=True)  # the fork server and the drivers
+    assert len(family) >= 3, family
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
+    assert "Traceback" not in err and "lcfed: SIGTERM: stopping the comparison's sweeps" in err
+    assert "comparison stopped" in err and "rerun the same command" in err
+    psutil.wait_procs(family, timeout=30)
+    assert not [p for p in family if p.is_running()], "a driver outlived its comparison"
+    exp = client.get_experiment_by_name("compare-sig")
+    stopped = client.search_runs([exp.experiment_id])
+    assert all(r.info.status != "RUNNING" for r in stopped)
+    assert [r.info.status for r in stopped if r.data.tags.get("compare_parent") == "true"] == ["KILLED"]
+    assert not (tmp_path / "out" / "phase1" / "fedavg.json").exists()  # stopped within phase 1
+
+    assert main(args) == 0
+    done = trials()
+    assert len(done) == 4 and all(r.info.status == "FINISHED" for r in done)  # 1 trial + 1 seed per method
+    for t in done:  # every round logged once, across the stop and the rerun
+        steps = [m.step for m in client.get_metric_history(t.info.run_id, "accuracy/acc_mean")]
+        assert sorted(set(steps)) == list(range(rounds)), steps
 
 
 def test_the_report_by_hand_with_newcomers(tmp_path):

@@ -12,7 +12,8 @@ Every sweep is a nested MLflow run under one ``compare`` parent run (the parent 
 ``compare.md`` / ``compare.csv`` / plots go to ``--out`` and onto the parent. Untracked (``--no-track`` or
 ``tracking.enabled=false``) there are no runs: the report is read from Tune's results and goes to ``--out``.
 A phase's result is written to ``<out>/phase1|phase2/<method>.json`` when it ends and never redone, and an
-interrupted sweep resumes from Tune's state: rerun the same command to continue.
+interrupted sweep resumes from Tune's state: rerun the same command to continue. Methods run side by side
+(``--parallel``, default 4), each by its own driver process on the comparison's Ray: :mod:`tune_jobs.compare_drivers`.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +65,10 @@ COMPARE_HELP = {
 }
 #: the validation share of each device's training samples when the base config has none
 DEFAULT_VAL_FRACTION = 0.2
+#: a method's phases, each a sweep whose result is ``<out>/<phase>/<method>.json`` (:func:`phase_file`)
+PHASES = ("phase1", "phase2")
+#: methods run side by side by default (``--parallel``), a driver process each
+DEFAULT_PARALLEL = 4
 
 
 def space_names(method: str) -> list[str]:
@@ -157,6 +163,7 @@ class ComparePlan:
     budget: int
     seeds: tuple[int, ...]
     target: float | None
+    parallel: int = 1  # methods run side by side, a driver process each (:mod:`tune_jobs.compare_drivers`)
 
     @property
     def name(self) -> str:
@@ -181,7 +188,7 @@ class ComparePlan:
 
 def run_compare(base: ExperimentConfig, methods: Sequence[str], out: str | Path, options: SweepOptions, *,
                 budget: int = 8, seeds: Sequence[int] = (0, 1, 2), space_dir: str | Path | None = None,
-                target: float | None = None) -> dict[str, Any]:
+                target: float | None = None, parallel: int = DEFAULT_PARALLEL) -> dict[str, Any]:
     """Both phases for every method (what is on disk already is kept), then the report.
 
     ``options``: what every sweep of the comparison shares (``search``, ``scheduler``, ``grace_period`` and
@@ -191,7 +198,10 @@ def run_compare(base: ExperimentConfig, methods: Sequence[str], out: str | Path,
     ``register`` (the best method's best phase-2 trial's model is registered under that name, as ``lcfed
     sweep --register``). The comparison decides its sweeps' metric (:data:`METRIC`), trial counts
     (``budget``; one per seed), resume and models itself (:meth:`ComparePlan.tuning`, :meth:`ComparePlan.seeding`).
-    With ``base.tracking.enabled`` false nothing is logged to MLflow (``register`` is refused).
+    With ``base.tracking.enabled`` false nothing is logged to MLflow (``register`` is refused). ``parallel``: how many
+    methods run at once, each by its own driver process attached to this one's Ray (:mod:`tune_jobs.compare_drivers`;
+    their sweeps overlap, so a trial process starts while another trains); 1, or one method left to run: one after
+    the other in this process.
     """
     # Tune loads when a comparison runs, not with lcfed's parser (which imports this module)
     from tune_jobs.sweep.search import check_search
@@ -206,6 +216,7 @@ def run_compare(base: ExperimentConfig, methods: Sequence[str], out: str | Path,
     require(budget >= 1, "--budget", budget, "trials per method, >= 1")
     require(len(seeds) >= 1, "--seeds", list(seeds), ">= 1 seed")
     require(target is None or 0 < target <= 1, "--target", target, "an accuracy in (0, 1]")
+    require(isinstance(parallel, int) and parallel >= 1, "--parallel", parallel, "methods run at once, >= 1")
     storage = options.storage or str(out.resolve() / "tune")
     options = replace(options, name=options.name or (out.name or "compare"), storage=storage, metric=METRIC,
                       mode=None)
@@ -223,15 +234,18 @@ def run_compare(base: ExperimentConfig, methods: Sequence[str], out: str | Path,
               "val_fraction": str(val_fraction), "rounds": str(base.train.rounds), "base_digest": base.digest(),
               "name": str(options.name), **({} if tracked else {"tracking": "off"})}
     plan = ComparePlan(base=base, methods=tuple(methods), out=out, configs=configs, spaces=spaces, params=params,
-                       options=options, budget=budget, seeds=tuple(seeds), target=target)
+                       options=options, budget=budget, seeds=tuple(seeds), target=target, parallel=parallel)
     for m in methods:  # each sweep's own options (its name holds the method's), before any work
         plan.tuning(m).validate(base.train.rounds)
         plan.seeding(m).validate(base.train.rounds)
     load_sources(configs[methods[0]], {})  # a missing dataset fails here, before any run or file exists
     state = read_state(out, params, "a comparison")  # other settings are refused before Ray starts
     # a rerun of a finished comparison only writes the report again: no sweep, so no Ray to start
-    finished = state is not None and all((out / phase / f"{m}.json").exists()
-                                         for m in methods for phase in ("phase1", "phase2"))
+    finished = state is not None and all(phase_file(out, p, m).exists() for m in methods for p in PHASES)
+    if parallel > 1 and sum(not all(phase_file(out, p, m).exists() for p in PHASES) for m in methods) > 1:
+        from tune_jobs.compare_drivers import prestart
+
+        prestart()  # the drivers' imports, while Ray starts
     uri = resolve_tracking_uri(base.tracking.uri) if tracked else None
     with ParentRun(base.engine, uri, "; rerun the same command to resume", ray=not finished) as parent:
         if not finished:  # a multi-node cluster needs a storage every node reaches
@@ -241,12 +255,13 @@ def run_compare(base: ExperimentConfig, methods: Sequence[str], out: str | Path,
 
 def _run_phases(parent: ParentRun, plan: ComparePlan, state: dict[str, Any] | None) -> dict[str, Any]:
     """Under the comparison's parent run (the plan's ``params``; ``state``: what ``<out>/state.json``
-    recorded), phase 1 then phase 2 for every method not finished before, then the report, also on the
-    parent run (untracked, ``parent.uri`` None: no parent run; ``state.json`` records the settings alone)."""
+    recorded), phase 1 then phase 2 of every method not finished before (:func:`run_method`; ``plan.parallel`` of
+    them at once), then the report, also on the parent run (untracked, ``parent.uri`` None: no parent run;
+    ``state.json`` records the settings alone)."""
     from tune_jobs.sweep.models import register_sweep_best  # Tune, as in run_compare
-    from tune_jobs.sweep.run import restore_results, run_sweep
+    from tune_jobs.sweep.options import SweepInterrupted
 
-    base, methods, out, configs = plan.base, plan.methods, plan.out, plan.configs
+    base, methods, out = plan.base, plan.methods, plan.out
     out.mkdir(parents=True, exist_ok=True)
     client, parent_id = None, None
     if parent.uri is not None:
@@ -254,34 +269,22 @@ def _run_phases(parent: ParentRun, plan: ComparePlan, state: dict[str, Any] | No
         parent_id = open_recorded(parent, out, state, plan.name, {"compare_parent": "true"}, plan.params)
     elif state is None:
         write_json(out / "state.json", {"parent_run_id": None, "params": plan.params})
-    tracked = {"tracking.uri": parent.uri, "tracking.enabled": True} if parent.uri is not None else {}
-    shared: dict[Any, Any] = {}  # the datasets' one object-store copy for every sweep (run_sweep's put_sources)
     t0 = time.perf_counter()
-    phase1: dict[str, dict[str, Any]] = {}
-    phase2: dict[str, dict[int, dict[str, Any]]] = {}
-    for i, m in enumerate(methods, 1):
-        done = out / "phase1" / f"{m}.json"
-        if done.exists():
-            phase1[m] = json.loads(done.read_text())
-            continue
-        print(f"lcfed compare: phase 1, {m} ({i}/{len(methods)}): {plan.budget} trials on {METRIC}", file=sys.stderr)
-        summary = run_sweep(configs[m].replace(**tracked), plan.spaces[m], plan.tuning(m),
-                            parent_run_id=parent_id, shared=shared)
-        phase1[m] = {"best_config": summary["best_config"], METRIC: summary[f"best_{METRIC}"],
-                     "trials": summary["trials"], "errors": summary["errors"], "run_id": summary["parent_run_id"]}
-        write_json(done, phase1[m])
-    for i, m in enumerate(methods, 1):
-        done = out / "phase2" / f"{m}.json"
-        if done.exists():
-            phase2[m] = {int(k): v for k, v in json.loads(done.read_text()).items()}
-            continue
-        print(f"lcfed compare: phase 2, {m} ({i}/{len(methods)}): seeds {list(plan.seeds)}", file=sys.stderr)
-        from ray import tune  # Tune when a phase runs: `lcfed` imports this module to build its parser
-        chosen = configs[m].replace(**tracked, **phase1[m]["best_config"])
-        summary = run_sweep(chosen, {"seed": tune.grid_search(list(plan.seeds))}, plan.seeding(m),
-                            parent_run_id=parent_id, named=phase1[m]["best_config"], shared=shared)
-        phase2[m] = _seed_rows(restore_results(summary["storage"]))
-        write_json(done, phase2[m])
+    todo = [m for m in methods if not all(phase_file(out, p, m).exists() for p in PHASES)]
+    try:
+        if len(todo) > 1 and plan.parallel > 1:
+            from tune_jobs.compare_drivers import run_drivers  # the methods side by side, a driver process each
+
+            run_drivers({m: partial(run_method, plan, m, parent_id, parent.uri) for m in todo}, plan.parallel)
+        else:
+            shared: dict[Any, Any] = {}  # the datasets' one object-store copy for every sweep (run_sweep's put_sources)
+            for m in todo:
+                run_method(plan, m, parent_id, parent.uri, shared)
+    except SweepInterrupted as exc:  # a sweep's own hint (--resume --name) is not how a comparison continues
+        raise SweepInterrupted(exc.reason, f"{exc.reason}: comparison stopped; its finished phases and Tune's "
+                               "state are saved: rerun the same command to continue") from None
+    phase1 = {m: json.loads(phase_file(out, "phase1", m).read_text()) for m in methods}
+    phase2 = {m: {int(k): v for k, v in json.loads(phase_file(out, "phase2", m).read_text()).items()} for m in methods}
     report = write_report(out, list(methods), list(plan.seeds), phase1, phase2, plan.target, base)
     registered = None
     if client is not None:
@@ -296,6 +299,41 @@ def _run_phases(parent: ParentRun, plan: ComparePlan, state: dict[str, Any] | No
                                          plan.sweep_name(top, "seeds"), register) if register else None
     return {"table": report["md"], "out": str(out), "parent_run_id": parent_id, "tracking_uri": parent.uri,
             "wall_seconds": time.perf_counter() - t0, "results": report["rows"], "registered": registered}
+
+
+def phase_file(out: Path, phase: str, method: str) -> Path:
+    """``<out>/<phase>/<method>.json``: a method's finished phase (``phase1`` or ``phase2``), never redone."""
+    return out / phase / f"{method}.json"
+
+
+def run_method(plan: ComparePlan, method: str, parent_id: str | None, uri: str | None,
+               shared: dict[Any, Any] | None = None) -> None:
+    """Phase 1, then phase 2 of ``method``, each skipped when its :func:`phase_file` exists and written when it
+    ends; the sweeps nest under ``parent_id`` in the store at ``uri`` (None: untracked). ``shared``: the datasets'
+    object-store copy for every sweep of this process (``run_sweep``'s)."""
+    from ray import tune  # Tune when a phase runs: `lcfed` imports this module to build its parser
+
+    from tune_jobs.sweep.run import restore_results, run_sweep
+
+    config = plan.configs[method].replace(**({"tracking.uri": uri, "tracking.enabled": True} if uri else {}))
+    done = phase_file(plan.out, "phase1", method)
+    if done.exists():
+        phase1 = json.loads(done.read_text())
+    else:
+        print(f"lcfed compare: phase 1, {method}: {plan.budget} trials on {METRIC}", file=sys.stderr, flush=True)
+        summary = run_sweep(config, plan.spaces[method], plan.tuning(method), parent_run_id=parent_id,
+                            shared=shared, label=method)
+        phase1 = {"best_config": summary["best_config"], METRIC: summary[f"best_{METRIC}"],
+                  "trials": summary["trials"], "errors": summary["errors"], "run_id": summary["parent_run_id"]}
+        write_json(done, phase1)
+    done = phase_file(plan.out, "phase2", method)
+    if done.exists():
+        return
+    print(f"lcfed compare: phase 2, {method}: seeds {list(plan.seeds)}", file=sys.stderr, flush=True)
+    summary = run_sweep(config.replace(**phase1["best_config"]), {"seed": tune.grid_search(list(plan.seeds))},
+                        plan.seeding(method), parent_run_id=parent_id, named=phase1["best_config"], shared=shared,
+                        label=method)
+    write_json(done, _seed_rows(restore_results(summary["storage"])))
 
 
 def add_parser(sub: Any) -> None:
@@ -317,6 +355,9 @@ def add_parser(sub: Any) -> None:
     add_sweep_options(p, ("search", "scheduler", "max_concurrent", "gpus_per_trial"), help=COMPARE_HELP)
     p.add_argument("--target", type=float, help="test accuracy for bytes / simulated time to target "
                    "(default: 90 %% of the weakest method's)")
+    p.add_argument("--parallel", type=int, default=DEFAULT_PARALLEL, metavar="N",
+                   help="methods run at once, each by its own driver process on the same Ray (default %(default)s; "
+                   "1: one after the other in this process)")
     p.add_argument("--out", default="outputs/compare", help="output directory; rerun with the same one to resume")
     add_sweep_options(p, ("storage", "name", "keep_checkpoints", "register"), help=COMPARE_HELP,
                       defaults={"storage": None})
@@ -333,7 +374,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
         check_tracking_store(base.tracking.uri)
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     result = run_compare(base, methods, args.out, sweep_options(args), budget=args.budget,
-                         seeds=parse_seeds(args.seeds), space_dir=args.space_dir, target=args.target)
+                         seeds=parse_seeds(args.seeds), space_dir=args.space_dir, target=args.target,
+                         parallel=args.parallel)
     print(result["table"])
     run = f"; MLflow parent run {result['parent_run_id']}" if result["parent_run_id"] else ""
     print(f"lcfed compare: {result['out']}/compare.md, compare.csv, compare.png{run} ({result['wall_seconds']:.0f} s)")
