@@ -9,6 +9,7 @@ import csv
 import json
 import math
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -260,6 +261,25 @@ def test_an_untracked_compare_writes_its_report_and_creates_no_mlflow_file(share
     assert main(args[:-1]) == 2
     assert "holds a comparison with other settings" in capsys.readouterr().err
     assert mlflow_files(tmp_path) == []
+
+
+def test_the_drivers_report_each_failed_method_and_raise_the_first(shared_ray, capfd):
+    """Three methods' work side by side, one ending well, one raising, one dying without a word: the parent waits
+    for all, names each failure in a line and raises the first method's own exception."""
+    import time
+    from functools import partial
+
+    from lcfed.errors import require
+    from tune_jobs.compare_drivers import run_drivers
+
+    works = {"ok": partial(time.sleep, 0), "bad": partial(require, False, "--x", 1, "not allowed"),
+             "dies": partial(os._exit, 3)}
+    with pytest.raises(ConfigError, match="--x: got 1; not allowed"):
+        run_drivers(works, 4)
+    err = capfd.readouterr().err
+    assert "3 methods, 3 at once" in err and "ok: both phases done" in err
+    assert "bad failed after" in err and "ConfigError: --x: got 1; not allowed" in err
+    assert re.search(r"dies failed after \d+ s: SweepFailed: the driver process of dies ended with exit code 3", err)
 
 
 @pytest.mark.slow  # ~70 s: a comparison stopped mid-sweep in a child process, then resumed to its end
