@@ -12,8 +12,8 @@ exactly as one after the other.
 starts Ray): a driver costs no imports of its own. A driver attaches to the parent's Ray (its GCS address),
 runs :func:`tune_jobs.compare.run_method` and writes how it ended to a file: nothing, or its exception, which
 the parent raises again once every driver has ended (a stop first, else the first method's failure). A
-signal to the parent (SIGINT, SIGTERM, SIGHUP) is passed on to each driver, whose Tune stops its trials and
-saves its state; the drivers have a session of their own, so a terminal's Ctrl-C reaches them once, through
+signal to the parent (SIGINT, SIGTERM, SIGHUP) is passed on to each driver as SIGTERM, whose Tune stops its trials
+and saves its state; the drivers have a session of their own, so a terminal's Ctrl-C reaches them once, through
 the parent. A driver whose fork server ends (with the parent) gets SIGTERM (Linux).
 """
 
@@ -40,6 +40,8 @@ from lcfed.errors import CheckpointError, ConfigError, DataError, DivergenceErro
 
 #: seconds between two looks at the drivers
 POLL_S = 0.2
+#: Linux's prctl option: a signal to this process when its parent dies
+PR_SET_PDEATHSIG = 1
 #: what the fork server imports once for every driver
 PRELOAD = ["tune_jobs.compare_drivers", "tune_jobs.compare", "tune_jobs.sweep.run", "actors.connect"]
 #: the errors a driver reports in one line, as ``lcfed`` does (any other also prints its traceback)
@@ -115,6 +117,8 @@ def run_drivers(works: dict[str, Callable[[], None]], parallel: int) -> None:
                 proc = _context().Process(target=drive, args=(job,), name=f"lcfed compare {m}")
                 proc.start()
                 running.append(Driver(job, proc, time.monotonic()))
+                if received:  # a signal came while it started
+                    _signal(running[-1])
             for d in [d for d in running if not d.proc.is_alive()]:
                 d.proc.join()
                 running.remove(d)
@@ -123,7 +127,7 @@ def run_drivers(works: dict[str, Callable[[], None]], parallel: int) -> None:
             time.sleep(POLL_S)
     failed = {m: exc for m in methods if (exc := ended.get(m)) is not None}
     stops = [exc for exc in failed.values() if isinstance(exc, KeyboardInterrupt)]
-    if received or stops:
+    if stops or pending:  # (a signal that came when every method had ended well stops nothing)
         from tune_jobs.sweep.options import SweepInterrupted
 
         reason = received[0] if received else str(getattr(stops[0], "reason", "SIGINT"))
@@ -141,15 +145,18 @@ def _report(driver: Driver, outcome: BaseException | None) -> None:
               file=sys.stderr, flush=True)
 
 
-def _signal(driver: Driver, signum: int) -> None:
+def _signal(driver: Driver) -> None:
+    """SIGTERM to the driver, whatever the parent got: a driver's sweep records it (and raises when Tune has saved),
+    where a SIGINT would go to Tune alone, which ends the sweep as if it had finished if its trials just had, and the
+    driver would start its next one."""
     if driver.proc.pid is not None:
         with contextlib.suppress(ProcessLookupError):
-            os.kill(driver.proc.pid, signum)
+            os.kill(driver.proc.pid, signal.SIGTERM)
 
 
 @contextlib.contextmanager
 def _forwarded(running: list[Driver]) -> Iterator[list[str]]:
-    """SIGINT, SIGTERM and SIGHUP passed on to the running drivers (their Tune saves and stops; a second one stops
+    """SIGINT, SIGTERM and SIGHUP passed on to the running drivers as SIGTERM (their Tune saves and stops; a second stops
     them at once); yields the names received. Left by an error of this process, the drivers are stopped too."""
     received: list[str] = []
 
@@ -160,14 +167,14 @@ def _forwarded(running: list[Driver]) -> Iterator[list[str]]:
                   "now)", file=sys.stderr, flush=True)
         received.append(name)
         for d in running:
-            _signal(d, signum)
+            _signal(d)
 
     previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     try:
         yield received
     except BaseException:
         for d in running:
-            _signal(d, signal.SIGTERM)
+            _signal(d)
         for d in running:
             d.proc.join()
         raise
@@ -180,8 +187,8 @@ def drive(job: Job) -> None:
     """A driver: one method's phases, how it ended written to the job's file."""
     os.setsid()  # a terminal's signals reach the parent only, which passes them on once
     os.chdir(job.cwd)
-    # what this process makes with multiprocessing (tensorboardX's queues in Tune's logger) as in any process: its
-    # semaphores unlinked at once, not left to the fork server's tracker, which warns of those not cleaned at exit
+    # multiprocessing queues made here (tensorboardX's, in Tune's logger) unlink their semaphores at once, as in any
+    # process, instead of leaving them to the fork server's resource tracker, which warns of each it cleans up
     multiprocessing.set_start_method("fork", force=True)
     os.environ.clear()
     os.environ.update(job.env)
@@ -232,7 +239,7 @@ def _die_with_parent() -> None:
     ``PR_SET_PDEATHSIG``; elsewhere nothing."""
     parent = os.getppid()
     try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
     except (OSError, AttributeError):
         return
     if os.getppid() != parent:  # it died before the request
