@@ -286,7 +286,7 @@ def test_the_drivers_report_each_failed_method_and_raise_the_first(shared_ray, c
 def test_a_signal_stops_every_driver_saved_and_the_rerun_finishes_the_comparison(shared_ray, tmp_path, migrated_store):
     """SIGTERM to a comparison whose methods run side by side: passed on to each driver process, whose Tune saves
     its sweep; the command exits 143 in one line, its parent run KILLED, no process of it left behind; the same
-    command then finishes it, every trial's rounds logged once."""
+    command then finishes it, every round of every trial logged."""
     import signal
     import subprocess
     import sys
@@ -334,7 +334,7 @@ def test_a_signal_stops_every_driver_saved_and_the_rerun_finishes_the_comparison
     assert main(args) == 0
     done = trials()
     assert len(done) == 4 and all(r.info.status == "FINISHED" for r in done)  # 1 trial + 1 seed per method
-    for t in done:  # every round logged once, across the stop and the rerun
+    for t in done:  # every round logged, across the stop and the rerun
         steps = [m.step for m in client.get_metric_history(t.info.run_id, "accuracy/acc_mean")]
         assert sorted(set(steps)) == list(range(rounds)), steps
 
