@@ -64,6 +64,9 @@ def shared_ray():
     a Ray job does (a command's private Ray: tests/test_connect.py)."""
     import ray
 
+    from tune_jobs.compare_drivers import prestart
+
+    prestart()  # the drivers' fork server imports while this Ray starts, as a comparison starting its own Ray has it
     start_test_ray()
     try:
         yield
