@@ -210,11 +210,10 @@ def test_phase_one_decides_the_same_when_the_test_split_is_poisoned(compared):
 
 def test_an_untracked_compare_of_finished_phases_writes_its_report_and_creates_no_mlflow_file(
         compared, tmp_path, monkeypatch, capsys):
-    """``--no-track`` on the tracked comparison's phases but standalone's phase 2 (an untracked sweep's trials are
-    tests/test_sweep.py's, and the whole untracked comparison is the slow test below): that one sweep runs again,
-    in this process (one method left: no driver process), and gives the numbers the driver process gave; the
-    report, the state with tracking off, no MLflow file in the working directory, and a tracked rerun into its
-    --out refused."""
+    """``--no-track`` on phases already on disk (the tracked comparison's; an untracked sweep's trials are
+    tests/test_sweep.py's, and the whole untracked comparison is the slow test below): the report, the state
+    with tracking off, no sweep, no MLflow file in the working directory, and a tracked rerun into its --out
+    refused."""
     from tests.test_sweep import mlflow_files
 
     tmp, _, args = compared
@@ -222,7 +221,6 @@ def test_an_untracked_compare_of_finished_phases_writes_its_report_and_creates_n
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     for phase in ("phase1", "phase2"):
         shutil.copytree(tmp / "out" / phase, tmp_path / "cmp" / phase)
-    (tmp_path / "cmp" / "phase2" / "standalone.json").unlink()
 
     untracked = [*args[:args.index("--out")], "--out", "cmp", "--scheduler", "fifo", "--max-concurrent", "1", "-q",
                  "--no-track"]
@@ -230,13 +228,28 @@ def test_an_untracked_compare_of_finished_phases_writes_its_report_and_creates_n
     out = capsys.readouterr().out
     assert "lcfed" in out and "standalone" in out and "MLflow" not in out
     assert (tmp_path / "cmp" / "compare.csv").read_text() == (tmp / "out" / "compare.csv").read_text()
-    assert [p.name for p in (tmp_path / "cmp" / "tune").iterdir()] == ["cmp-standalone-seeds"]  # that sweep alone
+    assert not (tmp_path / "cmp" / "tune").exists()  # no sweep ran
     state = json.loads((tmp_path / "cmp" / "state.json").read_text())
     assert state["parent_run_id"] is None and state["params"]["tracking"] == "off"
     assert mlflow_files(tmp_path) == []
     assert main(untracked[:-1]) == 2  # tracked, into the untracked comparison's --out: no parent run to continue
     assert "holds a comparison with other settings" in capsys.readouterr().err
     assert mlflow_files(tmp_path) == []
+
+
+@pytest.mark.slow  # ~10 s: one sweep
+def test_a_method_left_alone_runs_in_this_process_with_the_numbers_its_driver_gave(compared, tmp_path, monkeypatch):
+    """The tracked comparison's phases but standalone's phase 2, untracked: that one sweep runs again in this
+    process (one method left: no driver process), and the report is the one the driver processes gave."""
+    tmp, _, args = compared
+    monkeypatch.chdir(tmp_path)
+    for phase in ("phase1", "phase2"):
+        shutil.copytree(tmp / "out" / phase, tmp_path / "cmp" / phase)
+    (tmp_path / "cmp" / "phase2" / "standalone.json").unlink()
+    assert main([*args[:args.index("--out")], "--out", "cmp", "--scheduler", "fifo", "--max-concurrent", "1", "-q",
+                 "--no-track"]) == 0
+    assert [p.name for p in (tmp_path / "cmp" / "tune").iterdir()] == ["cmp-standalone-seeds"]  # that sweep alone
+    assert (tmp_path / "cmp" / "compare.csv").read_text() == (tmp / "out" / "compare.csv").read_text()
 
 
 @pytest.mark.slow  # ~40 s: four sweeps
