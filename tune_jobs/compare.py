@@ -241,8 +241,10 @@ def run_compare(base: ExperimentConfig, methods: Sequence[str], out: str | Path,
     load_sources(configs[methods[0]], {})  # a missing dataset fails here, before any run or file exists
     state = read_state(out, params, "a comparison")  # other settings are refused before Ray starts
     # a rerun of a finished comparison only writes the report again: no sweep, so no Ray to start
-    finished = state is not None and all(phase_file(out, p, m).exists() for m in methods for p in PHASES)
-    if parallel > 1 and sum(not all(phase_file(out, p, m).exists() for p in PHASES) for m in methods) > 1:
+    todo = [m for m in methods if not all(phase_file(out, p, m).exists() for p in PHASES)]
+    finished = state is not None and not todo
+    side_by_side = parallel > 1 and len(todo) > 1
+    if side_by_side:
         from tune_jobs.compare_drivers import prestart
 
         prestart()  # the drivers' imports, while Ray starts
@@ -250,13 +252,14 @@ def run_compare(base: ExperimentConfig, methods: Sequence[str], out: str | Path,
     with ParentRun(base.engine, uri, "; rerun the same command to resume", ray=not finished) as parent:
         if not finished:  # a multi-node cluster needs a storage every node reaches
             check_storage(storage_location(storage))
-        return _run_phases(parent, plan, state)
+        return _run_phases(parent, plan, state, todo, side_by_side)
 
 
-def _run_phases(parent: ParentRun, plan: ComparePlan, state: dict[str, Any] | None) -> dict[str, Any]:
+def _run_phases(parent: ParentRun, plan: ComparePlan, state: dict[str, Any] | None, todo: list[str],
+                side_by_side: bool) -> dict[str, Any]:
     """Under the comparison's parent run (the plan's ``params``; ``state``: what ``<out>/state.json``
-    recorded), phase 1 then phase 2 of every method not finished before (:func:`run_method`; ``plan.parallel`` of
-    them at once), then the report, also on the parent run (untracked, ``parent.uri`` None: no parent run;
+    recorded), phase 1 then phase 2 of every method not finished before (``todo``; :func:`run_method`, with
+    ``side_by_side`` ``plan.parallel`` of them at once by driver processes), then the report, also on the parent run (untracked, ``parent.uri`` None: no parent run;
     ``state.json`` records the settings alone)."""
     from tune_jobs.sweep.models import register_sweep_best  # Tune, as in run_compare
     from tune_jobs.sweep.options import SweepInterrupted
@@ -270,9 +273,8 @@ def _run_phases(parent: ParentRun, plan: ComparePlan, state: dict[str, Any] | No
     elif state is None:
         write_json(out / "state.json", {"parent_run_id": None, "params": plan.params})
     t0 = time.perf_counter()
-    todo = [m for m in methods if not all(phase_file(out, p, m).exists() for p in PHASES)]
     try:
-        if len(todo) > 1 and plan.parallel > 1:
+        if side_by_side:
             from tune_jobs.compare_drivers import run_drivers  # the methods side by side, a driver process each
 
             run_drivers({m: partial(run_method, plan, m, parent_id, parent.uri) for m in todo}, plan.parallel)

@@ -37,6 +37,7 @@ from typing import Any
 
 from lcfed import logs
 from lcfed.errors import CheckpointError, ConfigError, DataError, DivergenceError, SweepFailed, TrackingError
+from lcfed.run.stop import SIGNALS
 
 #: seconds between two looks at the drivers
 POLL_S = 0.2
@@ -118,7 +119,7 @@ def run_drivers(works: dict[str, Callable[[], None]], parallel: int) -> None:
                 proc.start()
                 running.append(Driver(job, proc, time.monotonic()))
                 if received:  # a signal came while it started
-                    _signal(running[-1])
+                    running[-1].proc.terminate()
             for d in [d for d in running if not d.proc.is_alive()]:
                 d.proc.join()
                 running.remove(d)
@@ -145,19 +146,13 @@ def _report(driver: Driver, outcome: BaseException | None) -> None:
               file=sys.stderr, flush=True)
 
 
-def _signal(driver: Driver) -> None:
-    """SIGTERM to the driver, whatever the parent got: a driver's sweep records it (and raises when Tune has saved),
-    where a SIGINT would go to Tune alone, which ends the sweep as if it had finished if its trials just had, and the
-    driver would start its next one."""
-    if driver.proc.pid is not None:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(driver.proc.pid, signal.SIGTERM)
-
-
 @contextlib.contextmanager
 def _forwarded(running: list[Driver]) -> Iterator[list[str]]:
-    """SIGINT, SIGTERM and SIGHUP passed on to the running drivers as SIGTERM (their Tune saves and stops; a second stops
-    them at once); yields the names received. Left by an error of this process, the drivers are stopped too."""
+    """SIGINT, SIGTERM and SIGHUP passed on to the running drivers as SIGTERM (``terminate``: their Tune saves and
+    stops; a second stops them at once); yields the names received. Left by an error of this process, the drivers
+    are stopped too. SIGTERM whatever the parent got: a driver's sweep records it and raises once Tune has saved,
+    where a SIGINT would go to Tune alone, which ends a sweep whose trials have just finished as if nothing came,
+    and the driver would start its next one."""
     received: list[str] = []
 
     def forward(signum: int, frame: Any) -> None:
@@ -167,14 +162,14 @@ def _forwarded(running: list[Driver]) -> Iterator[list[str]]:
                   "now)", file=sys.stderr, flush=True)
         received.append(name)
         for d in running:
-            _signal(d)
+            d.proc.terminate()
 
-    previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    previous = {s: signal.signal(s, forward) for s in SIGNALS}
     try:
         yield received
     except BaseException:
         for d in running:
-            _signal(d)
+            d.proc.terminate()
         for d in running:
             d.proc.join()
         raise
@@ -192,7 +187,7 @@ def drive(job: Job) -> None:
     multiprocessing.set_start_method("fork", force=True)
     os.environ.clear()
     os.environ.update(job.env)
-    for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # until Tune's own handling: a stop, reported
+    for s in SIGNALS:  # until Tune's own handling: a stop, reported
         signal.signal(s, _stop)
     _die_with_parent()
     outcome: BaseException | None = None
