@@ -298,7 +298,7 @@ def test_the_drivers_report_each_failed_method_and_raise_the_first(shared_ray, c
     assert re.search(r"dies failed after \d+ s: SweepFailed: the driver process of dies ended with exit code 3", err)
 
 
-@pytest.mark.slow  # ~70 s: a comparison stopped mid-sweep in a child process, then resumed to its end
+@pytest.mark.slow  # ~90 s: a comparison stopped mid-sweep in a child process, then resumed to its end
 def test_a_signal_stops_every_driver_saved_and_the_rerun_finishes_the_comparison(shared_ray, tmp_path, migrated_store):
     """SIGTERM to a comparison whose methods run side by side: passed on to each driver process, whose Tune saves
     its sweep; the command exits 143 in one line, its parent run KILLED, no process of it left behind; the same
@@ -311,7 +311,7 @@ def test_a_signal_stops_every_driver_saved_and_the_rerun_finishes_the_comparison
     import psutil
     import ray
 
-    rounds = 12
+    rounds = 30  # a phase 1 long enough that both methods are inside it when the signal comes
     uri = store_copy(migrated_store, tmp_path)
     base = tiny_config(f"train.rounds={rounds}", "engine.num_cpus=2", "tracking.enabled=true", f"tracking.uri={uri}",
                        "tracking.experiment=compare-sig")
